@@ -1,0 +1,1 @@
+//! `castore-fuse`: see DESIGN.md's Layout table. Filled by its own issue.

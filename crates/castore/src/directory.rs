@@ -1,0 +1,287 @@
+//! The Directory object and its canonical encoding: the snix castore
+//! `Directory` protobuf (directories=1, files=2, symlinks=3), proto3 canonical,
+//! each list strictly ascending by name, names unique across lists.
+//!
+//! [`Directory`] keeps its entries in one ordered map keyed by [`Name`], so a
+//! value cannot hold duplicate or unsorted names; [`Directory::decode`]
+//! validates everything and rejects any non-canonical byte string by
+//! re-encoding and comparing. A store therefore never holds an invalid or
+//! ambiguous directory.
+
+use std::collections::BTreeMap;
+
+use prost::Message;
+
+use crate::{Digest, Error, Name, Node, SymlinkTarget};
+
+mod pb {
+    //! Wire types, written with prost's derive so no protoc is needed.
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct Directory {
+        #[prost(message, repeated, tag = "1")]
+        pub directories: Vec<DirectoryNode>,
+        #[prost(message, repeated, tag = "2")]
+        pub files: Vec<FileNode>,
+        #[prost(message, repeated, tag = "3")]
+        pub symlinks: Vec<SymlinkNode>,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct DirectoryNode {
+        #[prost(bytes = "vec", tag = "1")]
+        pub name: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub digest: Vec<u8>,
+        #[prost(uint64, tag = "3")]
+        pub size: u64,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct FileNode {
+        #[prost(bytes = "vec", tag = "1")]
+        pub name: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub digest: Vec<u8>,
+        #[prost(uint64, tag = "3")]
+        pub size: u64,
+        #[prost(bool, tag = "4")]
+        pub executable: bool,
+    }
+
+    #[derive(Clone, PartialEq, prost::Message)]
+    pub struct SymlinkNode {
+        #[prost(bytes = "vec", tag = "1")]
+        pub name: Vec<u8>,
+        #[prost(bytes = "vec", tag = "2")]
+        pub target: Vec<u8>,
+    }
+}
+
+/// A directory: a set of named nodes.
+#[derive(Clone, Default, PartialEq, Eq, Debug)]
+pub struct Directory {
+    entries: BTreeMap<Name, Node>,
+}
+
+impl Directory {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Add an entry; a second entry under the same name is an error.
+    pub fn insert(&mut self, name: Name, node: Node) -> Result<(), Error> {
+        use std::collections::btree_map::Entry;
+        match self.entries.entry(name) {
+            Entry::Occupied(o) => Err(Error::InvalidDirectory(format!(
+                "duplicate name {:?}",
+                o.key()
+            ))),
+            Entry::Vacant(v) => {
+                v.insert(node);
+                Ok(())
+            }
+        }
+    }
+
+    pub fn get(&self, name: &[u8]) -> Option<&Node> {
+        // Names in the map are valid; an invalid probe simply is not there.
+        Name::new(name).ok().and_then(|n| self.entries.get(&n))
+    }
+
+    pub fn entries(&self) -> impl ExactSizeIterator<Item = (&Name, &Node)> {
+        self.entries.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The number of entries below this directory, recursively: the `size` a
+    /// parent records for it.
+    pub fn size(&self) -> u64 {
+        self.entries
+            .values()
+            .map(|n| match n {
+                Node::Directory { size, .. } => 1 + size,
+                _ => 1,
+            })
+            .sum()
+    }
+
+    /// The canonical encoding.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut d = pb::Directory::default();
+        for (name, node) in &self.entries {
+            let name = name.as_bytes().to_vec();
+            match node {
+                Node::Directory { digest, size } => d.directories.push(pb::DirectoryNode {
+                    name,
+                    digest: digest.as_bytes().to_vec(),
+                    size: *size,
+                }),
+                Node::File {
+                    digest,
+                    size,
+                    executable,
+                } => d.files.push(pb::FileNode {
+                    name,
+                    digest: digest.as_bytes().to_vec(),
+                    size: *size,
+                    executable: *executable,
+                }),
+                Node::Symlink { target } => d.symlinks.push(pb::SymlinkNode {
+                    name,
+                    target: target.as_bytes().to_vec(),
+                }),
+            }
+        }
+        d.encode_to_vec()
+    }
+
+    /// The digest naming this directory: BLAKE3 of [`Directory::encode`].
+    pub fn digest(&self) -> Digest {
+        Digest::of(&self.encode())
+    }
+
+    /// Decode and validate. Rejects anything that is not exactly the canonical
+    /// encoding of a valid directory.
+    pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
+        let bad = |why: String| Error::InvalidDirectory(why);
+        let d = pb::Directory::decode(bytes).map_err(|e| bad(format!("not a Directory protobuf: {e}")))?;
+        let mut out = Directory::new();
+        let digest = |b: &[u8]| {
+            Digest::from_slice(b).ok_or_else(|| bad(format!("digest is {} bytes, not 32", b.len())))
+        };
+        for n in d.directories {
+            out.insert(
+                Name::new(n.name)?,
+                Node::Directory {
+                    digest: digest(&n.digest)?,
+                    size: n.size,
+                },
+            )?;
+        }
+        for n in d.files {
+            out.insert(
+                Name::new(n.name)?,
+                Node::File {
+                    digest: digest(&n.digest)?,
+                    size: n.size,
+                    executable: n.executable,
+                },
+            )?;
+        }
+        for n in d.symlinks {
+            out.insert(
+                Name::new(n.name)?,
+                Node::Symlink {
+                    target: SymlinkTarget::new(n.target)?,
+                },
+            )?;
+        }
+        // Order, duplicate defaults, unknown fields, field order: any of them
+        // makes the re-encoding differ. One comparison covers them all.
+        if out.encode() != bytes {
+            return Err(bad(
+                "encoding is not canonical (unsorted lists, explicit defaults, unknown or reordered fields)".into(),
+            ));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn empty_directory_is_blake3_of_nothing() {
+        assert_eq!(
+            Directory::new().digest().to_string(),
+            "b3:af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262"
+        );
+    }
+
+    #[test]
+    fn one_empty_keep_file_matches_hand_written_protobuf() {
+        let empty = Digest::of(b"");
+        let mut d = Directory::new();
+        d.insert(
+            Name::new(".keep").unwrap(),
+            Node::File {
+                digest: empty,
+                size: 0,
+                executable: false,
+            },
+        )
+        .unwrap();
+        // files = 2 (LEN) { name = 1 (LEN) ".keep", digest = 2 (LEN) 32 bytes }
+        // size 0 and executable false are proto3 defaults and are omitted.
+        let mut by_hand = vec![0x12, 41, 0x0a, 5];
+        by_hand.extend_from_slice(b".keep");
+        by_hand.extend_from_slice(&[0x12, 32]);
+        by_hand.extend_from_slice(empty.as_bytes());
+        assert_eq!(d.encode(), by_hand);
+        assert_eq!(d.digest(), Digest::of(&by_hand));
+        assert_eq!(Directory::decode(&by_hand).unwrap(), d);
+    }
+
+    fn file(name: &[u8]) -> pb::FileNode {
+        pb::FileNode {
+            name: name.to_vec(),
+            digest: vec![7; 32],
+            size: 1,
+            executable: false,
+        }
+    }
+
+    #[test]
+    fn decode_rejects_invalid_trees() {
+        let cases: Vec<(&str, pb::Directory)> = vec![
+            ("unsorted", pb::Directory { files: vec![file(b"b"), file(b"a")], ..Default::default() }),
+            ("duplicate", pb::Directory { files: vec![file(b"a"), file(b"a")], ..Default::default() }),
+            ("slash", pb::Directory { files: vec![file(b"a/b")], ..Default::default() }),
+            ("nul", pb::Directory { files: vec![file(b"a\0b")], ..Default::default() }),
+            ("dotdot", pb::Directory { files: vec![file(b"..")], ..Default::default() }),
+            ("empty", pb::Directory { files: vec![file(b"")], ..Default::default() }),
+            ("long", pb::Directory { files: vec![file(&[b'x'; 256])], ..Default::default() }),
+            (
+                "dup-across-lists",
+                pb::Directory {
+                    files: vec![file(b"a")],
+                    symlinks: vec![pb::SymlinkNode { name: b"a".to_vec(), target: b"x".to_vec() }],
+                    ..Default::default()
+                },
+            ),
+            (
+                "short-digest",
+                pb::Directory {
+                    files: vec![pb::FileNode { digest: vec![1; 31], ..file(b"a") }],
+                    ..Default::default()
+                },
+            ),
+            (
+                "empty-target",
+                pb::Directory {
+                    symlinks: vec![pb::SymlinkNode { name: b"a".to_vec(), target: vec![] }],
+                    ..Default::default()
+                },
+            ),
+        ];
+        for (what, d) in cases {
+            assert!(Directory::decode(&d.encode_to_vec()).is_err(), "{what} accepted");
+        }
+        // An explicit default (size = 0 written out) is not canonical.
+        let mut bytes = vec![0x12, 41 + 2, 0x0a, 1, b'a', 0x12, 32];
+        bytes.extend_from_slice(&[7; 32]);
+        bytes.extend_from_slice(&[0x18, 0]);
+        bytes[1] = (bytes.len() - 2) as u8;
+        assert!(Directory::decode(&bytes).is_err(), "explicit default accepted");
+        assert!(Directory::decode(&[0xff, 0xff]).is_err());
+    }
+}

@@ -1,0 +1,122 @@
+//! castore's one error type. Every variant names what went wrong and where,
+//! and [`Error::exit_class`] says which of DESIGN.md's exit codes it maps to.
+
+use std::path::PathBuf;
+
+use crate::Digest;
+
+/// The broad class of an [`Error`]: what the caller did wrong, what the
+/// environment did wrong, or what must never happen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    /// Malformed, hostile or absent input: the user can fix it.
+    Input,
+    /// The store holds bytes that do not match their name.
+    Integrity,
+    /// The operating system refused an operation.
+    Io,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A digest string could not be parsed.
+    #[error("invalid digest {0:?}: expected `b3:` followed by 64 lowercase hex digits")]
+    BadDigest(String),
+
+    /// Bytes claiming to be a Directory are not a valid, canonical encoding.
+    #[error("invalid directory: {0}")]
+    InvalidDirectory(String),
+
+    /// A stored object's bytes do not hash to its name.
+    #[error("integrity error: object {digest} is corrupt in the store (its bytes hash to {actual}){}; run `fhsx store verify` and re-import the affected atoms", fmt_path(.path))]
+    Corrupt {
+        digest: Digest,
+        actual: Digest,
+        path: Option<String>,
+    },
+
+    /// A referenced object is absent.
+    #[error("object {digest} is not in the store{}; import it first (`fhsx store import`)", fmt_path(.path))]
+    Missing { digest: Digest, path: Option<String> },
+
+    /// A path inside a tree does not exist or has the wrong kind.
+    #[error("{path}: {reason}")]
+    BadTreePath { path: String, reason: String },
+
+    /// An archive or directory being imported is malformed or hostile.
+    #[error("refusing to import {source_path}: {reason}")]
+    HostileInput { source_path: PathBuf, reason: String },
+
+    /// The input format is not one castore can import.
+    #[error("cannot import {0}: not a directory, .tar, .tar.gz, .tgz, .tar.xz, .tar.zst or .deb")]
+    UnknownFormat(PathBuf),
+
+    /// Composing atoms hit two different entries at one path.
+    #[error("compose clash at /{path}: atom {first} has {first_kind}, atom {second} has {second_kind}; atoms must agree on every shared path (drop or reorder one of them)")]
+    ComposeClash {
+        path: String,
+        first: Digest,
+        first_kind: String,
+        second: Digest,
+        second_kind: String,
+    },
+
+    /// An export destination is unusable.
+    #[error("cannot export to {0}: it already exists and is not an empty directory; choose a new path")]
+    DestinationExists(PathBuf),
+
+    /// Any other I/O failure, with the path it happened on.
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn fmt_path(p: &Option<String>) -> String {
+    match p {
+        Some(p) => format!(" (used at /{p})"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// What kind of failure this is, so a CLI can pick its exit code.
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            Error::Corrupt { .. } => ErrorKind::Integrity,
+            Error::Io { .. } => ErrorKind::Io,
+            _ => ErrorKind::Input,
+        }
+    }
+
+    /// Attach the tree path at which a missing or corrupt object was met.
+    pub fn at_path(self, p: &str) -> Self {
+        match self {
+            Error::Corrupt {
+                digest,
+                actual,
+                path: None,
+            } => Error::Corrupt {
+                digest,
+                actual,
+                path: Some(p.to_owned()),
+            },
+            Error::Missing { digest, path: None } => Error::Missing {
+                digest,
+                path: Some(p.to_owned()),
+            },
+            other => other,
+        }
+    }
+}
+
+/// Shorthand for wrapping an `io::Error` with the operation and path.
+pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+    let path = path.into();
+    move |source| Error::Io { op, path, source }
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;

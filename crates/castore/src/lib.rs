@@ -1,0 +1,44 @@
+//! castore: fhsx's content-addressed store.
+//!
+//! It owns the data model — [`Digest`] (BLAKE3, printed `b3:<hex>`), the
+//! three [`Node`] kinds and the canonical [`Directory`] encoding (the snix
+//! castore protobuf layout) — and everything that moves trees in and out of
+//! a store: [`import`] from directories, tarballs and `.deb`s, [`export`] back
+//! to a directory, [`compose`] atoms into one FHS tree, [`verify`] and [`gc`].
+//!
+//! Validation lives at the type boundary: a [`Name`] cannot contain `/`, a
+//! [`Directory`] cannot hold two entries of one name, and
+//! [`Directory::decode`] accepts only the canonical encoding of a valid
+//! directory. So a store never holds an invalid tree, and code that walks one
+//! never re-checks.
+//!
+//! It does not own how a tree is served to a build (the FUSE view lives in
+//! `castore-fuse`) nor anything about sandboxes or build records.
+
+pub mod compose;
+mod directory;
+mod digest;
+mod error;
+pub mod export;
+pub mod gc;
+pub mod import;
+mod nodes;
+pub mod store;
+pub mod verify;
+pub mod walk;
+
+pub use compose::{compose, Composition, CompositionMap};
+pub use digest::Digest;
+pub use directory::Directory;
+pub use error::{Error, ErrorKind, Result};
+pub use nodes::{Name, Node, SymlinkTarget};
+pub use store::{BlobStore, DirectoryStore, LocalStore};
+
+/// Progress reporting for long operations. The library only counts; how (and
+/// whether) to draw a bar is the caller's business.
+pub trait Progress: Sync {
+    fn advance(&self, _entries: u64, _bytes: u64) {}
+}
+
+/// No progress reporting.
+impl Progress for () {}

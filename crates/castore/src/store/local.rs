@@ -1,0 +1,222 @@
+//! The embedded default store: a directory on the local disk.
+//!
+//! ```text
+//! ROOT/blobs/ab/ab12…   file contents, mode 0444, named by digest hex
+//! ROOT/dirs/ab/ab12…    canonical Directory encodings
+//! ROOT/compositions/…   composition records (see `compose`)
+//! ROOT/tmp/txn-*        staging directories of in-flight writers
+//! ROOT/lock             shared by writers, exclusive for gc
+//! ```
+
+use std::fs::{self, File};
+use std::io::{Read, Seek, SeekFrom};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use super::{BlobStore, DirectoryStore, Txn};
+use crate::error::io;
+use crate::{Digest, Directory, Error, Result};
+
+/// Object kinds the local store keeps, each in its own sharded subdirectory.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ObjectKind {
+    Blob,
+    Directory,
+}
+
+impl ObjectKind {
+    pub fn dir_name(self) -> &'static str {
+        match self {
+            ObjectKind::Blob => "blobs",
+            ObjectKind::Directory => "dirs",
+        }
+    }
+}
+
+#[derive(Clone, Debug)]
+pub struct LocalStore {
+    root: PathBuf,
+}
+
+impl LocalStore {
+    /// The store directory a user gets without `--store`:
+    /// `$FHSX_STORE`, else `$XDG_DATA_HOME/fhsx`, else `~/.local/share/fhsx`.
+    pub fn default_root() -> Option<PathBuf> {
+        if let Some(p) = std::env::var_os("FHSX_STORE").filter(|p| !p.is_empty()) {
+            return Some(PathBuf::from(p));
+        }
+        if let Some(p) = std::env::var_os("XDG_DATA_HOME").filter(|p| !p.is_empty()) {
+            return Some(PathBuf::from(p).join("fhsx"));
+        }
+        std::env::var_os("HOME")
+            .filter(|p| !p.is_empty())
+            .map(|h| PathBuf::from(h).join(".local/share/fhsx"))
+    }
+
+    /// Open (creating if needed) the store at `root`, and remove what killed
+    /// writers left behind.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self> {
+        let root = root.into();
+        for kind in [ObjectKind::Blob, ObjectKind::Directory] {
+            let base = root.join(kind.dir_name());
+            if !base.join("ff").is_dir() {
+                for i in 0..=255u8 {
+                    let p = base.join(format!("{i:02x}"));
+                    fs::create_dir_all(&p).map_err(io("create store directory", &p))?;
+                }
+            }
+        }
+        for sub in ["tmp", "compositions"] {
+            let p = root.join(sub);
+            fs::create_dir_all(&p).map_err(io("create store directory", &p))?;
+        }
+        let store = LocalStore { root };
+        super::txn::remove_stale_staging(&store.tmp_dir());
+        Ok(store)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    pub(crate) fn tmp_dir(&self) -> PathBuf {
+        self.root.join("tmp")
+    }
+
+    pub(crate) fn lock_path(&self) -> PathBuf {
+        self.root.join("lock")
+    }
+
+    /// Where an object of `kind` named `digest` lives.
+    pub fn object_path(&self, kind: ObjectKind, digest: &Digest) -> PathBuf {
+        let hex = digest.hex();
+        self.root.join(kind.dir_name()).join(&hex[..2]).join(hex)
+    }
+
+    pub fn has(&self, kind: ObjectKind, digest: &Digest) -> bool {
+        self.object_path(kind, digest).exists()
+    }
+
+    /// Begin an all-or-nothing write.
+    pub fn txn(&self) -> Result<Txn<'_>> {
+        Txn::begin(self)
+    }
+
+    /// Hash the object file at `path`; large files are hashed with all cores.
+    pub(crate) fn hash_file(path: &Path) -> std::io::Result<(Digest, u64)> {
+        let mut f = File::open(path)?;
+        let len = f.metadata()?.len();
+        let digest = hash_open_file(&mut f, len, path)?;
+        Ok((digest, len))
+    }
+
+    /// Open an object, check its bytes against `digest`, and return the file
+    /// positioned at its start.
+    fn open_verified(&self, kind: ObjectKind, digest: &Digest) -> Result<File> {
+        let path = self.object_path(kind, digest);
+        let mut f = match File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW)
+            .open(&path)
+        {
+            Ok(f) => f,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::Missing {
+                    digest: *digest,
+                    path: None,
+                })
+            }
+            Err(e) => return Err(io("open", &path)(e)),
+        };
+        let len = f.metadata().map_err(io("stat", &path))?.len();
+        let actual = hash_open_file(&mut f, len, &path).map_err(io("read", &path))?;
+        if actual != *digest {
+            return Err(Error::Corrupt {
+                digest: *digest,
+                actual,
+                path: None,
+            });
+        }
+        f.seek(SeekFrom::Start(0)).map_err(io("seek", &path))?;
+        Ok(f)
+    }
+
+    /// Read a whole blob into memory, verified.
+    pub fn read_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
+        let mut f = self.open_verified(ObjectKind::Blob, digest)?;
+        let mut v = Vec::new();
+        f.read_to_end(&mut v)
+            .map_err(io("read", self.object_path(ObjectKind::Blob, digest)))?;
+        Ok(v)
+    }
+}
+
+/// Files above this size are hashed through a memory map with all cores.
+const MMAP_HASH_MIN: u64 = 4 << 20;
+
+fn hash_open_file(f: &mut File, len: u64, path: &Path) -> std::io::Result<Digest> {
+    let mut h = blake3::Hasher::new();
+    if len >= MMAP_HASH_MIN {
+        h.update_mmap_rayon(path)?;
+    } else {
+        std::io::copy(f, &mut h)?;
+    }
+    Ok(h.finalize().into())
+}
+
+impl BlobStore for LocalStore {
+    fn has_blob(&self, digest: &Digest) -> Result<bool> {
+        Ok(self.has(ObjectKind::Blob, digest))
+    }
+
+    fn open_blob(&self, digest: &Digest) -> Result<Box<dyn Read + Send>> {
+        Ok(Box::new(self.open_verified(ObjectKind::Blob, digest)?))
+    }
+
+    fn put_blob(&self, bytes: &[u8]) -> Result<Digest> {
+        let txn = self.txn()?;
+        let d = txn.put_blob(bytes)?;
+        txn.commit()?;
+        Ok(d)
+    }
+
+    fn blob_path(&self, digest: &Digest) -> Option<PathBuf> {
+        Some(self.object_path(ObjectKind::Blob, digest))
+    }
+}
+
+impl DirectoryStore for LocalStore {
+    fn has_directory(&self, digest: &Digest) -> Result<bool> {
+        Ok(self.has(ObjectKind::Directory, digest))
+    }
+
+    fn get_directory(&self, digest: &Digest) -> Result<Directory> {
+        let path = self.object_path(ObjectKind::Directory, digest);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::Missing {
+                    digest: *digest,
+                    path: None,
+                })
+            }
+            Err(e) => return Err(io("read", &path)(e)),
+        };
+        let actual = Digest::of(&bytes);
+        if actual != *digest {
+            return Err(Error::Corrupt {
+                digest: *digest,
+                actual,
+                path: None,
+            });
+        }
+        Directory::decode(&bytes)
+    }
+
+    fn put_directory(&self, dir: &Directory) -> Result<Digest> {
+        let txn = self.txn()?;
+        let d = txn.put_directory(dir)?;
+        txn.commit()?;
+        Ok(d)
+    }
+}

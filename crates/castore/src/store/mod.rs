@@ -1,0 +1,42 @@
+//! Where objects live. Two traits — [`BlobStore`] for file contents and
+//! [`DirectoryStore`] for Directory objects — and the embedded default,
+//! [`LocalStore`], a sharded directory on the local disk.
+//!
+//! Writes that must appear all-or-nothing (an import, a composition) go
+//! through a [`Txn`]: objects are staged, made durable with one `syncfs`, and
+//! only then renamed into place. A failed or killed writer leaves at most a
+//! staging directory, which no reader ever looks at and the next writer
+//! removes.
+
+mod local;
+mod txn;
+
+use std::io::Read;
+use std::path::PathBuf;
+
+pub use local::{LocalStore, ObjectKind};
+pub use txn::Txn;
+pub(crate) use txn::lock_exclusive;
+
+use crate::{Digest, Directory, Result};
+
+/// File contents addressed by their BLAKE3 digest.
+pub trait BlobStore: Send + Sync {
+    fn has_blob(&self, digest: &Digest) -> Result<bool>;
+    /// A reader over the blob whose bytes have been checked against `digest`
+    /// before the first byte is returned: corrupt content is never served.
+    fn open_blob(&self, digest: &Digest) -> Result<Box<dyn Read + Send>>;
+    /// Store bytes, returning their digest. Durable when this returns.
+    fn put_blob(&self, bytes: &[u8]) -> Result<Digest>;
+    /// The blob's file on local disk, if this store keeps one (hard links,
+    /// reflinks and FUSE passthrough use it). Its bytes are not verified.
+    fn blob_path(&self, digest: &Digest) -> Option<PathBuf>;
+}
+
+/// Directory objects addressed by the digest of their canonical encoding.
+pub trait DirectoryStore: Send + Sync {
+    fn has_directory(&self, digest: &Digest) -> Result<bool>;
+    /// Fetch, verify against `digest` and decode (validating) a directory.
+    fn get_directory(&self, digest: &Digest) -> Result<Directory>;
+    fn put_directory(&self, dir: &Directory) -> Result<Digest>;
+}

@@ -1,0 +1,279 @@
+//! All-or-nothing writes into a [`LocalStore`].
+//!
+//! A transaction owns a private staging directory under `ROOT/tmp`, holds an
+//! exclusive `flock` on it while alive (which is how a later writer tells a
+//! live transaction from a killed one) and a shared lock on the store (so
+//! `gc` never sweeps objects a writer assumed present). `commit` makes every
+//! staged object durable with one `syncfs`, renames blobs and then
+//! directories into place, and syncs again so the renames are durable too:
+//! temp file, fsync, rename — batched, because one `fsync` per small file
+//! would make imports many times slower than `cp -a`.
+
+use std::collections::HashSet;
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
+
+use rustix::fs::{flock, FlockOperation};
+
+use super::local::{LocalStore, ObjectKind};
+use crate::error::io;
+use crate::{Digest, Directory, Error, Result};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+pub struct Txn<'s> {
+    store: &'s LocalStore,
+    staging: PathBuf,
+    _staging_lock: File,
+    _store_lock: File,
+    staged: Mutex<Staged>,
+    committed: bool,
+}
+
+#[derive(Default)]
+struct Staged {
+    seen: HashSet<(bool, Digest)>,
+    blobs: Vec<Digest>,
+    dirs: Vec<Digest>,
+    /// (staged file, destination in the store) for non-object records.
+    records: Vec<(PathBuf, PathBuf)>,
+}
+
+impl<'s> Txn<'s> {
+    pub(super) fn begin(store: &'s LocalStore) -> Result<Self> {
+        let store_lock = lock_file(&store.lock_path(), FlockOperation::LockShared)?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let staging = store.tmp_dir().join(format!(
+            "txn-{}-{}-{}",
+            std::process::id(),
+            nanos,
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir(&staging).map_err(io("create staging directory", &staging))?;
+        let staging_lock = lock_file(&staging.join(".lock"), FlockOperation::LockExclusive)?;
+        Ok(Txn {
+            store,
+            staging,
+            _staging_lock: staging_lock,
+            _store_lock: store_lock,
+            staged: Mutex::new(Staged::default()),
+            committed: false,
+        })
+    }
+
+    fn staged_path(&self, kind: ObjectKind, d: &Digest) -> PathBuf {
+        let tag = match kind {
+            ObjectKind::Blob => "b",
+            ObjectKind::Directory => "d",
+        };
+        self.staging.join(format!("{tag}-{}", d.hex()))
+    }
+
+    /// Claim `d` for staging. False if the store or this txn already has it.
+    fn claim(&self, kind: ObjectKind, d: &Digest) -> bool {
+        if self.store.has(kind, d) {
+            return false;
+        }
+        let mut s = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        s.seen.insert((kind == ObjectKind::Blob, *d))
+    }
+
+    fn record(&self, kind: ObjectKind, d: Digest) {
+        let mut s = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        match kind {
+            ObjectKind::Blob => s.blobs.push(d),
+            ObjectKind::Directory => s.dirs.push(d),
+        }
+    }
+
+    fn write_new(&self, path: &Path, bytes: &[u8]) -> Result<()> {
+        let mut f = File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .open(path)
+            .map_err(io("create", path))?;
+        f.write_all(bytes).map_err(io("write", path))
+    }
+
+    /// Whether the store or this transaction already holds the blob.
+    pub fn has_blob(&self, d: &Digest) -> bool {
+        self.store.has(ObjectKind::Blob, d)
+            || self
+                .staged
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .seen
+                .contains(&(true, *d))
+    }
+
+    /// Stage bytes as a blob.
+    pub fn put_blob(&self, bytes: &[u8]) -> Result<Digest> {
+        let d = Digest::of(bytes);
+        if self.claim(ObjectKind::Blob, &d) {
+            self.write_new(&self.staged_path(ObjectKind::Blob, &d), bytes)?;
+            self.record(ObjectKind::Blob, d);
+        }
+        Ok(d)
+    }
+
+    /// Stage a blob streamed from `r`, hashing as it is written: bounded
+    /// memory for any size. Returns the digest and the byte count.
+    pub fn put_blob_reader(&self, r: &mut dyn Read) -> Result<(Digest, u64)> {
+        let tmp = self.staging.join(format!(
+            "stream-{}",
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        let mut f = File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .open(&tmp)
+            .map_err(io("create", &tmp))?;
+        let mut h = blake3::Hasher::new();
+        let mut buf = vec![0u8; 1 << 20];
+        let mut n = 0u64;
+        loop {
+            let k = match r.read(&mut buf) {
+                Ok(0) => break,
+                Ok(k) => k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    let _ = fs::remove_file(&tmp);
+                    return Err(Error::Io {
+                        op: "read input for",
+                        path: tmp,
+                        source: e,
+                    });
+                }
+            };
+            h.update(&buf[..k]);
+            f.write_all(&buf[..k]).map_err(io("write", &tmp))?;
+            n += k as u64;
+        }
+        drop(f);
+        let d: Digest = h.finalize().into();
+        if self.claim(ObjectKind::Blob, &d) {
+            let dst = self.staged_path(ObjectKind::Blob, &d);
+            fs::rename(&tmp, &dst).map_err(io("rename", &tmp))?;
+            self.record(ObjectKind::Blob, d);
+        } else {
+            fs::remove_file(&tmp).map_err(io("remove", &tmp))?;
+        }
+        Ok((d, n))
+    }
+
+    /// Stage a directory object.
+    pub fn put_directory(&self, dir: &Directory) -> Result<Digest> {
+        let bytes = dir.encode();
+        let d = Digest::of(&bytes);
+        if self.claim(ObjectKind::Directory, &d) {
+            self.write_new(&self.staged_path(ObjectKind::Directory, &d), &bytes)?;
+            self.record(ObjectKind::Directory, d);
+        }
+        Ok(d)
+    }
+
+    /// Stage an arbitrary file to be renamed to `dest` (inside the store) at
+    /// commit, after every object. Used for small records such as
+    /// compositions.
+    pub fn put_record(&self, dest: &Path, bytes: &[u8]) -> Result<()> {
+        let tmp = self.staging.join(format!(
+            "rec-{}",
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        ));
+        self.write_new(&tmp, bytes)?;
+        let mut s = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        s.records.push((tmp, dest.to_path_buf()));
+        Ok(())
+    }
+
+    /// Make everything staged durable and visible.
+    pub fn commit(mut self) -> Result<()> {
+        let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
+        let dir = File::open(&self.staging).map_err(io("open", &self.staging))?;
+        rustix::fs::syncfs(&dir).map_err(|e| Error::Io {
+            op: "syncfs",
+            path: self.staging.clone(),
+            source: e.into(),
+        })?;
+        // Blobs before the directories that name them, records last: a reader
+        // that sees a directory can always find its children.
+        for (kind, list) in [
+            (ObjectKind::Blob, &staged.blobs),
+            (ObjectKind::Directory, &staged.dirs),
+        ] {
+            for d in list {
+                let from = self.staged_path(kind, d);
+                let to = self.store.object_path(kind, d);
+                fs::rename(&from, &to).map_err(io("rename into store", &to))?;
+            }
+        }
+        for (from, to) in &staged.records {
+            fs::rename(from, to).map_err(io("rename into store", to))?;
+        }
+        rustix::fs::syncfs(&dir).map_err(|e| Error::Io {
+            op: "syncfs",
+            path: self.staging.clone(),
+            source: e.into(),
+        })?;
+        self.committed = true;
+        let _ = fs::remove_dir_all(&self.staging);
+        Ok(())
+    }
+}
+
+impl Drop for Txn<'_> {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = fs::remove_dir_all(&self.staging);
+        }
+    }
+}
+
+fn lock_file(path: &Path, op: FlockOperation) -> Result<File> {
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)
+        .map_err(io("open lock", path))?;
+    flock(&f, op).map_err(|e| Error::Io {
+        op: "lock",
+        path: path.to_path_buf(),
+        source: e.into(),
+    })?;
+    Ok(f)
+}
+
+/// Remove staging directories whose transaction is gone (its process was
+/// killed): their lock is free.
+pub(super) fn remove_stale_staging(tmp: &Path) {
+    let Ok(rd) = fs::read_dir(tmp) else { return };
+    for e in rd.flatten() {
+        let p = e.path();
+        if !e.file_name().as_encoded_bytes().starts_with(b"txn-") {
+            continue;
+        }
+        let Ok(f) = File::open(p.join(".lock")) else {
+            // Killed before the lock existed.
+            let _ = fs::remove_dir_all(&p);
+            continue;
+        };
+        if flock(&f, FlockOperation::NonBlockingLockExclusive).is_ok() {
+            let _ = fs::remove_dir_all(&p);
+        }
+    }
+}
+
+/// Take the store lock exclusively (for gc): waits for every writer.
+pub(crate) fn lock_exclusive(store: &LocalStore) -> Result<File> {
+    lock_file(&store.lock_path(), FlockOperation::LockExclusive)
+}

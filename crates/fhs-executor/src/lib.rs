@@ -1,0 +1,1 @@
+//! `fhs-executor`: see DESIGN.md's Layout table. Filled by its own issue.

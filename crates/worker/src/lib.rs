@@ -1,0 +1,1 @@
+//! `worker`: see DESIGN.md's Layout table. Filled by its own issue.
