@@ -1,0 +1,47 @@
+//! Subcommands, one module each. `dispatch` returns the process exit code.
+
+mod compose;
+mod store;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser, Debug)]
+#[command(name = "fhsx", version, about = "A hermetic FHS build sandbox over a content-addressed store")]
+pub struct Cli {
+    /// The store directory (default: $FHSX_STORE, else $XDG_DATA_HOME/fhsx, else ~/.local/share/fhsx).
+    #[arg(long, global = true, env = "FHSX_STORE")]
+    pub store: Option<PathBuf>,
+    /// Print machine-readable JSON instead of text.
+    #[arg(long, global = true)]
+    pub json: bool,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand, Debug)]
+pub enum Command {
+    /// Put trees into the store, look at them, check them, take them out.
+    #[command(subcommand)]
+    Store(store::StoreCmd),
+    /// Merge ordered atoms into one FHS tree.
+    Compose(compose::ComposeArgs),
+}
+
+/// Global options every subcommand sees.
+pub struct Globals {
+    pub store: Option<PathBuf>,
+    pub json: bool,
+}
+
+pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
+    let g = Globals {
+        store: cli.store,
+        json: cli.json,
+    };
+    match cli.command {
+        Command::Store(c) => store::run(&g, c),
+        Command::Compose(a) => compose::run(&g, a),
+    }
+}
