@@ -61,8 +61,8 @@ pub enum SandboxError {
     FrameTooLarge { len: u64, max: u64 },
     #[error("RPC protocol error: {0}")]
     Protocol(String),
-    #[error("bubblewrap exited with status {status} before the command could start; its own message above names the mount or namespace it could not set up (are user namespaces enabled? check `sysctl user.max_user_namespaces`)")]
-    BwrapFailed { status: i32 },
+    #[error("bubblewrap exited with status {status} before the command could start: {message}; fix the mount or namespace it names (are user namespaces enabled? check `sysctl user.max_user_namespaces`)")]
+    BwrapFailed { status: i32, message: String },
     #[error("environment variable {name:?} cannot cross into the sandbox: {reason}; remove it from the allow/set lists")]
     BadEnv { name: String, reason: String },
     #[error("the sandbox supervisor ended without reporting the command's status ({detail}); this is a bug or the supervisor was killed from outside: rerun, and report it if it repeats")]

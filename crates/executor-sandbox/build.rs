@@ -1,0 +1,50 @@
+//! Compiles `supervisor/main.rs` into a static `fhsx-supervisor` executable
+//! and leaves it in `OUT_DIR` for `include_bytes!`.
+//!
+//! Why `rustc` directly rather than a second crate: the supervisor runs as
+//! PID 1 inside a root that holds no host libc, so it must be linked with
+//! `-C target-feature=+crt-static`. Setting that flag for one binary of a
+//! workspace is not expressible in Cargo without also building proc-macros
+//! and every dependency static (which breaks proc-macros). The supervisor
+//! uses only `std` and a handful of hand-declared libc functions, so one
+//! `rustc` invocation here builds it with exactly the flags it needs.
+
+use std::env;
+use std::path::PathBuf;
+use std::process::Command;
+
+fn main() {
+    let src = PathBuf::from("supervisor/main.rs");
+    println!("cargo:rerun-if-changed={}", src.display());
+    println!("cargo:rerun-if-changed=build.rs");
+
+    let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let out = out_dir.join("fhsx-supervisor");
+    let rustc = env::var_os("RUSTC").unwrap_or_else(|| "rustc".into());
+    let target = env::var("TARGET").expect("cargo sets TARGET");
+
+    let status = Command::new(&rustc)
+        .args([
+            "--edition=2021",
+            "--crate-type=bin",
+            "--crate-name=fhsx_supervisor",
+        ])
+        .args(["--target", &target])
+        .args(["-C", "opt-level=2"])
+        .args(["-C", "panic=abort"])
+        .args(["-C", "target-feature=+crt-static"])
+        .args(["-C", "strip=symbols"])
+        .args(["-C", "codegen-units=1"])
+        .arg("-o")
+        .arg(&out)
+        .arg(&src)
+        .env_remove("CARGO_ENCODED_RUSTFLAGS")
+        .status()
+        .unwrap_or_else(|e| panic!("could not run {rustc:?} to build the supervisor: {e}"));
+    if !status.success() {
+        panic!(
+            "building the static fhsx-supervisor failed ({status}); a static build needs the \
+             libc static archive (Debian: `apt-get install libc6-dev`)"
+        );
+    }
+}

@@ -1,0 +1,12 @@
+//! The RPC bridge: the host's socket bound at `/run/wf.sock`. This layer
+//! also seals the tree: it is the last to add a mount point, so it ends
+//! with `--remount-ro` of `/dev` and `/`; afterwards the only writable
+//! places are the work directory, `/tmp` and `/dev/shm` (private tmpfs).
+
+use crate::spec::{Argv, SandboxSpec, RPC_SOCKET_PATH};
+
+pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) {
+    a.flag3("--ro-bind", &spec.runtime.rpc_socket, RPC_SOCKET_PATH);
+    a.flag2("--remount-ro", "/dev");
+    a.flag2("--remount-ro", "/");
+}

@@ -1,0 +1,116 @@
+//! Mounts: the root provider's read-only tree, `/proc`, `/dev`, private
+//! `/dev/shm` and `/tmp`, the one writable host directory, the supervisor.
+
+use std::path::{Path, PathBuf};
+
+use crate::probe::FileKind;
+use crate::spec::{
+    Argv, RootProvider, SandboxSpec, SystemEntry, SCRATCH_DIR, SUPERVISOR_PATH, VIEW_RESERVED,
+    WORKSPACE_DIR,
+};
+
+/// Host source → sandbox destination of every bind, for translating host
+/// paths (like `$DSH_HOME`) to where they appear inside.
+#[derive(Debug, Default)]
+pub(crate) struct Binds(Vec<(PathBuf, PathBuf)>);
+
+impl Binds {
+    fn add(&mut self, spec: &SandboxSpec, src: &Path, dest: &Path) {
+        let src = spec
+            .fs
+            .canonicalize(src)
+            .unwrap_or_else(|| src.to_path_buf());
+        self.0.push((src, dest.to_path_buf()));
+    }
+
+    /// Where a (canonical) host path appears inside, if it does.
+    pub(crate) fn to_sandbox(&self, host: &Path) -> Option<PathBuf> {
+        self.0
+            .iter()
+            .filter_map(|(src, dest)| host.strip_prefix(src).ok().map(|rel| (src, dest.join(rel))))
+            .max_by_key(|(src, _)| src.as_os_str().len())
+            .map(|(_, p)| p)
+    }
+
+    /// Which host path an in-sandbox path shows, if any bind covers it.
+    pub(crate) fn to_host(&self, inside: &Path) -> Option<PathBuf> {
+        self.0
+            .iter()
+            .filter_map(|(src, dest)| {
+                inside
+                    .strip_prefix(dest)
+                    .ok()
+                    .map(|rel| (dest, src.join(rel)))
+            })
+            .max_by_key(|(dest, _)| dest.as_os_str().len())
+            .map(|(_, p)| p)
+    }
+}
+
+pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
+    let mut binds = Binds::default();
+    let rt = &spec.runtime;
+    match &spec.root {
+        RootProvider::Host { workspace, system } => {
+            for e in system {
+                match e {
+                    SystemEntry::RoBind { src, dest } => {
+                        a.flag3("--ro-bind", src, dest);
+                        binds.add(spec, src, dest);
+                    }
+                    SystemEntry::Symlink { target, dest } => a.flag3("--symlink", target, dest),
+                }
+            }
+            a.flag3("--ro-bind", &rt.passwd, "/etc/passwd");
+            a.flag3("--ro-bind", &rt.group, "/etc/group");
+            private_fs(spec, a);
+            a.flag3("--bind", workspace, WORKSPACE_DIR);
+            binds.add(spec, workspace, Path::new(WORKSPACE_DIR));
+        }
+        RootProvider::View {
+            tree,
+            scratch,
+            entries,
+        } => {
+            for (name, kind) in entries {
+                if name.to_str().is_some_and(|n| VIEW_RESERVED.contains(&n)) {
+                    continue;
+                }
+                let dest = Path::new("/").join(name);
+                match kind {
+                    FileKind::Dir | FileKind::File => {
+                        let src = tree.join(name);
+                        a.flag3("--ro-bind", &src, &dest);
+                        binds.add(spec, &src, &dest);
+                    }
+                    FileKind::Symlink(t) => a.flag3("--symlink", t, &dest),
+                    FileKind::Other => {}
+                }
+            }
+            private_fs(spec, a);
+            a.flag3("--bind", scratch, SCRATCH_DIR);
+            binds.add(spec, scratch, Path::new(SCRATCH_DIR));
+        }
+    }
+    a.flag3("--ro-bind", &rt.supervisor, SUPERVISOR_PATH);
+    binds
+}
+
+/// `/proc` (hardened), `/dev`, and the private tmpfs mounts.
+///
+/// bwrap covers `/proc/sys` only when its directory is writable, which it
+/// never is; yet when the caller is root the sandbox uid maps to host uid 0,
+/// the owner of every sysctl file. So `/proc/sys` is bound read-only
+/// explicitly (network sysctls still show the sandbox's own namespace:
+/// they resolve by the reader's namespace, not the mount's) and
+/// `/proc/sysrq-trigger`, when the host has one, is covered with /dev/null.
+fn private_fs(spec: &SandboxSpec, a: &mut Argv) {
+    a.flag2("--proc", "/proc");
+    a.flag3("--ro-bind", "/proc/sys", "/proc/sys");
+    if spec.fs.kind(Path::new("/proc/sysrq-trigger")).is_some() {
+        a.flag3("--ro-bind", "/dev/null", "/proc/sysrq-trigger");
+    }
+    a.flag2("--dev", "/dev");
+    a.flag2("--tmpfs", "/dev/shm");
+    a.flag2("--tmpfs", "/tmp");
+}

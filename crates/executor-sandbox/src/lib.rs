@@ -1,0 +1,40 @@
+//! `executor-sandbox`: contains one command so that nothing inside can reach
+//! what it was not given.
+//!
+//! It owns:
+//! - [`SandboxSpec`] and its six layers (namespaces, isolation, mounts,
+//!   masks, RPC bridge, environment), composed in that fixed order into one
+//!   deterministic bubblewrap argv by [`SandboxSpec::bwrap_argv`];
+//! - the two root providers: the *view* root (a mounted tree bound
+//!   read-only, scratch read-write at `/build`) and the *host* root
+//!   (`fhsx run`: the host's probed system directories read-only, the
+//!   workspace read-write at `/workspace`);
+//! - the static `fhsx-supervisor` (embedded, see build.rs) that runs as PID 1
+//!   inside, reaps orphans and kills lingering processes when the command
+//!   ends;
+//! - the RPC bridge ([`rpc`]) at `/run/wf.sock`, length-framed, 1 MiB frames;
+//! - the [`reaper`]: wall-clock timeout, SIGTERM to proven PIDs only, a
+//!   grace period, then SIGKILL, by a per-run cgroup v2 or pidfds;
+//! - [`Runtime::run`], which puts these together and reports an [`Outcome`].
+//!
+//! It does not own: the FUSE view or read-set capture (`castore-fuse`), the
+//! fetch proxy (`fetch-proxy`), what an action is or how outputs are
+//! ingested (`fhs-executor`), nor the error vocabulary
+//! ([`executor_core::SandboxError`], shared by the stack). It holds no
+//! opinion on the command it runs.
+
+mod layers;
+pub mod probe;
+pub mod reaper;
+pub mod rpc;
+mod runner;
+mod spec;
+pub mod supervisor;
+mod sys;
+
+pub use executor_core::SandboxError;
+pub use probe::{BwrapFeatures, FileKind, HostFs, MemFs, RealFs};
+pub use reaper::{ReaperMode, ReaperPreference, GRACE_PERIOD};
+pub use rpc::{Request, Response, RpcHandler, MAX_FRAME};
+pub use runner::{Outcome, RunOptions, RunReport, Runtime, Stdin};
+pub use spec::*;

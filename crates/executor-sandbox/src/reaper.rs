@@ -1,0 +1,305 @@
+//! The reaper: proves which processes are a run's own before any signal.
+//!
+//! `record` registers a process we forked ourselves (held by a pidfd, so a
+//! recycled PID can never be hit). `proven` gates every delivery: it yields
+//! a [`Proof`] only for a recorded child, or — when the host lets us create
+//! a cgroup v2 per run — for a live member of that cgroup, checked through
+//! a pidfd opened *before* the membership is read. A signal can only be sent
+//! with a `Proof`; there is no way to signal a bare PID.
+//!
+//! With a cgroup, `kill_all` is one write to `cgroup.kill` (kernel >= 5.14),
+//! which catches `setsid` double-forks and fork bombs alike. Without one, it
+//! SIGKILLs the recorded children (bwrap); `--die-with-parent` then takes the
+//! supervisor, and with it (PID 1 of the namespace) every process inside.
+
+use std::fs;
+use std::io::Write;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use crate::probe::parse_mountinfo;
+use crate::sys;
+
+/// The grace period between SIGTERM and SIGKILL at a timeout.
+pub const GRACE_PERIOD: Duration = Duration::from_secs(5);
+
+/// Which ownership mechanism to use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReaperPreference {
+    /// A per-run cgroup v2 if the host allows it, pidfds otherwise.
+    #[default]
+    Auto,
+    /// Only pidfds of our own children (what an unprivileged host gets).
+    PidfdOnly,
+}
+
+/// The mechanism actually in use.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ReaperMode {
+    Cgroup(PathBuf),
+    Pidfd,
+}
+
+/// A per-run cgroup v2 directory.
+#[derive(Debug)]
+struct Cgroup {
+    dir: PathBuf,
+    /// The path as `/proc/<pid>/cgroup` shows it (`0::<rel>`).
+    rel: String,
+    procs: fs::File,
+}
+
+/// Evidence that a PID is this run's: a pidfd on exactly that process.
+#[derive(Debug)]
+pub struct Proof {
+    pid: i32,
+    pidfd: OwnedFd,
+}
+
+impl Proof {
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+}
+
+/// Per-run ownership records and signal delivery.
+#[derive(Debug)]
+pub struct Reaper {
+    cgroup: Option<Cgroup>,
+    owned: Vec<(i32, OwnedFd)>,
+}
+
+static SEQ: AtomicU64 = AtomicU64::new(0);
+
+fn cgroup2_mount() -> Option<PathBuf> {
+    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    parse_mountinfo(&text)
+        .into_iter()
+        .find(|m| m.fs_type == "cgroup2")
+        .map(|m| m.mount_point)
+}
+
+fn own_cgroup_rel() -> Option<String> {
+    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("0::"))
+        .map(|s| s.to_string())
+}
+
+impl Cgroup {
+    fn create() -> Option<Cgroup> {
+        let mount = cgroup2_mount()?;
+        let own = own_cgroup_rel()?;
+        let base = mount.join(own.trim_start_matches('/'));
+        let name = format!(
+            "fhsx-run-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = base.join(&name);
+        fs::create_dir(&dir).ok()?;
+        let usable = dir.join("cgroup.kill").exists();
+        let procs = fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"));
+        match (usable, procs) {
+            (true, Ok(procs)) => Some(Cgroup {
+                rel: format!("{}/{}", own.trim_end_matches('/'), name),
+                dir,
+                procs,
+            }),
+            _ => {
+                let _ = fs::remove_dir(&dir);
+                None
+            }
+        }
+    }
+
+    fn members(&self) -> Vec<i32> {
+        fs::read_to_string(self.dir.join("cgroup.procs"))
+            .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+            .unwrap_or_default()
+    }
+
+    fn populated(&self) -> bool {
+        match fs::read_to_string(self.dir.join("cgroup.events")) {
+            Ok(t) => t.lines().any(|l| l.trim() == "populated 1"),
+            Err(_) => false,
+        }
+    }
+
+    fn kill(&self) {
+        if let Ok(mut f) = fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join("cgroup.kill"))
+        {
+            let _ = f.write_all(b"1");
+        }
+    }
+
+    fn contains(&self, pid: i32) -> bool {
+        fs::read_to_string(format!("/proc/{pid}/cgroup"))
+            .map(|t| {
+                t.lines()
+                    .any(|l| l.strip_prefix("0::") == Some(self.rel.as_str()))
+            })
+            .unwrap_or(false)
+    }
+}
+
+impl Reaper {
+    /// Set up ownership tracking for one run.
+    pub fn new(pref: ReaperPreference) -> Reaper {
+        let cgroup = match pref {
+            ReaperPreference::Auto => Cgroup::create(),
+            ReaperPreference::PidfdOnly => None,
+        };
+        Reaper {
+            cgroup,
+            owned: Vec::new(),
+        }
+    }
+
+    /// Which mechanism this run uses.
+    pub fn mode(&self) -> ReaperMode {
+        match &self.cgroup {
+            Some(c) => ReaperMode::Cgroup(c.dir.clone()),
+            None => ReaperMode::Pidfd,
+        }
+    }
+
+    /// The `cgroup.procs` fd a freshly forked child writes `0` to, joining
+    /// the run's cgroup before it execs.
+    pub(crate) fn join_fd(&self) -> Option<RawFd> {
+        self.cgroup.as_ref().map(|c| c.procs.as_raw_fd())
+    }
+
+    /// Register a child we forked ourselves, by its pidfd.
+    pub fn record(&mut self, pid: i32, pidfd: OwnedFd) {
+        self.owned.push((pid, pidfd));
+    }
+
+    /// A proof that `pid` is this run's, or `None`. Never guesses.
+    pub fn proven(&self, pid: i32) -> Option<Proof> {
+        if pid <= 0 {
+            return None;
+        }
+        if let Some((_, fd)) = self.owned.iter().find(|(p, _)| *p == pid) {
+            if sys::pidfd_exited(fd) {
+                return None;
+            }
+            return fd.try_clone().ok().map(|pidfd| Proof { pid, pidfd });
+        }
+        let cg = self.cgroup.as_ref()?;
+        // Open the handle first, then check membership, then check the
+        // handle's process is still alive: the membership we read was its.
+        let pidfd = sys::pidfd_open(pid).ok()?;
+        if !cg.contains(pid) || sys::pidfd_exited(&pidfd) {
+            return None;
+        }
+        Some(Proof { pid, pidfd })
+    }
+
+    /// Deliver `sig` to a proven process.
+    pub fn signal(&self, proof: &Proof, sig: i32) -> std::io::Result<()> {
+        sys::pidfd_send_signal(&proof.pidfd, sig)
+    }
+
+    /// SIGTERM every proven member of the run except the recorded children
+    /// (bwrap dies at once on SIGTERM; its sandbox gets the grace period
+    /// through the supervisor instead). Returns how many were signalled.
+    pub fn terminate(&self) -> usize {
+        let Some(cg) = &self.cgroup else {
+            return 0;
+        };
+        cg.members()
+            .into_iter()
+            .filter(|p| !self.owned.iter().any(|(o, _)| o == p))
+            .filter_map(|p| self.proven(p))
+            .filter(|proof| self.signal(proof, libc::SIGTERM).is_ok())
+            .count()
+    }
+
+    /// SIGKILL everything the run owns.
+    pub fn kill_all(&self) {
+        if let Some(cg) = &self.cgroup {
+            cg.kill();
+        }
+        for (pid, _) in &self.owned {
+            if let Some(p) = self.proven(*pid) {
+                let _ = self.signal(&p, libc::SIGKILL);
+            }
+        }
+    }
+
+    /// After the run: kill what is left in the cgroup, wait until it is
+    /// empty (bounded), remove it. Returns whether anything was left.
+    pub fn finish(&mut self) -> bool {
+        let Some(cg) = self.cgroup.take() else {
+            return false;
+        };
+        let left = cg.populated();
+        if left {
+            cg.kill();
+            let until = Instant::now() + Duration::from_secs(10);
+            while cg.populated() && Instant::now() < until {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        }
+        remove_cgroup(&cg.dir);
+        left
+    }
+}
+
+fn remove_cgroup(dir: &Path) {
+    for _ in 0..200 {
+        if fs::remove_dir(dir).is_ok() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        self.finish();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unrecorded_pids_are_never_proven() {
+        let r = Reaper::new(ReaperPreference::Auto);
+        // PID 1, our own process and our parent are not this run's.
+        assert!(r.proven(1).is_none());
+        assert!(r.proven(std::process::id() as i32).is_none());
+        assert!(r.proven(0).is_none());
+        assert!(r.proven(-1).is_none());
+    }
+
+    #[test]
+    fn a_recorded_child_is_proven_until_it_ends() {
+        let mut r = Reaper::new(ReaperPreference::PidfdOnly);
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .expect("sleep(1) must exist: install coreutils");
+        let pid = child.id() as i32;
+        r.record(
+            pid,
+            sys::pidfd_open(pid).expect("pidfd_open needs Linux >= 5.3"),
+        );
+        let proof = r.proven(pid).expect("own child is proven");
+        r.signal(&proof, libc::SIGKILL).expect("signal own child");
+        let _ = child.wait();
+        assert!(
+            r.proven(pid).is_none(),
+            "an ended child is no longer proven"
+        );
+    }
+}

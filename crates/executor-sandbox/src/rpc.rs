@@ -1,0 +1,308 @@
+//! The supervisor RPC bridge: the one sanctioned channel between a contained
+//! run and the program that started it.
+//!
+//! Wire format: each message is one frame, a big-endian `u32` length then
+//! that many bytes of JSON ([`Request`] from the sandbox, [`Response`] back).
+//! A frame longer than [`MAX_FRAME`] is answered with an error and the
+//! connection closed; garbage is answered with an error and closed; a
+//! truncated frame just closes the connection. Connections beyond the limit
+//! are refused with an error frame. Nothing a client sends can take the
+//! server down.
+
+use std::io::{self, Read, Write};
+use std::os::fd::AsRawFd;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use executor_core::SandboxError;
+use serde::{Deserialize, Serialize};
+
+use crate::sys::path_err;
+
+/// The largest frame payload accepted: 1 MiB.
+pub const MAX_FRAME: usize = 1 << 20;
+
+/// What a sandboxed process may ask.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub enum Request {
+    /// Liveness check.
+    Ping,
+    /// A log line for the run's log.
+    Log { level: String, message: String },
+    /// The run's state.
+    Status,
+}
+
+/// The answer.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "result", rename_all = "snake_case")]
+pub enum Response {
+    Pong,
+    Logged,
+    Status { run_id: String, elapsed_ms: u64 },
+    Error { message: String },
+}
+
+/// What the embedding program implements to answer requests.
+pub trait RpcHandler: Send + Sync + 'static {
+    fn handle(&self, request: Request) -> Response;
+}
+
+/// A handler that answers ping and status and writes log lines to stderr.
+#[derive(Debug)]
+pub struct BasicHandler {
+    pub run_id: String,
+    started: Instant,
+}
+
+impl BasicHandler {
+    pub fn new(run_id: impl Into<String>) -> Self {
+        BasicHandler {
+            run_id: run_id.into(),
+            started: Instant::now(),
+        }
+    }
+}
+
+impl RpcHandler for BasicHandler {
+    fn handle(&self, request: Request) -> Response {
+        match request {
+            Request::Ping => Response::Pong,
+            Request::Log { level, message } => {
+                let clean: String = message
+                    .chars()
+                    .map(|c| if c.is_control() && c != '\t' { ' ' } else { c })
+                    .collect();
+                eprintln!("[sandbox {level}] {clean}");
+                Response::Logged
+            }
+            Request::Status => Response::Status {
+                run_id: self.run_id.clone(),
+                elapsed_ms: self.started.elapsed().as_millis() as u64,
+            },
+        }
+    }
+}
+
+/// Write one frame.
+pub fn write_frame(w: &mut impl Write, payload: &[u8]) -> Result<(), SandboxError> {
+    if payload.len() > MAX_FRAME {
+        return Err(SandboxError::FrameTooLarge {
+            len: payload.len() as u64,
+            max: MAX_FRAME as u64,
+        });
+    }
+    let len = (payload.len() as u32).to_be_bytes();
+    w.write_all(&len)
+        .and_then(|_| w.write_all(payload))
+        .and_then(|_| w.flush())
+        .map_err(|e| SandboxError::Protocol(format!("writing a frame: {e}")))
+}
+
+/// Read one frame; `Ok(None)` on a clean end of stream before a frame.
+pub fn read_frame(r: &mut impl Read) -> Result<Option<Vec<u8>>, SandboxError> {
+    let mut hdr = [0u8; 4];
+    let mut got = 0;
+    while got < 4 {
+        match r.read(&mut hdr[got..]) {
+            Ok(0) if got == 0 => return Ok(None),
+            Ok(0) => return Err(SandboxError::Protocol("truncated frame header".into())),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(SandboxError::Protocol(format!("reading a frame: {e}"))),
+        }
+    }
+    let len = u32::from_be_bytes(hdr) as usize;
+    if len > MAX_FRAME {
+        return Err(SandboxError::FrameTooLarge {
+            len: len as u64,
+            max: MAX_FRAME as u64,
+        });
+    }
+    let mut buf = vec![0u8; len];
+    r.read_exact(&mut buf)
+        .map_err(|e| SandboxError::Protocol(format!("truncated frame body: {e}")))?;
+    Ok(Some(buf))
+}
+
+/// Send a request and read its response (a client, for tests and tools).
+pub fn call(stream: &mut UnixStream, request: &Request) -> Result<Response, SandboxError> {
+    let body = serde_json::to_vec(request)
+        .map_err(|e| SandboxError::Protocol(format!("encoding a request: {e}")))?;
+    write_frame(stream, &body)?;
+    let frame = read_frame(stream)?
+        .ok_or_else(|| SandboxError::Protocol("the server closed the connection".into()))?;
+    serde_json::from_slice(&frame)
+        .map_err(|e| SandboxError::Protocol(format!("malformed response: {e}")))
+}
+
+/// Server limits.
+#[derive(Debug, Clone, Copy)]
+pub struct RpcLimits {
+    /// Connections served at once; more are refused.
+    pub max_connections: usize,
+    /// A connection idle this long is closed.
+    pub idle_timeout: Duration,
+}
+
+impl Default for RpcLimits {
+    fn default() -> Self {
+        RpcLimits {
+            max_connections: 16,
+            idle_timeout: Duration::from_secs(60),
+        }
+    }
+}
+
+/// The host side of the bridge: a listening UNIX socket and its threads.
+#[derive(Debug)]
+pub struct RpcServer {
+    path: PathBuf,
+    stop: Arc<AtomicBool>,
+    listener: Arc<UnixListener>,
+    thread: Option<JoinHandle<()>>,
+}
+
+impl RpcServer {
+    /// Listen at `path` and serve `handler` on a background thread.
+    pub fn bind(
+        path: &Path,
+        handler: Arc<dyn RpcHandler>,
+        limits: RpcLimits,
+    ) -> Result<RpcServer, SandboxError> {
+        let listener = Arc::new(
+            UnixListener::bind(path).map_err(|e| path_err("binding the RPC socket", path, e))?,
+        );
+        let stop = Arc::new(AtomicBool::new(false));
+        let active = Arc::new(AtomicUsize::new(0));
+        let (l2, s2) = (listener.clone(), stop.clone());
+        let thread = std::thread::Builder::new()
+            .name("fhsx-rpc".into())
+            .spawn(move || accept_loop(&l2, &s2, &active, handler, limits))
+            .map_err(|e| path_err("starting the RPC thread for", path, e))?;
+        Ok(RpcServer {
+            path: path.to_path_buf(),
+            stop,
+            listener,
+            thread: Some(thread),
+        })
+    }
+
+    /// The socket's host path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    fn stop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        // Wake accept(): shut the listener down and, in case that does not
+        // interrupt it, connect once.
+        // SAFETY: shutting down our own listening socket.
+        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+        let _ = UnixStream::connect(&self.path);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+impl Drop for RpcServer {
+    fn drop(&mut self) {
+        self.stop();
+    }
+}
+
+struct Slot(Arc<AtomicUsize>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+fn error_frame(stream: &mut UnixStream, message: String) {
+    if let Ok(body) = serde_json::to_vec(&Response::Error { message }) {
+        let _ = write_frame(stream, &body);
+    }
+}
+
+fn accept_loop(
+    listener: &UnixListener,
+    stop: &AtomicBool,
+    active: &Arc<AtomicUsize>,
+    handler: Arc<dyn RpcHandler>,
+    limits: RpcLimits,
+) {
+    loop {
+        let conn = listener.accept();
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let mut stream = match conn {
+            Ok((s, _)) => s,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+            Err(_) => {
+                // EMFILE and friends: back off rather than spin.
+                std::thread::sleep(Duration::from_millis(10));
+                continue;
+            }
+        };
+        if active.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
+            active.fetch_sub(1, Ordering::SeqCst);
+            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+            error_frame(
+                &mut stream,
+                format!(
+                    "too many connections (limit {}); reuse one connection",
+                    limits.max_connections
+                ),
+            );
+            continue;
+        }
+        let slot = Slot(active.clone());
+        let h = handler.clone();
+        let spawned = std::thread::Builder::new()
+            .name("fhsx-rpc-conn".into())
+            .spawn(move || {
+                let _slot = slot;
+                serve(stream, &*h, limits);
+            });
+        // If the thread could not start, the closure (and its slot) is dropped.
+        drop(spawned);
+    }
+}
+
+fn serve(mut stream: UnixStream, handler: &dyn RpcHandler, limits: RpcLimits) {
+    let _ = stream.set_read_timeout(Some(limits.idle_timeout));
+    let _ = stream.set_write_timeout(Some(limits.idle_timeout));
+    loop {
+        let frame = match read_frame(&mut stream) {
+            Ok(Some(f)) => f,
+            Ok(None) => return,
+            Err(e @ SandboxError::FrameTooLarge { .. }) => {
+                error_frame(&mut stream, e.to_string());
+                return;
+            }
+            Err(_) => return,
+        };
+        let response = match serde_json::from_slice::<Request>(&frame) {
+            Ok(req) => handler.handle(req),
+            Err(e) => {
+                error_frame(&mut stream, format!("malformed request: {e}"));
+                return;
+            }
+        };
+        let Ok(body) = serde_json::to_vec(&response) else {
+            return;
+        };
+        if write_frame(&mut stream, &body).is_err() {
+            return;
+        }
+    }
+}

@@ -1,0 +1,582 @@
+//! Running a [`SandboxSpec`]: start bwrap with the argv on an fd, the
+//! supervisor as PID 1, the RPC bridge listening; enforce the timeout with
+//! the reaper; report how the command ended.
+
+use std::collections::hash_map::DefaultHasher;
+use std::ffi::{CString, OsString};
+use std::fs;
+use std::hash::{Hash, Hasher};
+use std::io::{Read, Write};
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use executor_core::SandboxError;
+
+use crate::probe::{find_bwrap, BwrapFeatures};
+use crate::reaper::{Reaper, ReaperMode, ReaperPreference, GRACE_PERIOD};
+use crate::rpc::{BasicHandler, RpcHandler, RpcLimits, RpcServer};
+use crate::spec::{HostEnv, RuntimePaths, SandboxSpec};
+use crate::supervisor::SUPERVISOR_BYTES;
+use crate::sys::{self, io_err, path_err};
+
+/// The fd bwrap reads its NUL-separated argv from (`--args 4`).
+const ARGS_FD: RawFd = 4;
+
+/// Where the command's stdin comes from.
+#[derive(Debug, Default)]
+pub enum Stdin {
+    /// The caller's own stdin.
+    #[default]
+    Inherit,
+    /// `/dev/null`.
+    Null,
+    /// This descriptor.
+    Fd(OwnedFd),
+}
+
+/// How to run one spec.
+pub struct RunOptions {
+    /// Wall-clock limit; `None` runs until the command ends.
+    pub timeout: Option<Duration>,
+    /// Between SIGTERM and SIGKILL at a timeout ([`GRACE_PERIOD`]).
+    pub grace: Duration,
+    pub stdin: Stdin,
+    /// Collect stdout and stderr into the report instead of inheriting.
+    pub capture_output: bool,
+    pub reaper: ReaperPreference,
+    /// Answers the sandbox's RPC requests (default: [`BasicHandler`]).
+    pub handler: Option<Arc<dyn RpcHandler>>,
+    pub rpc_limits: RpcLimits,
+}
+
+impl Default for RunOptions {
+    fn default() -> Self {
+        RunOptions {
+            timeout: None,
+            grace: GRACE_PERIOD,
+            stdin: Stdin::Inherit,
+            capture_output: false,
+            reaper: ReaperPreference::Auto,
+            handler: None,
+            rpc_limits: RpcLimits::default(),
+        }
+    }
+}
+
+/// How the command ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// It exited by itself with this code.
+    Exited(i32),
+    /// A signal ended it (from inside the sandbox: the host sends none
+    /// before a timeout).
+    Signaled(i32),
+    /// It ran past the timeout. `killed`: it outlived the grace period
+    /// after SIGTERM and was SIGKILLed.
+    TimedOut { killed: bool },
+}
+
+impl Outcome {
+    /// A shell-style exit code: the code, 128+signal, or 124 for a timeout.
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            Outcome::Exited(c) => *c,
+            Outcome::Signaled(s) => 128 + s,
+            Outcome::TimedOut { .. } => 124,
+        }
+    }
+}
+
+/// What a run did.
+#[derive(Debug)]
+pub struct RunReport {
+    pub outcome: Outcome,
+    /// Processes still running when the command ended, killed by the
+    /// supervisor (daemons, background jobs).
+    pub lingering_killed: u32,
+    /// Whether the reaper found anything left in the run's cgroup at the end.
+    pub cgroup_leftovers: bool,
+    pub reaper: ReaperMode,
+    pub elapsed: Duration,
+    /// Captured output (empty unless `capture_output`).
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+}
+
+/// The host side of sandboxed runs: bwrap, its features, the supervisor
+/// executable and a private directory for the RPC socket.
+#[derive(Debug)]
+pub struct Runtime {
+    dir: PathBuf,
+    paths: RuntimePaths,
+    bwrap: PathBuf,
+    features: BwrapFeatures,
+}
+
+static RUN_SEQ: AtomicU64 = AtomicU64::new(0);
+
+const PASSWD: &str = "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nbuild:x:1000:100:fhsx build user:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
+const GROUP: &str = "root:x:0:\nusers:x:100:\nnogroup:x:65534:\n";
+
+fn uid() -> u32 {
+    // SAFETY: getuid has no preconditions.
+    unsafe { libc::getuid() }
+}
+
+/// A directory only we can write: created 0700, or checked to be ours.
+fn private_dir(path: &Path) -> Result<(), SandboxError> {
+    match fs::DirBuilder::new().mode(0o700).create(path) {
+        Ok(()) => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(path_err("creating", path, e)),
+    }
+    let md = fs::symlink_metadata(path).map_err(|e| path_err("inspecting", path, e))?;
+    if !md.is_dir() || md.uid() != uid() || md.mode() & 0o022 != 0 {
+        return Err(SandboxError::BadPath {
+            path: path.to_path_buf(),
+            role: "the sandbox runtime directory",
+            reason:
+                "it exists but is not a directory owned by you and writable only by you; remove it"
+                    .into(),
+        });
+    }
+    Ok(())
+}
+
+/// Write `data` at `path` with `mode` unless an identical-size file is
+/// there; atomically (temp file + rename), so no reader sees a partial file.
+fn install_file(path: &Path, data: &[u8], mode: u32) -> Result<(), SandboxError> {
+    if let Ok(md) = fs::metadata(path) {
+        if md.len() == data.len() as u64 && md.permissions().mode() & 0o777 == mode {
+            return Ok(());
+        }
+    }
+    let tmp = path.with_extension(format!(
+        "tmp{}-{}",
+        std::process::id(),
+        RUN_SEQ.fetch_add(1, Ordering::Relaxed)
+    ));
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(&tmp)
+        .map_err(|e| path_err("creating", &tmp, e))?;
+    f.write_all(data)
+        .map_err(|e| path_err("writing", &tmp, e))?;
+    drop(f);
+    fs::rename(&tmp, path).map_err(|e| path_err("installing", path, e))
+}
+
+impl Runtime {
+    /// Find bwrap (error if missing), probe its features, install the
+    /// supervisor in the per-user cache and make a private run directory.
+    pub fn new() -> Result<Runtime, SandboxError> {
+        let bwrap = find_bwrap()?;
+        let features = BwrapFeatures::probe(&bwrap)?;
+        let base = std::env::temp_dir().join(format!("fhsx-{}", uid()));
+        private_dir(&base)?;
+        let mut h = DefaultHasher::new();
+        SUPERVISOR_BYTES.hash(&mut h);
+        let supervisor = base.join(format!("supervisor-{:016x}", h.finish()));
+        install_file(&supervisor, SUPERVISOR_BYTES, 0o555)?;
+        let passwd = base.join("passwd");
+        install_file(&passwd, PASSWD.as_bytes(), 0o444)?;
+        let group = base.join("group");
+        install_file(&group, GROUP.as_bytes(), 0o444)?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.subsec_nanos())
+            .unwrap_or(0);
+        let dir = base.join(format!(
+            "run-{}-{}-{nanos:x}",
+            std::process::id(),
+            RUN_SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| path_err("creating", &dir, e))?;
+        Ok(Runtime {
+            paths: RuntimePaths {
+                supervisor,
+                rpc_socket: dir.join("wf.sock"),
+                passwd,
+                group,
+            },
+            dir,
+            bwrap,
+            features,
+        })
+    }
+
+    pub fn paths(&self) -> &RuntimePaths {
+        &self.paths
+    }
+
+    pub fn features(&self) -> BwrapFeatures {
+        self.features
+    }
+
+    pub fn bwrap(&self) -> &Path {
+        &self.bwrap
+    }
+
+    /// Run `command` in the sandbox `spec` describes.
+    pub fn run(
+        &self,
+        spec: &SandboxSpec,
+        host_env: &HostEnv,
+        command: &[OsString],
+        opts: RunOptions,
+    ) -> Result<RunReport, SandboxError> {
+        if command.is_empty() {
+            return Err(SandboxError::Protocol("no command given to run".into()));
+        }
+        if spec.runtime() != &self.paths {
+            return Err(SandboxError::Protocol(
+                "the spec was built for another Runtime's paths; build it with this Runtime's paths()".into(),
+            ));
+        }
+        let started = Instant::now();
+        let (argv, split) = spec.argv_parts(host_env, command);
+        let mut data = Vec::new();
+        for a in &argv[..split] {
+            data.extend_from_slice(a.as_bytes());
+            data.push(0);
+        }
+        let args_fd = sys::memfd_with("fhsx-bwrap-args", &data)?;
+        let (ctl_host, ctl_child) = sys::socketpair()?;
+        let handler = opts
+            .handler
+            .clone()
+            .unwrap_or_else(|| Arc::new(BasicHandler::new(format!("run-{}", std::process::id()))));
+        let _server = RpcServer::bind(&self.paths.rpc_socket, handler, opts.rpc_limits)?;
+        let mut reaper = Reaper::new(opts.reaper);
+
+        let stdin_fd: Option<OwnedFd> = match opts.stdin {
+            Stdin::Inherit => None,
+            Stdin::Null => Some(
+                fs::File::open("/dev/null")
+                    .map_err(|e| path_err("opening", Path::new("/dev/null"), e))?
+                    .into(),
+            ),
+            Stdin::Fd(fd) => Some(fd),
+        };
+        let (out_pipe, err_pipe) = if opts.capture_output {
+            (Some(sys::pipe()?), Some(sys::pipe()?))
+        } else {
+            (None, None)
+        };
+
+        // Everything the child needs, prepared before fork (the child may
+        // only make async-signal-safe calls).
+        let ctl_hi = sys::dup_at_least(ctl_child.as_raw_fd(), 10)?;
+        let args_hi = sys::dup_at_least(args_fd.as_raw_fd(), 10)?;
+        let in_hi = stdin_fd
+            .as_ref()
+            .map(|f| sys::dup_at_least(f.as_raw_fd(), 10))
+            .transpose()?;
+        let out_hi = out_pipe
+            .as_ref()
+            .map(|p| sys::dup_at_least(p.1.as_raw_fd(), 10))
+            .transpose()?;
+        let err_hi = err_pipe
+            .as_ref()
+            .map(|p| sys::dup_at_least(p.1.as_raw_fd(), 10))
+            .transpose()?;
+        let bad = |_| {
+            io_err(
+                "preparing bwrap's path",
+                std::io::Error::from(std::io::ErrorKind::InvalidInput),
+            )
+        };
+        let bwrap_c = CString::new(self.bwrap.as_os_str().as_bytes()).map_err(bad)?;
+        let mut c_argv = vec![
+            CString::new("bwrap").map_err(bad)?,
+            CString::new("--args").map_err(bad)?,
+            CString::new(ARGS_FD.to_string()).map_err(bad)?,
+        ];
+        for a in &argv[split..] {
+            c_argv.push(CString::new(a.as_bytes()).map_err(|_| {
+                SandboxError::Protocol(format!("command argument {a:?} contains a NUL byte"))
+            })?);
+        }
+        let argv_ptrs: Vec<*const libc::c_char> = c_argv
+            .iter()
+            .map(|c| c.as_ptr())
+            .chain(std::iter::once(std::ptr::null()))
+            .collect();
+        let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+        let child_fds = ChildFds {
+            join_cgroup: reaper.join_fd(),
+            stdin: in_hi.as_ref().map(|f| f.as_raw_fd()),
+            stdout: out_hi.as_ref().map(|f| f.as_raw_fd()),
+            stderr: err_hi.as_ref().map(|f| f.as_raw_fd()),
+            control: ctl_hi.as_raw_fd(),
+            args: args_hi.as_raw_fd(),
+        };
+
+        // SAFETY: fork in a possibly multi-threaded process; the child only
+        // calls async-signal-safe functions (see exec_child) before execve.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(io_err(
+                "forking to start bwrap",
+                std::io::Error::last_os_error(),
+            ));
+        }
+        if pid == 0 {
+            // SAFETY: we are the freshly forked child.
+            unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
+        }
+        drop((
+            ctl_child, ctl_hi, args_hi, args_fd, in_hi, out_hi, err_hi, stdin_fd,
+        ));
+        let pidfd = match sys::pidfd_open(pid) {
+            Ok(fd) => fd,
+            Err(e) => {
+                // Without a pidfd we cannot prove anything: end it, reap it.
+                // SAFETY: pid is our own unreaped child.
+                unsafe {
+                    libc::kill(pid, libc::SIGKILL);
+                    libc::waitpid(pid, std::ptr::null_mut(), 0);
+                }
+                return Err(io_err("opening a pidfd for bwrap (Linux >= 5.3 needed)", e));
+            }
+        };
+        let pidfd_raw = pidfd.as_raw_fd();
+        reaper.record(pid, pidfd);
+
+        let readers = [out_pipe, err_pipe].map(|p| {
+            p.map(|(r, w)| {
+                drop(w);
+                std::thread::spawn(move || {
+                    let mut buf = Vec::new();
+                    let _ = fs::File::from(r).read_to_end(&mut buf);
+                    buf
+                })
+            })
+        });
+
+        let mut ctl = fs::File::from(ctl_host);
+        let _ = sys::set_nonblocking(ctl.as_raw_fd(), true);
+        let mut ctl_buf = Vec::new();
+        let mut ctl_open = true;
+        let mut phase = Phase::Running;
+        let mut deadline = opts.timeout.map(|t| started + t);
+        loop {
+            let wait_ms = match deadline {
+                None => -1,
+                Some(d) => d
+                    .saturating_duration_since(Instant::now())
+                    .as_millis()
+                    .min(i32::MAX as u128) as i32,
+            };
+            let fds = [pidfd_raw, if ctl_open { ctl.as_raw_fd() } else { -1 }];
+            let ready = sys::poll_in(&fds, wait_ms).map_err(|e| io_err("waiting for bwrap", e))?;
+            if ready[1] {
+                ctl_open = drain(&mut ctl, &mut ctl_buf);
+            }
+            if ready[0] {
+                break;
+            }
+            if deadline.is_some_and(|d| Instant::now() >= d) {
+                match phase {
+                    Phase::Running => {
+                        phase = Phase::Terminating;
+                        let _ = ctl.write_all(b"TERM\n");
+                        reaper.terminate();
+                        deadline = Some(Instant::now() + opts.grace);
+                    }
+                    Phase::Terminating | Phase::Killed => {
+                        phase = Phase::Killed;
+                        reaper.kill_all();
+                        deadline = None;
+                    }
+                }
+            }
+        }
+        let mut status: libc::c_int = 0;
+        loop {
+            // SAFETY: pid is our own child; status is a valid out-pointer.
+            let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+            if r >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
+                break;
+            }
+        }
+        // bwrap is gone, so is everything inside: read what is left.
+        let _ = sys::set_nonblocking(ctl.as_raw_fd(), false);
+        let until = Instant::now() + Duration::from_secs(2);
+        while ctl_open && Instant::now() < until {
+            match sys::poll_in(&[ctl.as_raw_fd()], 100) {
+                Ok(r) if r[0] => ctl_open = drain(&mut ctl, &mut ctl_buf),
+                _ => {}
+            }
+        }
+        let cgroup_leftovers = reaper.finish();
+        let [out_t, err_t] = readers;
+        let stdout = out_t.and_then(|t| t.join().ok()).unwrap_or_default();
+        let stderr = err_t.and_then(|t| t.join().ok()).unwrap_or_default();
+
+        let report = parse_control(&ctl_buf);
+        let outcome = match (phase, report.end) {
+            (Phase::Terminating, _) => Outcome::TimedOut { killed: false },
+            (Phase::Killed, _) => Outcome::TimedOut { killed: true },
+            (Phase::Running, Some(End::Exit(c))) => Outcome::Exited(c),
+            (Phase::Running, Some(End::Signal(s))) => Outcome::Signaled(s),
+            (Phase::Running, Some(End::NoExec)) => Outcome::Exited(127),
+            (Phase::Running, None) => {
+                return Err(if libc::WIFEXITED(status) {
+                    SandboxError::BwrapFailed {
+                        status: libc::WEXITSTATUS(status),
+                        message: if opts.capture_output {
+                            String::from_utf8_lossy(&stderr).trim().to_string()
+                        } else {
+                            "see its message above".to_string()
+                        },
+                    }
+                } else {
+                    SandboxError::SupervisorLost {
+                        detail: format!("bwrap ended by signal {}", libc::WTERMSIG(status)),
+                    }
+                });
+            }
+        };
+        Ok(RunReport {
+            outcome,
+            lingering_killed: report.lingering,
+            cgroup_leftovers,
+            reaper: reaper.mode(),
+            elapsed: started.elapsed(),
+            stdout,
+            stderr,
+        })
+    }
+}
+
+impl Drop for Runtime {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Running,
+    Terminating,
+    Killed,
+}
+
+enum End {
+    Exit(i32),
+    Signal(i32),
+    NoExec,
+}
+
+struct ControlReport {
+    end: Option<End>,
+    lingering: u32,
+}
+
+fn parse_control(buf: &[u8]) -> ControlReport {
+    let mut r = ControlReport {
+        end: None,
+        lingering: 0,
+    };
+    for line in String::from_utf8_lossy(buf).lines() {
+        let mut it = line.split_whitespace();
+        let (Some(k), Some(v)) = (it.next(), it.next().and_then(|v| v.parse::<i64>().ok())) else {
+            continue;
+        };
+        match k {
+            "EXIT" => r.end = Some(End::Exit(v as i32)),
+            "SIGNAL" => r.end = Some(End::Signal(v as i32)),
+            "NOEXEC" => r.end = Some(End::NoExec),
+            "LINGER" => r.lingering = v as u32,
+            _ => {}
+        }
+    }
+    r
+}
+
+/// Read what is available; false once the peer has closed.
+fn drain(f: &mut fs::File, buf: &mut Vec<u8>) -> bool {
+    let mut chunk = [0u8; 512];
+    loop {
+        match f.read(&mut chunk) {
+            Ok(0) => return false,
+            Ok(n) => {
+                buf.extend_from_slice(&chunk[..n]);
+                if buf.len() > 64 * 1024 {
+                    return false;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return true,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(_) => return false,
+        }
+    }
+}
+
+struct ChildFds {
+    join_cgroup: Option<RawFd>,
+    stdin: Option<RawFd>,
+    stdout: Option<RawFd>,
+    stderr: Option<RawFd>,
+    control: RawFd,
+    args: RawFd,
+}
+
+/// In the forked child: join the cgroup, arrange fds 0-4, close every
+/// other inherited descriptor, reset signals, exec bwrap. Never returns.
+///
+/// # Safety
+/// Must only be called in a freshly forked child; uses only
+/// async-signal-safe calls.
+unsafe fn exec_child(
+    fds: &ChildFds,
+    bwrap: &CString,
+    argv: &[*const libc::c_char],
+    envp: &[*const libc::c_char],
+) -> ! {
+    unsafe {
+        if let Some(j) = fds.join_cgroup {
+            if libc::write(j, b"0".as_ptr().cast(), 1) != 1 {
+                libc::_exit(126);
+            }
+        }
+        let moves = [
+            (fds.stdin, 0),
+            (fds.stdout, 1),
+            (fds.stderr, 2),
+            (Some(fds.control), crate::spec::CONTROL_FD),
+            (Some(fds.args), ARGS_FD),
+        ];
+        for (from, to) in moves {
+            if let Some(f) = from {
+                if libc::dup2(f, to) < 0 {
+                    libc::_exit(126);
+                }
+            }
+        }
+        // Nothing else crosses: bwrap hands every open fd to the sandbox.
+        let first = (ARGS_FD + 1) as libc::c_uint;
+        if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) != 0 {
+            for fd in first as RawFd..65536 {
+                libc::close(fd);
+            }
+        }
+        let mut empty: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut empty);
+        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        libc::execve(bwrap.as_ptr(), argv.as_ptr(), envp.as_ptr());
+        libc::_exit(127);
+    }
+}

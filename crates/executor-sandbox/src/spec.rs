@@ -1,0 +1,413 @@
+//! [`SandboxSpec`]: everything one sandboxed run is made of, and the one
+//! deterministic bwrap argv it turns into.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::ffi::{OsStr, OsString};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use executor_core::SandboxError;
+
+use crate::layers;
+use crate::probe::{BwrapFeatures, FileKind, HostFs};
+
+/// The uid the command runs as inside (never 0: no capabilities).
+pub const SANDBOX_UID: u32 = 1000;
+/// The gid the command runs as inside.
+pub const SANDBOX_GID: u32 = 100;
+/// The fixed hostname inside (the host's never shows).
+pub const SANDBOX_HOSTNAME: &str = "fhsx";
+/// Where the host root provider puts the workspace.
+pub const WORKSPACE_DIR: &str = "/workspace";
+/// Where the view root provider puts the scratch directory.
+pub const SCRATCH_DIR: &str = "/build";
+/// Where the RPC bridge socket appears inside (`WF_RPC_SOCK`).
+pub const RPC_SOCKET_PATH: &str = "/run/wf.sock";
+/// The environment variable naming the RPC bridge socket.
+pub const RPC_SOCKET_ENV: &str = "WF_RPC_SOCK";
+/// Where the supervisor binary appears inside; `/proc/1/cmdline` shows this.
+pub const SUPERVISOR_PATH: &str = "/run/fhsx/supervisor";
+/// The fd the supervisor's control channel has inside.
+pub const CONTROL_FD: i32 = 3;
+/// Names of state directories masked under the work directory by default.
+pub const DEFAULT_MASK_NAMES: &[&str] = &[".dsh-run"];
+/// The variable naming the tool's home: masked and never passed on.
+pub const DSH_HOME_ENV: &str = "DSH_HOME";
+/// Variables that never cross the boundary, whatever the policy says.
+pub const DENIED_ENV: &[&str] = &[DSH_HOME_ENV];
+
+/// Top-level names of a view that the sandbox provides itself.
+pub(crate) const VIEW_RESERVED: &[&str] = &["proc", "dev", "tmp", "build", "run"];
+
+/// `/etc` entries of the host worth seeing: no secrets, no identity.
+pub(crate) const HOST_ETC: &[&str] = &[
+    "/etc/alternatives",
+    "/etc/ca-certificates",
+    "/etc/ca-certificates.conf",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/nsswitch.conf",
+    "/etc/protocols",
+    "/etc/services",
+    "/etc/ssl/certs",
+    "/etc/ssl/openssl.cnf",
+];
+
+/// Top-level system directories (or merged-usr symlinks) of the host.
+pub(crate) const HOST_SYSTEM: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32",
+];
+
+/// NixOS' system paths, bound when the host has them.
+pub(crate) const HOST_NIX: &[&str] = &["/nix/store", "/run/current-system/sw"];
+
+/// The host environment the argv may copy whitelisted values from.
+pub type HostEnv = BTreeMap<OsString, OsString>;
+
+/// The calling process' environment as a [`HostEnv`].
+pub fn current_host_env() -> HostEnv {
+    std::env::vars_os().collect()
+}
+
+/// Host paths a run needs, inside a private per-run directory.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RuntimePaths {
+    /// The static supervisor executable (mode 0555).
+    pub supervisor: PathBuf,
+    /// The RPC bridge socket the host listens on.
+    pub rpc_socket: PathBuf,
+    /// A synthetic `/etc/passwd` naming only the sandbox user.
+    pub passwd: PathBuf,
+    /// A synthetic `/etc/group`.
+    pub group: PathBuf,
+}
+
+impl RuntimePaths {
+    /// The standard layout under one directory.
+    pub fn under(dir: &Path) -> RuntimePaths {
+        RuntimePaths {
+            supervisor: dir.join("supervisor"),
+            rpc_socket: dir.join("wf.sock"),
+            passwd: dir.join("passwd"),
+            group: dir.join("group"),
+        }
+    }
+}
+
+/// One probed entry of the host's system directories.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SystemEntry {
+    /// Bind `src` read-only at `dest`.
+    RoBind { src: PathBuf, dest: PathBuf },
+    /// Recreate a symlink (e.g. merged-usr `bin -> usr/bin`).
+    Symlink { target: PathBuf, dest: PathBuf },
+}
+
+/// What the sandbox's `/` is made of.
+#[derive(Debug, Clone)]
+pub enum RootProvider {
+    /// A tree mounted elsewhere (the FUSE view), its top-level entries bound
+    /// read-only; the scratch directory read-write at `/build`.
+    View {
+        tree: PathBuf,
+        scratch: PathBuf,
+        entries: Vec<(OsString, FileKind)>,
+    },
+    /// The host's own system directories read-only, the workspace
+    /// read-write at `/workspace` (`fhsx run`).
+    Host {
+        workspace: PathBuf,
+        system: Vec<SystemEntry>,
+    },
+}
+
+/// Which environment variables cross: `allow` names copied from the host
+/// if set there, and `set` pairs.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EnvPolicy {
+    pub allow: BTreeSet<String>,
+    pub set: BTreeMap<String, OsString>,
+}
+
+/// One sandboxed run's full description. Build it with [`SandboxSpec::host`]
+/// or [`SandboxSpec::view`], adjust it, then call
+/// [`bwrap_argv`](SandboxSpec::bwrap_argv).
+#[derive(Debug, Clone)]
+pub struct SandboxSpec {
+    pub(crate) root: RootProvider,
+    pub(crate) env: EnvPolicy,
+    pub(crate) masks: Vec<PathBuf>,
+    pub(crate) hostname: String,
+    pub(crate) uid: u32,
+    pub(crate) gid: u32,
+    pub(crate) chdir: Option<PathBuf>,
+    pub(crate) nproc: Option<u64>,
+    pub(crate) features: BwrapFeatures,
+    pub(crate) runtime: RuntimePaths,
+    pub(crate) fs: Arc<dyn HostFs>,
+}
+
+fn bad_path(path: &Path, role: &'static str, reason: impl Into<String>) -> SandboxError {
+    SandboxError::BadPath {
+        path: path.to_path_buf(),
+        role,
+        reason: reason.into(),
+    }
+}
+
+impl SandboxSpec {
+    fn new(root: RootProvider, runtime: RuntimePaths, fs: Arc<dyn HostFs>) -> Self {
+        SandboxSpec {
+            root,
+            env: EnvPolicy::default(),
+            masks: Vec::new(),
+            hostname: SANDBOX_HOSTNAME.to_string(),
+            uid: SANDBOX_UID,
+            gid: SANDBOX_GID,
+            chdir: None,
+            nproc: None,
+            features: BwrapFeatures::ALL,
+            runtime,
+            fs,
+        }
+    }
+
+    /// The host root for `fhsx run`: probes the host's mount table and
+    /// system directories; `workspace` appears read-write at `/workspace`.
+    pub fn host(
+        workspace: &Path,
+        runtime: RuntimePaths,
+        fs: Arc<dyn HostFs>,
+    ) -> Result<Self, SandboxError> {
+        let ws = fs
+            .canonicalize(workspace)
+            .ok_or_else(|| bad_path(workspace, "the workspace", "it does not exist"))?;
+        if fs.kind(&ws) != Some(FileKind::Dir) {
+            return Err(bad_path(
+                workspace,
+                "the workspace",
+                "it is not a directory",
+            ));
+        }
+        if ws == Path::new("/") {
+            return Err(bad_path(workspace, "the workspace", "binding the host's / read-write would defeat the sandbox; pick a project directory"));
+        }
+        let mounts = fs.mount_points()?;
+        let mut system = Vec::new();
+        let push = |p: &str, system: &mut Vec<SystemEntry>| {
+            let path = PathBuf::from(p);
+            match fs.kind(&path) {
+                Some(FileKind::Dir) | Some(FileKind::File) => system.push(SystemEntry::RoBind {
+                    src: path.clone(),
+                    dest: path,
+                }),
+                Some(FileKind::Symlink(target)) => {
+                    system.push(SystemEntry::Symlink { target, dest: path })
+                }
+                _ => {}
+            }
+        };
+        for p in HOST_SYSTEM {
+            push(p, &mut system);
+        }
+        for p in HOST_NIX {
+            let path = Path::new(p);
+            // NixOS: a mount point of the host, or a path that resolves
+            // (`/run/current-system` is a symlink into the store).
+            if mounts.iter().any(|m| m == path) || fs.canonicalize(path).is_some() {
+                system.push(SystemEntry::RoBind {
+                    src: path.to_path_buf(),
+                    dest: path.to_path_buf(),
+                });
+            }
+        }
+        for p in HOST_ETC {
+            push(p, &mut system);
+        }
+        Ok(Self::new(
+            RootProvider::Host {
+                workspace: ws,
+                system,
+            },
+            runtime,
+            fs,
+        ))
+    }
+
+    /// The view root for the executor: `tree` (a mounted, composed view)
+    /// provides `/`; `scratch` appears read-write at `/build`.
+    pub fn view(
+        tree: &Path,
+        scratch: &Path,
+        runtime: RuntimePaths,
+        fs: Arc<dyn HostFs>,
+    ) -> Result<Self, SandboxError> {
+        if fs.kind(tree) != Some(FileKind::Dir) {
+            return Err(bad_path(tree, "the view root", "it is not a directory"));
+        }
+        let scratch_c = fs
+            .canonicalize(scratch)
+            .ok_or_else(|| bad_path(scratch, "the scratch directory", "it does not exist"))?;
+        if fs.kind(&scratch_c) != Some(FileKind::Dir) {
+            return Err(bad_path(
+                scratch,
+                "the scratch directory",
+                "it is not a directory",
+            ));
+        }
+        let mut entries = Vec::new();
+        for name in fs.read_dir(tree)? {
+            if let Some(k) = fs.kind(&tree.join(&name)) {
+                entries.push((name, k));
+            }
+        }
+        Ok(Self::new(
+            RootProvider::View {
+                tree: tree.to_path_buf(),
+                scratch: scratch_c,
+                entries,
+            },
+            runtime,
+            fs,
+        ))
+    }
+
+    /// The directory the command starts in and the defaults are masked under.
+    pub fn work_dir(&self) -> &'static str {
+        match self.root {
+            RootProvider::View { .. } => SCRATCH_DIR,
+            RootProvider::Host { .. } => WORKSPACE_DIR,
+        }
+    }
+
+    /// Let a host variable through (copied only if the host has it).
+    pub fn allow_env(&mut self, name: &str) -> Result<&mut Self, SandboxError> {
+        check_env_name(name)?;
+        self.env.allow.insert(name.to_string());
+        Ok(self)
+    }
+
+    /// Set a variable inside.
+    pub fn set_env(
+        &mut self,
+        name: &str,
+        value: impl Into<OsString>,
+    ) -> Result<&mut Self, SandboxError> {
+        check_env_name(name)?;
+        self.env.set.insert(name.to_string(), value.into());
+        Ok(self)
+    }
+
+    /// Mask one more in-sandbox path (empty read-only tmpfs over a
+    /// directory, `/dev/null` over a file; absent paths are left alone).
+    pub fn mask(&mut self, path: impl Into<PathBuf>) -> &mut Self {
+        self.masks.push(path.into());
+        self
+    }
+
+    /// The directory the command starts in (default: the work directory).
+    pub fn chdir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
+        self.chdir = Some(dir.into());
+        self
+    }
+
+    /// Cap the number of processes the sandbox user may have (fork bombs).
+    pub fn nproc(&mut self, n: Option<u64>) -> &mut Self {
+        self.nproc = n;
+        self
+    }
+
+    /// Which optional bwrap flags to use (see [`BwrapFeatures::probe`]).
+    pub fn features(&mut self, f: BwrapFeatures) -> &mut Self {
+        self.features = f;
+        self
+    }
+
+    /// The host paths this run uses.
+    pub fn runtime(&self) -> &RuntimePaths {
+        &self.runtime
+    }
+
+    /// The root provider as probed.
+    pub fn root(&self) -> &RootProvider {
+        &self.root
+    }
+
+    /// The whole bwrap argv (without `bwrap` itself), layers in their fixed
+    /// order: namespace flags, isolation flags, mounts, masks, RPC bridge,
+    /// environment, then `--`, the supervisor and `command`. Same spec,
+    /// environment and host state: byte-identical output.
+    pub fn bwrap_argv(&self, host_env: &HostEnv, command: &[OsString]) -> Vec<OsString> {
+        self.argv_parts(host_env, command).0
+    }
+
+    /// The argv and the index of the `--` that ends bwrap's options (bwrap
+    /// reads the options from `--args FD`; the command follows on its real
+    /// command line).
+    pub(crate) fn argv_parts(
+        &self,
+        host_env: &HostEnv,
+        command: &[OsString],
+    ) -> (Vec<OsString>, usize) {
+        let mut a = Argv::default();
+        layers::namespaces::emit(self, &mut a);
+        layers::isolation::emit(self, &mut a);
+        let binds = layers::mounts::emit(self, &mut a);
+        layers::masks::emit(self, host_env, &binds, &mut a);
+        layers::bridge::emit(self, &mut a);
+        layers::env::emit(self, host_env, &mut a);
+        let split = a.0.len();
+        a.push("--");
+        a.push(SUPERVISOR_PATH);
+        a.push("--control-fd");
+        a.push(CONTROL_FD.to_string());
+        if let Some(n) = self.nproc {
+            a.push("--nproc");
+            a.push(n.to_string());
+        }
+        a.push("--");
+        for c in command {
+            a.push(c);
+        }
+        (a.0, split)
+    }
+}
+
+/// An environment variable name that may be passed with `--setenv`.
+pub(crate) fn check_env_name(name: &str) -> Result<(), SandboxError> {
+    let bad = |reason: &str| SandboxError::BadEnv {
+        name: name.to_string(),
+        reason: reason.to_string(),
+    };
+    if name.is_empty() || name.contains('=') || name.contains('\0') {
+        return Err(bad("a name must be non-empty and contain no '=' or NUL"));
+    }
+    if DENIED_ENV.contains(&name) {
+        return Err(bad("it names the tool's own home, which never crosses"));
+    }
+    if name == RPC_SOCKET_ENV {
+        return Err(bad("the sandbox sets it itself"));
+    }
+    Ok(())
+}
+
+/// The growing argv.
+#[derive(Debug, Default)]
+pub(crate) struct Argv(pub(crate) Vec<OsString>);
+
+impl Argv {
+    pub(crate) fn push(&mut self, s: impl AsRef<OsStr>) {
+        self.0.push(s.as_ref().to_os_string());
+    }
+    pub(crate) fn flag2(&mut self, flag: &str, a: impl AsRef<OsStr>) {
+        self.push(flag);
+        self.push(a);
+    }
+    pub(crate) fn flag3(&mut self, flag: &str, a: impl AsRef<OsStr>, b: impl AsRef<OsStr>) {
+        self.push(flag);
+        self.push(a);
+        self.push(b);
+    }
+}

@@ -1,0 +1,164 @@
+//! Thin syscall wrappers. Each turns a failure into a `SandboxError::Io`
+//! that names what was being done and to which path.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::path::Path;
+
+use executor_core::SandboxError;
+
+/// An I/O error with what was being done.
+pub(crate) fn io_err(what: impl Into<String>, source: io::Error) -> SandboxError {
+    SandboxError::Io {
+        what: what.into(),
+        source,
+    }
+}
+
+/// An I/O error about a path.
+pub(crate) fn path_err(verb: &str, path: &Path, source: io::Error) -> SandboxError {
+    io_err(format!("{verb} {}", path.display()), source)
+}
+
+fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+/// `pidfd_open(2)`: a handle on a process that cannot be confused with a
+/// later process reusing its PID.
+pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {
+    // SAFETY: plain syscall with integer arguments.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: the kernel just returned this fd to us.
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
+}
+
+/// `pidfd_send_signal(2)`.
+pub(crate) fn pidfd_send_signal(pidfd: &OwnedFd, sig: libc::c_int) -> io::Result<()> {
+    // SAFETY: plain syscall; a null siginfo is allowed.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_pidfd_send_signal,
+            pidfd.as_raw_fd(),
+            sig,
+            std::ptr::null::<libc::siginfo_t>(),
+            0,
+        )
+    };
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
+}
+
+/// Whether the process behind a pidfd has ended (the pidfd is readable).
+pub(crate) fn pidfd_exited(pidfd: &OwnedFd) -> bool {
+    poll_in(&[pidfd.as_raw_fd()], 0)
+        .map(|r| r[0])
+        .unwrap_or(true)
+}
+
+/// `poll(2)` for readability; returns which fds are readable or hung up.
+pub(crate) fn poll_in(fds: &[RawFd], timeout_ms: i32) -> io::Result<Vec<bool>> {
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|&fd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    loop {
+        // SAFETY: p is a valid array of pollfd of the given length.
+        let r = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, timeout_ms) };
+        if r < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                continue;
+            }
+            return Err(e);
+        }
+        return Ok(p
+            .iter()
+            .map(|x| x.fd >= 0 && x.revents & (libc::POLLIN | libc::POLLHUP | libc::POLLERR) != 0)
+            .collect());
+    }
+}
+
+/// An anonymous in-memory file holding `data`, positioned at its start.
+pub(crate) fn memfd_with(name: &str, data: &[u8]) -> Result<OwnedFd, SandboxError> {
+    let cname = std::ffi::CString::new(name).map_err(|_| {
+        io_err(
+            "creating a memfd",
+            io::Error::new(io::ErrorKind::InvalidInput, "NUL in name"),
+        )
+    })?;
+    // SAFETY: valid C string; flags are constants.
+    let fd = cvt(unsafe { libc::memfd_create(cname.as_ptr(), libc::MFD_CLOEXEC) })
+        .map_err(|e| io_err(format!("creating memfd {name}"), e))?;
+    // SAFETY: fd was just returned by the kernel.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let mut f = std::fs::File::from(fd);
+    use std::io::{Seek, Write};
+    f.write_all(data)
+        .and_then(|_| f.seek(io::SeekFrom::Start(0)).map(|_| ()))
+        .map_err(|e| io_err(format!("writing memfd {name}"), e))?;
+    Ok(OwnedFd::from(f))
+}
+
+/// A connected pair of close-on-exec UNIX stream sockets.
+pub(crate) fn socketpair() -> Result<(OwnedFd, OwnedFd), SandboxError> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a valid 2-element out array.
+    cvt(unsafe {
+        libc::socketpair(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+            fds.as_mut_ptr(),
+        )
+    })
+    .map_err(|e| io_err("creating the supervisor control socketpair", e))?;
+    // SAFETY: both fds were just returned by the kernel.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// A close-on-exec pipe (read end, write end).
+pub(crate) fn pipe() -> Result<(OwnedFd, OwnedFd), SandboxError> {
+    let mut fds = [0 as RawFd; 2];
+    // SAFETY: fds is a valid 2-element out array.
+    cvt(unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_CLOEXEC) })
+        .map_err(|e| io_err("creating an output pipe", e))?;
+    // SAFETY: both fds were just returned by the kernel.
+    Ok(unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) })
+}
+
+/// Duplicate `fd` to the lowest free number >= `min`, close-on-exec.
+pub(crate) fn dup_at_least(fd: RawFd, min: RawFd) -> Result<OwnedFd, SandboxError> {
+    // SAFETY: F_DUPFD_CLOEXEC on a valid fd.
+    let r = cvt(unsafe { libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, min) })
+        .map_err(|e| io_err("duplicating a descriptor for bwrap", e))?;
+    // SAFETY: the kernel just returned r.
+    Ok(unsafe { OwnedFd::from_raw_fd(r) })
+}
+
+/// Set or clear O_NONBLOCK.
+pub(crate) fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl on a valid fd.
+    let fl = cvt(unsafe { libc::fcntl(fd, libc::F_GETFL) })?;
+    let fl = if on {
+        fl | libc::O_NONBLOCK
+    } else {
+        fl & !libc::O_NONBLOCK
+    };
+    // SAFETY: fcntl on a valid fd.
+    cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, fl) }).map(|_| ())
+}
