@@ -11,6 +11,11 @@ mod progress;
 use clap::Parser;
 
 fn main() {
+    // Die quietly on a closed pipe (`fhsx store ls … | head`), like any Unix tool.
+    // SAFETY: resetting a signal disposition to its default, before any thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
     let cli = cmd::Cli::parse();
     let code = match cmd::dispatch(cli) {
         Ok(code) => code,

@@ -1,0 +1,114 @@
+//! Composition: clash detection, identical-entry merge, deep merge,
+//! determinism, and the path → atom map.
+
+mod common;
+
+use castore::compose::{compose, load_composition};
+use castore::import::import_path;
+use castore::{Error, Node};
+use common::*;
+
+fn atom(env: &Env, name: &str, files: &[(&str, &[u8], u32)]) -> castore::Digest {
+    let root = env.path(name);
+    std::fs::create_dir_all(&root).unwrap();
+    for (p, c, m) in files {
+        write(&root.join(p), c, *m);
+    }
+    import_path(&env.store, &root, &()).unwrap().root
+}
+
+#[test]
+fn deep_merge_identical_entries_and_map() {
+    let env = Env::new();
+    let libc = atom(&env, "libc", &[("usr/lib/libc.so.6", b"libc", 0o755), ("usr/include/stdio.h", b"stdio", 0o644)]);
+    let zlib = atom(&env, "zlib", &[("usr/lib/libz.so.1", b"zlib", 0o755), ("usr/include/zlib.h", b"zlib.h", 0o644)]);
+    // Shares an identical file with libc: merges.
+    let gcc = atom(&env, "gcc", &[("usr/bin/gcc", b"gcc", 0o755), ("usr/include/stdio.h", b"stdio", 0o644)]);
+    let c = compose(&env.store, &[libc, zlib, gcc]).unwrap();
+
+    let out = env.path("out");
+    castore::export::export(&env.store, &c.root, &out, &()).unwrap();
+    for (p, want) in [
+        ("usr/lib/libc.so.6", &b"libc"[..]),
+        ("usr/lib/libz.so.1", b"zlib"),
+        ("usr/include/stdio.h", b"stdio"),
+        ("usr/include/zlib.h", b"zlib.h"),
+        ("usr/bin/gcc", b"gcc"),
+    ] {
+        assert_eq!(std::fs::read(out.join(p)).unwrap(), want, "{p}");
+    }
+
+    let (rec, map) = load_composition(&env.store, &c.root).unwrap().expect("composition stored");
+    assert_eq!(rec.atoms, vec![libc, zlib, gcc]);
+    assert_eq!(map.owners("usr/lib/libc.so.6"), &[0]);
+    assert_eq!(map.owners("usr/lib/libz.so.1"), &[1]);
+    assert_eq!(map.owners("usr/include/stdio.h"), &[0, 2]);
+    assert_eq!(map.owners("usr/bin/gcc"), &[2]);
+    assert_eq!(map.owners("usr/bin"), &[2]);
+    assert_eq!(map.owners("usr/lib"), &[0, 1]);
+    assert_eq!(map.owners(""), &[0, 1, 2]);
+
+    // Determinism: same atoms, same order → same digest and map.
+    let again = compose(&env.store, &[libc, zlib, gcc]).unwrap();
+    assert_eq!(again, c);
+    assert!(castore::verify::verify(&env.store, Some(&c.root), &()).unwrap().is_clean());
+}
+
+#[test]
+fn clashes_name_the_path_and_both_atoms() {
+    let env = Env::new();
+    let a = atom(&env, "a", &[("usr/bin/tool", b"one", 0o755)]);
+    let b = atom(&env, "b", &[("usr/bin/tool", b"two", 0o755)]);
+    let err = compose(&env.store, &[a, b]).unwrap_err();
+    let Error::ComposeClash { path, first, second, .. } = &err else {
+        panic!("wrong error: {err}");
+    };
+    assert_eq!(path, "usr/bin/tool");
+    assert_eq!((*first, *second), (a, b));
+    let msg = err.to_string();
+    assert!(msg.contains(&a.to_string()) && msg.contains(&b.to_string()) && msg.contains("/usr/bin/tool"));
+
+    // Same bytes, different exec bit: also a clash.
+    let c = atom(&env, "c", &[("usr/bin/tool", b"one", 0o644)]);
+    assert!(matches!(compose(&env.store, &[a, c]), Err(Error::ComposeClash { .. })));
+    // File against directory.
+    let d = atom(&env, "d", &[("usr/bin/tool/inner", b"x", 0o644)]);
+    assert!(matches!(compose(&env.store, &[a, d]), Err(Error::ComposeClash { .. })));
+    // Symlink against symlink with another target.
+    let s1 = env.path("s1");
+    let s2 = env.path("s2");
+    std::fs::create_dir_all(&s1).unwrap();
+    std::fs::create_dir_all(&s2).unwrap();
+    std::os::unix::fs::symlink("usr/bin", s1.join("bin")).unwrap();
+    std::os::unix::fs::symlink("usr/sbin", s2.join("bin")).unwrap();
+    let s1 = import_path(&env.store, &s1, &()).unwrap().root;
+    let s2 = import_path(&env.store, &s2, &()).unwrap().root;
+    assert!(matches!(compose(&env.store, &[s1, s2]), Err(Error::ComposeClash { .. })));
+    // The same symlink twice merges.
+    let c = compose(&env.store, &[s1, s1]).unwrap();
+    assert!(matches!(
+        castore::walk::lookup(&env.store, &c.root, "bin").unwrap(),
+        Node::Symlink { .. }
+    ));
+}
+
+#[test]
+fn order_matters_for_the_map_not_for_content() {
+    let env = Env::new();
+    let a = atom(&env, "a", &[("a/x", b"x", 0o644)]);
+    let b = atom(&env, "b", &[("b/y", b"y", 0o644)]);
+    let ab = compose(&env.store, &[a, b]).unwrap();
+    let ba = compose(&env.store, &[b, a]).unwrap();
+    assert_eq!(ab.root, ba.root, "the merged tree does not depend on order");
+    let (_, m) = load_composition(&env.store, &ba.root).unwrap().unwrap();
+    // The record kept is the last composition of that root.
+    assert_eq!(m.owners("a/x"), &[1]);
+}
+
+#[test]
+fn missing_atom_is_a_clear_error() {
+    let env = Env::new();
+    let bogus = castore::Digest::of(b"no such atom");
+    let err = compose(&env.store, &[bogus]).unwrap_err();
+    assert!(err.to_string().contains("not in the store"), "{err}");
+}
