@@ -1,1 +1,87 @@
-//! `fetch-proxy`: see DESIGN.md's Layout table. Filled by its own issue.
+//! `fetch-proxy`: the build's only network path.
+//!
+//! Owns: the record/replay HTTP(S) proxy (hyper 1 on tokio; HTTP/1.1 to
+//! clients, HTTP/2 inside CONNECT tunnels by ALPN), the lock file
+//! (`fetch.lock`: [`lock`]), URL normalisation ([`url`]), and the per-store CA
+//! that mints leaf certificates per SNI ([`ca`]). In record mode every
+//! response body streams into the CAS and becomes a lock entry; in replay
+//! mode only the lock is served, from the CAS, and everything else is refused
+//! with `403` and a structured log line — no upstream socket is ever opened.
+//!
+//! Does not own: the store itself (`castore`), starting the proxy per build
+//! and forwarding `127.0.0.1:3128` inside the sandbox to its UNIX socket
+//! (`executor-sandbox` / `fhs-executor`), or the command line (`fhsx`).
+//!
+//! Entry points: [`ProxyConfig`] + [`RunningProxy::start`] (TCP or UNIX
+//! listener, own runtime thread), [`Lock`] for `fhsx lock verify|diff`.
+
+pub mod ca;
+pub mod lock;
+mod proxy;
+mod server;
+pub mod url;
+
+use std::path::{Path, PathBuf};
+
+pub use ca::CertAuthority;
+pub use lock::{Entry, Key, Lock, LockDiff, VerifyProblem};
+pub use proxy::{Event, EventSink, Mode, ProxyConfig};
+pub use server::{Listen, ListenAddr, RunningProxy, Stats, Summary};
+
+/// Everything the proxy library can fail with.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{op} {path}: {source}")]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("invalid URL: {0}")]
+    BadUrl(String),
+
+    #[error("invalid lock file {}: {reason}", .path.display())]
+    BadLock { path: PathBuf, reason: String },
+
+    #[error("TLS setup failed: {0}")]
+    Tls(String),
+
+    #[error("cannot read upstream CA file {}: {reason}", .path.display())]
+    UpstreamCa { path: PathBuf, reason: String },
+
+    #[error(transparent)]
+    Store(#[from] castore::Error),
+
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+
+    #[error("cannot start the proxy runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+
+    /// Recording stopped: the same request got a different answer.
+    #[error("non-deterministic upstream: {0}; the recording was aborted (delete the entry from the lock to re-record it on purpose)")]
+    NonDeterministic(String),
+}
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: &Path, source: std::io::Error) -> Self {
+        Error::Io {
+            op,
+            path: path.to_path_buf(),
+            source,
+        }
+    }
+
+    /// Whether this is an integrity failure (DESIGN.md's exit code 3) rather
+    /// than a usage or environment error.
+    pub fn is_integrity(&self) -> bool {
+        matches!(self, Error::NonDeterministic(_))
+            || matches!(self, Error::Store(e) if e.kind() == castore::ErrorKind::Integrity)
+    }
+}

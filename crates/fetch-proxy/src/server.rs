@@ -1,0 +1,210 @@
+//! Running the proxy: a listener (TCP or UNIX socket) on its own tokio
+//! runtime thread, so synchronous callers (the executor, the CLI, tests) can
+//! start and stop it like any other resource.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::oneshot;
+
+use crate::proxy::{serve_client, Shared};
+use crate::{Error, ProxyConfig};
+
+/// Where to listen.
+#[derive(Clone, Debug)]
+pub enum Listen {
+    Tcp(SocketAddr),
+    /// A UNIX socket path; it must not exist yet.
+    Unix(PathBuf),
+}
+
+/// Where the proxy actually listens (a TCP port 0 resolved).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ListenAddr {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl std::fmt::Display for ListenAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ListenAddr::Tcp(a) => write!(f, "{a}"),
+            ListenAddr::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// Counters since start.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Responses served from the CAS (both modes).
+    pub served: u64,
+    /// Requests refused with `403`.
+    pub refused: u64,
+    /// Responses recorded (record mode).
+    pub recorded: u64,
+    /// Upstream TCP connections opened. Always 0 in replay.
+    pub upstream_connects: u64,
+}
+
+/// What a finished proxy reports.
+#[derive(Clone, Debug)]
+pub struct Summary {
+    pub stats: Stats,
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener),
+}
+
+/// A proxy running on its own runtime thread. Dropping it stops it.
+pub struct RunningProxy {
+    shared: Arc<Shared>,
+    addr: ListenAddr,
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl RunningProxy {
+    /// Load the lock, bind, and start serving.
+    pub fn start(cfg: ProxyConfig, listen: Listen) -> Result<Self, Error> {
+        let shared = Arc::new(Shared::new(cfg)?);
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .thread_name("fetch-proxy")
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(Error::Runtime)?;
+        let (listener, addr) = rt.block_on(async {
+            match &listen {
+                Listen::Tcp(a) => {
+                    let l = TcpListener::bind(a).await.map_err(|source| Error::Listen {
+                        addr: a.to_string(),
+                        source,
+                    })?;
+                    let local = l.local_addr().map_err(|source| Error::Listen {
+                        addr: a.to_string(),
+                        source,
+                    })?;
+                    Ok::<_, Error>((Listener::Tcp(l), ListenAddr::Tcp(local)))
+                }
+                Listen::Unix(p) => {
+                    let l = UnixListener::bind(p).map_err(|source| Error::Listen {
+                        addr: p.display().to_string(),
+                        source,
+                    })?;
+                    Ok((Listener::Unix(l), ListenAddr::Unix(p.clone())))
+                }
+            }
+        })?;
+        let (stop_tx, stop_rx) = oneshot::channel();
+        let s = shared.clone();
+        let thread = std::thread::Builder::new()
+            .name("fetch-proxy-main".into())
+            .spawn(move || {
+                rt.block_on(accept_loop(s, listener, stop_rx));
+                rt.shutdown_timeout(Duration::from_millis(200));
+            })
+            .map_err(Error::Runtime)?;
+        Ok(RunningProxy {
+            shared,
+            addr,
+            stop: Some(stop_tx),
+            thread: Some(thread),
+        })
+    }
+
+    pub fn addr(&self) -> &ListenAddr {
+        &self.addr
+    }
+
+    /// The TCP address, if listening on TCP.
+    pub fn tcp_addr(&self) -> Option<SocketAddr> {
+        match self.addr {
+            ListenAddr::Tcp(a) => Some(a),
+            ListenAddr::Unix(_) => None,
+        }
+    }
+
+    pub fn stats(&self) -> Stats {
+        let c = &self.shared.counters;
+        Stats {
+            served: c.served.load(Ordering::Relaxed),
+            refused: c.refused.load(Ordering::Relaxed),
+            recorded: c.recorded.load(Ordering::Relaxed),
+            upstream_connects: c.upstream_connects.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Why recording was aborted, if it was.
+    pub fn aborted(&self) -> Option<String> {
+        self.shared.aborted.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    fn stop_thread(&mut self) {
+        if let Some(tx) = self.stop.take() {
+            let _ = tx.send(());
+        }
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+        if let ListenAddr::Unix(p) = &self.addr {
+            let _ = std::fs::remove_file(p);
+        }
+    }
+
+    /// Stop serving. Fails if a recording was aborted as non-deterministic:
+    /// the lock then holds only what was recorded before the abort.
+    pub fn shutdown(mut self) -> Result<Summary, Error> {
+        self.stop_thread();
+        let stats = self.stats();
+        match self.aborted() {
+            Some(why) => Err(Error::NonDeterministic(why)),
+            None => Ok(Summary { stats }),
+        }
+    }
+}
+
+impl Drop for RunningProxy {
+    fn drop(&mut self) {
+        self.stop_thread();
+    }
+}
+
+async fn accept_loop(shared: Arc<Shared>, listener: Listener, mut stop: oneshot::Receiver<()>) {
+    loop {
+        tokio::select! {
+            _ = &mut stop => return,
+            r = accept(&listener) => {
+                if let Some(fut) = r {
+                    let s = shared.clone();
+                    match fut {
+                        Conn::Tcp(t) => { let _ = t.set_nodelay(true); tokio::spawn(serve_client(s, t)); }
+                        Conn::Unix(u) => { tokio::spawn(serve_client(s, u)); }
+                    }
+                } else {
+                    // Transient accept failure (e.g. EMFILE): back off briefly.
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
+    }
+}
+
+enum Conn {
+    Tcp(tokio::net::TcpStream),
+    Unix(tokio::net::UnixStream),
+}
+
+async fn accept(l: &Listener) -> Option<Conn> {
+    match l {
+        Listener::Tcp(l) => l.accept().await.ok().map(|(s, _)| Conn::Tcp(s)),
+        Listener::Unix(l) => l.accept().await.ok().map(|(s, _)| Conn::Unix(s)),
+    }
+}
