@@ -1,0 +1,106 @@
+//! The BuildRecord: what a build was given, what it read, what it made.
+//!
+//! The record is encoded canonically (JSON, keys sorted, no whitespace) and
+//! that byte string is what the executor signs. A [`SignedRecord`] carries
+//! the record, the ed25519 public key and the signature; it is stored as a
+//! CAS blob, and its digest is the record's name. Signing and checking live
+//! in `fhs-executor`; this crate only fixes the shape.
+
+use castore::Digest;
+use serde::{Deserialize, Serialize};
+
+/// Bumped whenever a field changes meaning.
+pub const RECORD_FORMAT: u32 = 1;
+
+/// How the build's main process ended.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum ExitStatus {
+    Exited { code: i32 },
+    Signaled { signal: i32 },
+    TimedOut,
+}
+
+impl ExitStatus {
+    pub fn success(&self) -> bool {
+        matches!(self, ExitStatus::Exited { code: 0 })
+    }
+}
+
+/// Resources the build used.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceUse {
+    pub wall_ms: u64,
+    pub user_ms: u64,
+    pub system_ms: u64,
+    pub max_rss_kib: u64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct BuildRecord {
+    pub format: u32,
+    pub action_digest: Digest,
+    /// Digest of the ordered closure atom list (canonical JSON).
+    pub closure_digest: Digest,
+    /// Digest of the ordered toolchain atom list (canonical JSON).
+    pub toolchain_digest: Digest,
+    /// Root of the composed FHS view the build ran on.
+    pub view_digest: Digest,
+    /// Digest of the fetch lock's bytes, if the build had network.
+    pub fetch_lock_digest: Option<Digest>,
+    /// The output tree (a directory holding each declared output path).
+    pub output_digest: Option<Digest>,
+    pub interface_manifest_digest: Option<Digest>,
+    pub observed_read_set_digest: Digest,
+    pub read_set_size: u64,
+    /// The full build log, a CAS blob.
+    pub log_digest: Digest,
+    pub exit: ExitStatus,
+    pub resources: ResourceUse,
+    /// Who ran it: `fhsx <version>` and the signing key's fingerprint.
+    pub executor: String,
+}
+
+impl BuildRecord {
+    /// The bytes that are signed: canonical JSON.
+    pub fn canonical(&self) -> Vec<u8> {
+        let v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        serde_json::to_vec(&v).unwrap_or_default()
+    }
+
+    /// Every digest the record names, with its field name, for verification.
+    pub fn digests(&self) -> Vec<(&'static str, Digest)> {
+        let mut v = vec![
+            ("view_digest", self.view_digest),
+            ("observed_read_set_digest", self.observed_read_set_digest),
+            ("log_digest", self.log_digest),
+        ];
+        for (n, d) in [
+            ("fetch_lock_digest", self.fetch_lock_digest),
+            ("output_digest", self.output_digest),
+            ("interface_manifest_digest", self.interface_manifest_digest),
+        ] {
+            if let Some(d) = d {
+                v.push((n, d));
+            }
+        }
+        v
+    }
+}
+
+/// A record with its signature, as stored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SignedRecord {
+    pub record: BuildRecord,
+    /// ed25519 public key, `ed25519:<hex>`.
+    pub public_key: String,
+    /// ed25519 signature over `record.canonical()`, hex.
+    pub signature: String,
+}
+
+/// Digest of a list of digests, as the record names closures and toolchains.
+pub fn list_digest(list: &[Digest]) -> Digest {
+    Digest::of(&serde_json::to_vec(list).unwrap_or_default())
+}
