@@ -60,7 +60,10 @@ extern "C" {
     fn getpid() -> c_int;
     fn __errno_location() -> *mut c_int;
     fn syscall(n: i64, ...) -> i64;
+    fn prctl(option: c_int, arg2: u64, arg3: u64, arg4: u64, arg5: u64) -> c_int;
 }
+
+const PR_SET_DUMPABLE: c_int = 4;
 
 /// x86_64 and aarch64 syscall numbers of keyctl(2).
 #[cfg(target_arch = "x86_64")]
@@ -242,6 +245,11 @@ fn main() {
         }
     }
     let control = Control(args.control_fd.filter(|&fd| fd >= 3));
+
+    // Not dumpable: the command (same uid) can neither ptrace PID 1 nor
+    // open its /proc entries, so it cannot forge the status it reports.
+    // SAFETY: plain prctl.
+    unsafe { prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) };
 
     // A fresh, anonymous session keyring: the caller's session keys (which,
     // when the caller is root, the sandbox uid would own) stay out of reach.
