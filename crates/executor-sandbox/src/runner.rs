@@ -419,6 +419,7 @@ impl Runtime {
                 _ => {}
             }
         }
+        let reaper_mode = reaper.mode();
         let cgroup_leftovers = reaper.finish();
         let [out_t, err_t] = readers;
         let stdout = out_t.and_then(|t| t.join().ok()).unwrap_or_default();
@@ -452,7 +453,7 @@ impl Runtime {
             outcome,
             lingering_killed: report.lingering,
             cgroup_leftovers,
-            reaper: reaper.mode(),
+            reaper: reaper_mode,
             elapsed: started.elapsed(),
             stdout,
             stderr,
