@@ -142,7 +142,10 @@ fn composition_path(store: &LocalStore, root: &Digest) -> std::path::PathBuf {
 }
 
 /// The compositions recorded for `root` (none if `root` was never composed).
-pub fn load_composition(store: &LocalStore, root: &Digest) -> Result<Option<(Composition, CompositionMap)>> {
+pub fn load_composition(
+    store: &LocalStore,
+    root: &Digest,
+) -> Result<Option<(Composition, CompositionMap)>> {
     let p = composition_path(store, root);
     let bytes = match fs::read(&p) {
         Ok(b) => b,
@@ -183,7 +186,9 @@ fn merge(
             out.insert(name.clone(), first.clone())?;
             continue;
         }
-        let all_dirs = nodes.iter().all(|(_, n)| matches!(n, Node::Directory { .. }));
+        let all_dirs = nodes
+            .iter()
+            .all(|(_, n)| matches!(n, Node::Directory { .. }));
         if all_dirs {
             let mut sub = Vec::with_capacity(nodes.len());
             for (i, n) in &nodes {
@@ -202,13 +207,13 @@ fn merge(
             continue;
         }
         if let Some((second_atom, second)) = nodes.iter().find(|(_, n)| *n != first) {
-            return Err(Error::ComposeClash {
+            return Err(Error::ComposeClash(Box::new(crate::error::Clash {
                 path: p,
                 first: atoms[first_atom as usize],
                 first_kind: first.describe(),
                 second: atoms[*second_atom as usize],
                 second_kind: second.describe(),
-            });
+            })));
         }
         map.entries
             .insert(p, nodes.iter().map(|(i, _)| *i).collect());

@@ -152,7 +152,8 @@ impl Directory {
     /// encoding of a valid directory.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
         let bad = |why: String| Error::InvalidDirectory(why);
-        let d = pb::Directory::decode(bytes).map_err(|e| bad(format!("not a Directory protobuf: {e}")))?;
+        let d = pb::Directory::decode(bytes)
+            .map_err(|e| bad(format!("not a Directory protobuf: {e}")))?;
         let mut out = Directory::new();
         let digest = |b: &[u8]| {
             Digest::from_slice(b).ok_or_else(|| bad(format!("digest is {} bytes, not 32", b.len())))
@@ -243,45 +244,102 @@ mod tests {
     #[test]
     fn decode_rejects_invalid_trees() {
         let cases: Vec<(&str, pb::Directory)> = vec![
-            ("unsorted", pb::Directory { files: vec![file(b"b"), file(b"a")], ..Default::default() }),
-            ("duplicate", pb::Directory { files: vec![file(b"a"), file(b"a")], ..Default::default() }),
-            ("slash", pb::Directory { files: vec![file(b"a/b")], ..Default::default() }),
-            ("nul", pb::Directory { files: vec![file(b"a\0b")], ..Default::default() }),
-            ("dotdot", pb::Directory { files: vec![file(b"..")], ..Default::default() }),
-            ("empty", pb::Directory { files: vec![file(b"")], ..Default::default() }),
-            ("long", pb::Directory { files: vec![file(&[b'x'; 256])], ..Default::default() }),
+            (
+                "unsorted",
+                pb::Directory {
+                    files: vec![file(b"b"), file(b"a")],
+                    ..Default::default()
+                },
+            ),
+            (
+                "duplicate",
+                pb::Directory {
+                    files: vec![file(b"a"), file(b"a")],
+                    ..Default::default()
+                },
+            ),
+            (
+                "slash",
+                pb::Directory {
+                    files: vec![file(b"a/b")],
+                    ..Default::default()
+                },
+            ),
+            (
+                "nul",
+                pb::Directory {
+                    files: vec![file(b"a\0b")],
+                    ..Default::default()
+                },
+            ),
+            (
+                "dotdot",
+                pb::Directory {
+                    files: vec![file(b"..")],
+                    ..Default::default()
+                },
+            ),
+            (
+                "empty",
+                pb::Directory {
+                    files: vec![file(b"")],
+                    ..Default::default()
+                },
+            ),
+            (
+                "long",
+                pb::Directory {
+                    files: vec![file(&[b'x'; 256])],
+                    ..Default::default()
+                },
+            ),
             (
                 "dup-across-lists",
                 pb::Directory {
                     files: vec![file(b"a")],
-                    symlinks: vec![pb::SymlinkNode { name: b"a".to_vec(), target: b"x".to_vec() }],
+                    symlinks: vec![pb::SymlinkNode {
+                        name: b"a".to_vec(),
+                        target: b"x".to_vec(),
+                    }],
                     ..Default::default()
                 },
             ),
             (
                 "short-digest",
                 pb::Directory {
-                    files: vec![pb::FileNode { digest: vec![1; 31], ..file(b"a") }],
+                    files: vec![pb::FileNode {
+                        digest: vec![1; 31],
+                        ..file(b"a")
+                    }],
                     ..Default::default()
                 },
             ),
             (
                 "empty-target",
                 pb::Directory {
-                    symlinks: vec![pb::SymlinkNode { name: b"a".to_vec(), target: vec![] }],
+                    symlinks: vec![pb::SymlinkNode {
+                        name: b"a".to_vec(),
+                        target: vec![],
+                    }],
                     ..Default::default()
                 },
             ),
         ];
         for (what, d) in cases {
-            assert!(Directory::decode(&d.encode_to_vec()).is_err(), "{what} accepted");
+            assert!(
+                Directory::decode(&d.encode_to_vec()).is_err(),
+                "{what} accepted"
+            );
         }
         // An explicit default (size = 0 written out) is not canonical.
         let mut bytes = vec![0x12, 41 + 2, 0x0a, 1, b'a', 0x12, 32];
         bytes.extend_from_slice(&[7; 32]);
         bytes.extend_from_slice(&[0x18, 0]);
         bytes[1] = (bytes.len() - 2) as u8;
-        assert!(Directory::decode(&bytes).is_err(), "explicit default accepted");
+        assert!(
+            Directory::decode(&bytes).is_err(),
+            "explicit default accepted"
+        );
         assert!(Directory::decode(&[0xff, 0xff]).is_err());
     }
 }

@@ -37,7 +37,10 @@ pub enum Error {
 
     /// A referenced object is absent.
     #[error("object {digest} is not in the store{}; import it first (`fhsx store import`)", fmt_path(.path))]
-    Missing { digest: Digest, path: Option<String> },
+    Missing {
+        digest: Digest,
+        path: Option<String>,
+    },
 
     /// A path inside a tree does not exist or has the wrong kind.
     #[error("{path}: {reason}")]
@@ -45,24 +48,23 @@ pub enum Error {
 
     /// An archive or directory being imported is malformed or hostile.
     #[error("refusing to import {source_path}: {reason}")]
-    HostileInput { source_path: PathBuf, reason: String },
+    HostileInput {
+        source_path: PathBuf,
+        reason: String,
+    },
 
     /// The input format is not one castore can import.
     #[error("cannot import {0}: not a directory, .tar, .tar.gz, .tgz, .tar.xz, .tar.zst or .deb")]
     UnknownFormat(PathBuf),
 
     /// Composing atoms hit two different entries at one path.
-    #[error("compose clash at /{path}: atom {first} has {first_kind}, atom {second} has {second_kind}; atoms must agree on every shared path (drop or reorder one of them)")]
-    ComposeClash {
-        path: String,
-        first: Digest,
-        first_kind: String,
-        second: Digest,
-        second_kind: String,
-    },
+    #[error("compose clash at /{}: atom {} has {}, atom {} has {}; atoms must agree on every shared path (drop one of them)", .0.path, .0.first, .0.first_kind, .0.second, .0.second_kind)]
+    ComposeClash(Box<Clash>),
 
     /// An export destination is unusable.
-    #[error("cannot export to {0}: it already exists and is not an empty directory; choose a new path")]
+    #[error(
+        "cannot export to {0}: it already exists and is not an empty directory; choose a new path"
+    )]
     DestinationExists(PathBuf),
 
     /// Any other I/O failure, with the path it happened on.
@@ -73,6 +75,16 @@ pub enum Error {
         #[source]
         source: std::io::Error,
     },
+}
+
+/// The two sides of a compose clash.
+#[derive(Debug)]
+pub struct Clash {
+    pub path: String,
+    pub first: Digest,
+    pub first_kind: String,
+    pub second: Digest,
+    pub second_kind: String,
 }
 
 fn fmt_path(p: &Option<String>) -> String {
@@ -114,7 +126,10 @@ impl Error {
 }
 
 /// Shorthand for wrapping an `io::Error` with the operation and path.
-pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>) -> impl FnOnce(std::io::Error) -> Error {
+pub(crate) fn io(
+    op: &'static str,
+    path: impl Into<PathBuf>,
+) -> impl FnOnce(std::io::Error) -> Error {
     let path = path.into();
     move |source| Error::Io { op, path, source }
 }

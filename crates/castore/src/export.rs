@@ -18,7 +18,12 @@ use crate::{Digest, Error, Node, Progress, Result};
 
 /// Export the directory tree `root` to `dest`, which must not exist or be an
 /// empty directory.
-pub fn export(store: &LocalStore, root: &Digest, dest: &Path, progress: &dyn Progress) -> Result<()> {
+pub fn export(
+    store: &LocalStore,
+    root: &Digest,
+    dest: &Path,
+    progress: &dyn Progress,
+) -> Result<()> {
     if let Ok(mut rd) = fs::read_dir(dest) {
         if rd.next().is_some() {
             return Err(Error::DestinationExists(dest.to_path_buf()));
@@ -53,8 +58,16 @@ pub fn export(store: &LocalStore, root: &Digest, dest: &Path, progress: &dyn Pro
     result
 }
 
-fn write_dir(store: &LocalStore, digest: &Digest, at: &Path, tree_path: &str, progress: &dyn Progress) -> Result<()> {
-    let dir = store.get_directory(digest).map_err(|e| e.at_path(tree_path))?;
+fn write_dir(
+    store: &LocalStore,
+    digest: &Digest,
+    at: &Path,
+    tree_path: &str,
+    progress: &dyn Progress,
+) -> Result<()> {
+    let dir = store
+        .get_directory(digest)
+        .map_err(|e| e.at_path(tree_path))?;
     let entries: Vec<_> = dir.entries().collect();
     entries.par_iter().try_for_each(|(name, node)| {
         let p = at.join(name.as_os_str());
@@ -76,11 +89,14 @@ fn write_dir(store: &LocalStore, digest: &Digest, at: &Path, tree_path: &str, pr
             } => {
                 copy_blob(store, digest, &p).map_err(|e| e.at_path(&tp))?;
                 let mode = if *executable { 0o755 } else { 0o644 };
-                fs::set_permissions(&p, fs::Permissions::from_mode(mode)).map_err(io("chmod", &p))?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(mode))
+                    .map_err(io("chmod", &p))?;
                 progress.advance(1, *size);
                 Ok(())
             }
-            Node::Symlink { target } => std::os::unix::fs::symlink(target.as_os_str(), &p).map_err(io("symlink", &p)),
+            Node::Symlink { target } => {
+                std::os::unix::fs::symlink(target.as_os_str(), &p).map_err(io("symlink", &p))
+            }
         }
     })
 }

@@ -36,7 +36,9 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<GcReport> {
         if !store.has(ObjectKind::Directory, &d) || !live_dirs.insert(d) {
             continue;
         }
-        let dir = store.get_directory(&d).map_err(|e| e.at_path(&d.to_string()))?;
+        let dir = store
+            .get_directory(&d)
+            .map_err(|e| e.at_path(&d.to_string()))?;
         for (_, n) in dir.entries() {
             match n {
                 Node::Directory { digest, .. } => stack.push(*digest),
@@ -73,7 +75,9 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<GcReport> {
     let comps = store.root().join("compositions");
     for e in fs::read_dir(&comps).into_iter().flatten().flatten() {
         let name = e.file_name();
-        let root = name.to_str().and_then(|h| format!("b3:{h}").parse::<Digest>().ok());
+        let root = name
+            .to_str()
+            .and_then(|h| format!("b3:{h}").parse::<Digest>().ok());
         if root.is_none_or(|r| !live_dirs.contains(&r)) {
             let _ = fs::remove_file(e.path());
         }

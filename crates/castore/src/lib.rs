@@ -16,8 +16,8 @@
 //! `castore-fuse`) nor anything about sandboxes or build records.
 
 pub mod compose;
-mod directory;
 mod digest;
+mod directory;
 mod error;
 pub mod export;
 pub mod gc;
@@ -30,7 +30,7 @@ pub mod walk;
 pub use compose::{compose, Composition, CompositionMap};
 pub use digest::Digest;
 pub use directory::Directory;
-pub use error::{Error, ErrorKind, Result};
+pub use error::{Clash, Error, ErrorKind, Result};
 pub use nodes::{Name, Node, SymlinkTarget};
 pub use store::{BlobStore, DirectoryStore, LocalStore};
 

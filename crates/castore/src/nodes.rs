@@ -105,14 +105,19 @@ impl fmt::Debug for SymlinkTarget {
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
 pub enum Node {
     /// `size` is the number of entries below the directory, recursively.
-    Directory { digest: Digest, size: u64 },
+    Directory {
+        digest: Digest,
+        size: u64,
+    },
     /// `size` is the byte length of the blob.
     File {
         digest: Digest,
         size: u64,
         executable: bool,
     },
-    Symlink { target: SymlinkTarget },
+    Symlink {
+        target: SymlinkTarget,
+    },
 }
 
 impl Node {

@@ -38,10 +38,15 @@ impl Report {
 fn list(store: &LocalStore, kind: ObjectKind) -> Result<Vec<(Digest, PathBuf)>> {
     let base = store.root().join(kind.dir_name());
     let mut out = Vec::new();
-    for shard in fs::read_dir(&base).map_err(crate::error::io("read", &base))?.flatten() {
+    for shard in fs::read_dir(&base)
+        .map_err(crate::error::io("read", &base))?
+        .flatten()
+    {
         for e in fs::read_dir(shard.path()).into_iter().flatten().flatten() {
             let name = e.file_name();
-            let digest = name.to_str().and_then(|h| format!("b3:{h}").parse::<Digest>().ok());
+            let digest = name
+                .to_str()
+                .and_then(|h| format!("b3:{h}").parse::<Digest>().ok());
             if let Some(d) = digest {
                 out.push((d, e.path()));
             }
@@ -56,7 +61,11 @@ pub(crate) fn all_objects(store: &LocalStore, kind: ObjectKind) -> Result<Vec<(D
 }
 
 /// Verify the whole store (`root = None`) or one tree.
-pub fn verify(store: &LocalStore, root: Option<&Digest>, progress: &dyn Progress) -> Result<Report> {
+pub fn verify(
+    store: &LocalStore,
+    root: Option<&Digest>,
+    progress: &dyn Progress,
+) -> Result<Report> {
     match root {
         None => verify_all(store, progress),
         Some(r) => verify_tree(store, r, progress),
@@ -155,7 +164,10 @@ impl Walk<'_> {
     fn walk(&mut self, d: &Digest, at: &str) {
         let Some(dir) = self.decoded.get(d) else {
             let kind = self.bad_dirs.get(d).copied().unwrap_or("missing");
-            self.problems.entry((*d, kind)).or_default().push(at.to_owned());
+            self.problems
+                .entry((*d, kind))
+                .or_default()
+                .push(at.to_owned());
             return;
         };
         for (name, node) in dir.entries() {
@@ -164,9 +176,15 @@ impl Walk<'_> {
                 Node::Directory { digest, .. } => self.walk(digest, &p),
                 Node::File { digest, .. } => {
                     if self.corrupt.contains(digest) {
-                        self.problems.entry((*digest, "corrupt")).or_default().push(p);
+                        self.problems
+                            .entry((*digest, "corrupt"))
+                            .or_default()
+                            .push(p);
                     } else if !self.present_blobs.contains(digest) {
-                        self.problems.entry((*digest, "missing")).or_default().push(p);
+                        self.problems
+                            .entry((*digest, "missing"))
+                            .or_default()
+                            .push(p);
                     }
                 }
                 Node::Symlink { .. } => {}

@@ -24,15 +24,20 @@ pub fn lookup(store: &dyn DirectoryStore, root: &Digest, path: &str) -> Result<N
                 reason: format!("is {}, not a directory", node.kind()),
             });
         };
-        let dir = store.get_directory(digest).map_err(|e| e.at_path(&walked))?;
+        let dir = store
+            .get_directory(digest)
+            .map_err(|e| e.at_path(&walked))?;
         if !walked.is_empty() {
             walked.push('/');
         }
         walked.push_str(comp);
-        node = dir.get(comp.as_bytes()).cloned().ok_or_else(|| Error::BadTreePath {
-            path: walked.clone(),
-            reason: "no such file or directory in the tree".into(),
-        })?;
+        node = dir
+            .get(comp.as_bytes())
+            .cloned()
+            .ok_or_else(|| Error::BadTreePath {
+                path: walked.clone(),
+                reason: "no such file or directory in the tree".into(),
+            })?;
     }
     Ok(node)
 }

@@ -25,7 +25,10 @@ fn header(name: &[u8], kind: u8, size: u64, link: &[u8]) -> [u8; 512] {
     *h.as_bytes()
 }
 
-fn archive(entries: &[(&[u8], u8, &[u8], &[u8])]) -> Vec<u8> {
+/// (name, type flag, data, link name)
+type RawEntry<'a> = (&'a [u8], u8, &'a [u8], &'a [u8]);
+
+fn archive(entries: &[RawEntry]) -> Vec<u8> {
     let mut out = Vec::new();
     for (name, kind, data, link) in entries {
         out.extend_from_slice(&header(name, *kind, data.len() as u64, link));
@@ -45,18 +48,29 @@ fn assert_refused(env: &Env, file: &Path, needle: &str) {
         "wrong error kind for {needle}: {err}"
     );
     let msg = err.to_string();
-    assert!(msg.contains(needle), "error {msg:?} does not mention {needle:?}");
-    assert_eq!(snapshot(&env.store), before, "store changed after refusing {needle}");
-    assert!(castore::verify::verify(&env.store, None, &()).unwrap().is_clean());
+    assert!(
+        msg.contains(needle),
+        "error {msg:?} does not mention {needle:?}"
+    );
+    assert_eq!(
+        snapshot(&env.store),
+        before,
+        "store changed after refusing {needle}"
+    );
+    assert!(castore::verify::verify(&env.store, None, &())
+        .unwrap()
+        .is_clean());
     // No staging directory left behind either.
-    let tmp: Vec<_> = std::fs::read_dir(env.store.root().join("tmp")).unwrap().collect();
+    let tmp: Vec<_> = std::fs::read_dir(env.store.root().join("tmp"))
+        .unwrap()
+        .collect();
     assert!(tmp.is_empty(), "staging left behind: {tmp:?}");
 }
 
-fn case(name: &str, entries: &[(&[u8], u8, &[u8], &[u8])], needle: &str) {
+fn case(name: &str, entries: &[RawEntry], needle: &str) {
     let env = Env::new();
     // A good file first, so a partial import would have something to leave.
-    let mut all: Vec<(&[u8], u8, &[u8], &[u8])> = vec![(b"ok/good.txt", b'0', b"good content", b"")];
+    let mut all: Vec<RawEntry> = vec![(b"ok/good.txt", b'0', b"good content", b"")];
     all.extend_from_slice(entries);
     let p = env.path(&format!("{name}.tar"));
     std::fs::write(&p, archive(&all)).unwrap();
@@ -78,16 +92,27 @@ fn absolute_path() {
 fn write_through_symlink() {
     case(
         "symlink-through",
-        &[(b"link", b'2', b"", b"/tmp"), (b"link/evil", b'0', b"x", b"")],
+        &[
+            (b"link", b'2', b"", b"/tmp"),
+            (b"link/evil", b'0', b"x", b""),
+        ],
         "through the symlink",
     );
 }
 
 #[test]
 fn hard_link_to_outside() {
-    case("hardlink-abs", &[(b"h", b'1', b"", b"/etc/passwd")], "absolute path");
+    case(
+        "hardlink-abs",
+        &[(b"h", b'1', b"", b"/etc/passwd")],
+        "absolute path",
+    );
     case("hardlink-up", &[(b"h", b'1', b"", b"../x")], "..");
-    case("hardlink-missing", &[(b"h", b'1', b"", b"not/there")], "not a regular file earlier");
+    case(
+        "hardlink-missing",
+        &[(b"h", b'1', b"", b"not/there")],
+        "not a regular file earlier",
+    );
 }
 
 #[test]
@@ -99,15 +124,30 @@ fn device_nodes_and_fifos() {
 
 #[test]
 fn duplicate_names() {
-    case("dup", &[(b"ok/good.txt", b'0', b"other", b"")], "duplicate entry");
-    case("dup-kind", &[(b"ok/good.txt", b'5', b"", b"")], "duplicate entry");
+    case(
+        "dup",
+        &[(b"ok/good.txt", b'0', b"other", b"")],
+        "duplicate entry",
+    );
+    case(
+        "dup-kind",
+        &[(b"ok/good.txt", b'5', b"", b"")],
+        "duplicate entry",
+    );
 }
 
 #[test]
 fn name_with_nul_via_pax() {
     // A pax `path` record can carry any bytes, NUL included.
     let rec = b"14 path=a\0b/c\n";
-    case("nul", &[(b"PaxHeader", b'x', rec, b""), (b"placeholder", b'0', b"x", b"")], "NUL");
+    case(
+        "nul",
+        &[
+            (b"PaxHeader", b'x', rec, b""),
+            (b"placeholder", b'0', b"x", b""),
+        ],
+        "NUL",
+    );
 }
 
 #[test]

@@ -20,8 +20,13 @@ fn import_export_round_trip_is_exact() {
     castore::export::export(&env.store, &imported.root, &out, &()).unwrap();
     assert_same_tree(&src, &out);
     // And importing the export gives the same digest.
-    assert_eq!(import_path(&env.store, &out, &()).unwrap().root, imported.root);
-    assert!(castore::verify::verify(&env.store, None, &()).unwrap().is_clean());
+    assert_eq!(
+        import_path(&env.store, &out, &()).unwrap().root,
+        imported.root
+    );
+    assert!(castore::verify::verify(&env.store, None, &())
+        .unwrap()
+        .is_clean());
 }
 
 #[test]
@@ -34,7 +39,11 @@ fn digest_ignores_mtimes_owners_umask_and_creation_order() {
     // Same content, created in another order, other permissions (exec bit
     // kept), other mtimes and another owner.
     let b = env.path("b");
-    write(&b.join("usr/lib/big.bin"), &pseudo_random(17 << 20, 1), 0o600);
+    write(
+        &b.join("usr/lib/big.bin"),
+        &pseudo_random(17 << 20, 1),
+        0o600,
+    );
     write(&b.join("usr/lib/small.bin"), &pseudo_random(3000, 2), 0o444);
     fs::create_dir_all(b.join("var/empty")).unwrap();
     std::os::unix::fs::symlink("/nonexistent/absolute", {
@@ -52,7 +61,8 @@ fn digest_ignores_mtimes_owners_umask_and_creation_order() {
     old.set_modified(std::time::UNIX_EPOCH + std::time::Duration::from_secs(1000))
         .unwrap();
     if is_root() {
-        std::os::unix::fs::chown(b.join("usr/share/doc/hello/README"), Some(4242), Some(4242)).unwrap();
+        std::os::unix::fs::chown(b.join("usr/share/doc/hello/README"), Some(4242), Some(4242))
+            .unwrap();
     }
     assert_eq!(import_path(&env.store, &b, &()).unwrap().root, first);
 
@@ -84,12 +94,21 @@ fn test_vectors() {
     // written out by hand: field 2 (files), length 41; inside, field 1
     // (name) length 5, field 2 (digest) length 32; size 0 and executable
     // false are defaults and omitted.
-    let mut pb = vec![0x12, 0x29, 0x0a, 0x05, b'.', b'k', b'e', b'e', b'p', 0x12, 0x20];
+    let mut pb = vec![
+        0x12, 0x29, 0x0a, 0x05, b'.', b'k', b'e', b'e', b'p', 0x12, 0x20,
+    ];
     pb.extend_from_slice(blake3::hash(b"").as_bytes());
     assert_eq!(d, Digest::from_bytes(*blake3::hash(&pb).as_bytes()));
     let dir = env.store.get_directory(&d).unwrap();
     assert_eq!(dir.encode(), pb);
-    assert!(matches!(dir.get(b".keep"), Some(Node::File { size: 0, executable: false, .. })));
+    assert!(matches!(
+        dir.get(b".keep"),
+        Some(Node::File {
+            size: 0,
+            executable: false,
+            ..
+        })
+    ));
 }
 
 #[test]
@@ -109,7 +128,12 @@ fn tarball_and_deb_formats_import_to_the_same_tree() {
     let src = env.path("src");
     small_tree(&src);
     let want = import_path(&env.store, &src, &()).unwrap().root;
-    for (flag, ext) in [("", "tar"), ("z", "tar.gz"), ("J", "tar.xz"), ("", "tar.zst")] {
+    for (flag, ext) in [
+        ("", "tar"),
+        ("z", "tar.gz"),
+        ("J", "tar.xz"),
+        ("", "tar.zst"),
+    ] {
         let out = env.path(&format!("t.{ext}"));
         let mut cmd = std::process::Command::new("tar");
         cmd.arg("-C").arg(&src);
@@ -122,7 +146,10 @@ fn tarball_and_deb_formats_import_to_the_same_tree() {
             .arg(".")
             .status()
             .expect("tar is required: apt-get install tar zstd xz-utils");
-        assert!(st.success(), "tar failed for {ext} (apt-get install zstd xz-utils)");
+        assert!(
+            st.success(),
+            "tar failed for {ext} (apt-get install zstd xz-utils)"
+        );
         let got = import_path(&env.store, &out, &()).unwrap().root;
         assert_eq!(got, want, "{ext} imported differently");
     }
@@ -159,7 +186,15 @@ fn tarball_and_deb_formats_import_to_the_same_tree() {
             .arg(&deb)
             .output()
             .expect("dpkg-deb is required: apt-get install dpkg");
-        assert!(st.status.success(), "dpkg-deb -Z{z}: {}", String::from_utf8_lossy(&st.stderr));
-        assert_eq!(import_path(&env.store, &deb, &()).unwrap().root, want_deb, "deb -Z{z}");
+        assert!(
+            st.status.success(),
+            "dpkg-deb -Z{z}: {}",
+            String::from_utf8_lossy(&st.stderr)
+        );
+        assert_eq!(
+            import_path(&env.store, &deb, &()).unwrap().root,
+            want_deb,
+            "deb -Z{z}"
+        );
     }
 }

@@ -186,13 +186,19 @@ impl Action {
 
     fn validate(&self) -> Result<(), String> {
         if self.inputs.closure.is_empty() && self.inputs.toolchain.is_empty() {
-            return Err("[inputs] names no closure and no toolchain: the build would have an empty root".into());
+            return Err(
+                "[inputs] names no closure and no toolchain: the build would have an empty root"
+                    .into(),
+            );
         }
         if self.run.command.is_empty() || self.run.command[0].is_empty() {
             return Err("[run] command is empty".into());
         }
         if !self.run.workdir.starts_with('/') {
-            return Err(format!("[run] workdir {:?} must be absolute", self.run.workdir));
+            return Err(format!(
+                "[run] workdir {:?} must be absolute",
+                self.run.workdir
+            ));
         }
         for k in self.run.env.keys() {
             if k.is_empty() || k.contains('=') || k.contains('\0') {
@@ -212,11 +218,8 @@ impl Action {
                 ));
             }
         }
-        match (self.network.mode, &self.network.lock) {
-            (NetworkMode::Replay | NetworkMode::Record, None) => {
-                return Err("[network] mode replay/record needs `lock = \"fetch.lock\"`".into())
-            }
-            _ => {}
+        if self.network.mode != NetworkMode::None && self.network.lock.is_none() {
+            return Err("[network] mode replay/record needs `lock = \"fetch.lock\"`".into());
         }
         let l = &self.limits;
         if l.pids == 0 || l.memory < (16 << 20) || l.open_files < 16 || l.file_size == 0 {
@@ -248,7 +251,10 @@ impl Action {
         if let Some(net) = v.get_mut("network").and_then(|n| n.as_object_mut()) {
             net.remove("lock");
             if let Some(d) = lock_digest {
-                net.insert("lock_digest".into(), serde_json::Value::String(d.to_string()));
+                net.insert(
+                    "lock_digest".into(),
+                    serde_json::Value::String(d.to_string()),
+                );
             }
         }
         // serde_json's map is a BTreeMap without the preserve_order feature:
@@ -291,7 +297,11 @@ mod duration_str {
             (i, 'h') => (&t[..i], 3600),
             _ => (t, 1),
         };
-        num.trim().parse::<u64>().ok()?.checked_mul(mul).map(Duration::from_secs)
+        num.trim()
+            .parse::<u64>()
+            .ok()?
+            .checked_mul(mul)
+            .map(Duration::from_secs)
     }
 }
 
@@ -321,15 +331,22 @@ mod tests {
 
     #[test]
     fn errors_carry_line_numbers_and_causes() {
-        let e = parse(&format!("[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = [\"x\"]\nbogus = 1\n")).unwrap_err();
+        let e = parse(&format!(
+            "[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = [\"x\"]\nbogus = 1\n"
+        ))
+        .unwrap_err();
         let m = e.to_string();
         assert!(m.contains("line 5") && m.contains("bogus"), "{m}");
-        let e = parse("[inputs]\nclosure = [\"b3:nothex\"]\n[run]\ncommand = [\"x\"]\n").unwrap_err();
+        let e =
+            parse("[inputs]\nclosure = [\"b3:nothex\"]\n[run]\ncommand = [\"x\"]\n").unwrap_err();
         let m = e.to_string();
         assert!(m.contains("line 2") && m.contains("invalid digest"), "{m}");
         let e = parse("[inputs\n").unwrap_err();
         assert!(e.to_string().contains("line 1"), "{e}");
-        let e = parse(&format!("[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = []\n")).unwrap_err();
+        let e = parse(&format!(
+            "[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = []\n"
+        ))
+        .unwrap_err();
         assert!(e.to_string().contains("command is empty"));
         let e = parse(&format!(
             "[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = [\"x\"]\n[outputs]\npaths = [\"../x\"]\n"

@@ -21,7 +21,11 @@ pub const SCRATCH: &str = "/build";
 
 /// Ingest each path in `outputs` (relative to `scratch`) and return the
 /// digest of a directory holding them at those relative paths.
-pub fn ingest_outputs(store: &LocalStore, scratch: &Path, outputs: &[String]) -> Result<Digest, Error> {
+pub fn ingest_outputs(
+    store: &LocalStore,
+    scratch: &Path,
+    outputs: &[String],
+) -> Result<Digest, Error> {
     let mut tree = Tree::default();
     for rel in outputs {
         let host = scratch.join(rel);
@@ -65,19 +69,27 @@ fn check_tree(p: &Path, rel: &str, depth: usize, root_depth: usize) -> Result<()
         reason: reason.to_owned(),
     };
     if ft.is_socket() {
-        return Err(bad("is a socket; outputs hold only files, directories and symlinks"));
+        return Err(bad(
+            "is a socket; outputs hold only files, directories and symlinks",
+        ));
     }
     if ft.is_fifo() {
-        return Err(bad("is a FIFO; outputs hold only files, directories and symlinks"));
+        return Err(bad(
+            "is a FIFO; outputs hold only files, directories and symlinks",
+        ));
     }
     if ft.is_block_device() || ft.is_char_device() {
-        return Err(bad("is a device node; outputs hold only files, directories and symlinks"));
+        return Err(bad(
+            "is a device node; outputs hold only files, directories and symlinks",
+        ));
     }
     if ft.is_symlink() {
         let t = fs::read_link(p).map_err(|e| Error::io("readlink", p, e))?;
         let t = t.to_string_lossy();
         if t == SCRATCH || t.starts_with(&format!("{SCRATCH}/")) {
-            return Err(bad(&format!("is a symlink into the scratch directory ({t}), which will not exist at runtime")));
+            return Err(bad(&format!(
+                "is a symlink into the scratch directory ({t}), which will not exist at runtime"
+            )));
         }
         if !t.starts_with('/') {
             // Climb: each `..` goes up one level from the link's directory.
@@ -119,7 +131,10 @@ impl Tree {
         let mut cur = self;
         let comps: Vec<&str> = rel.split('/').collect();
         for c in &comps[..comps.len() - 1] {
-            let e = cur.entries.entry((*c).to_owned()).or_insert_with(|| Entry::Sub(Tree::default()));
+            let e = cur
+                .entries
+                .entry((*c).to_owned())
+                .or_insert_with(|| Entry::Sub(Tree::default()));
             cur = match e {
                 Entry::Sub(t) => t,
                 Entry::Leaf(_) => {

@@ -55,7 +55,10 @@ pub fn generate(path: &Path) -> Result<SigningKey, Error> {
     fs::hard_link(&tmp, path).map_err(|e| {
         let _ = fs::remove_file(&tmp);
         if e.kind() == std::io::ErrorKind::AlreadyExists {
-            Error::BadKey(format!("a key already exists at {}; remove it first to replace it", path.display()))
+            Error::BadKey(format!(
+                "a key already exists at {}; remove it first to replace it",
+                path.display()
+            ))
         } else {
             Error::io("install key", path, e)
         }
@@ -68,8 +71,12 @@ pub fn generate(path: &Path) -> Result<SigningKey, Error> {
 pub fn load(path: &Path) -> Result<SigningKey, Error> {
     let text = fs::read_to_string(path).map_err(|e| Error::io("read key", path, e))?;
     let mut seed = [0u8; 32];
-    hex::decode_to_slice(text.trim(), &mut seed)
-        .map_err(|_| Error::BadKey(format!("{} does not hold a 32-byte hex ed25519 seed", path.display())))?;
+    hex::decode_to_slice(text.trim(), &mut seed).map_err(|_| {
+        Error::BadKey(format!(
+            "{} does not hold a 32-byte hex ed25519 seed",
+            path.display()
+        ))
+    })?;
     Ok(SigningKey::from_bytes(&seed))
 }
 

@@ -118,7 +118,10 @@ pub fn classify(path: &str, bytes: &[u8]) -> Entry {
         e.interpreter = line.split_whitespace().next().map(str::to_owned);
     } else if path.ends_with(".pc") && path.contains("pkgconfig/") {
         e.kind = FileKind::PkgConfig;
-    } else if [".h", ".hh", ".hpp", ".hxx"].iter().any(|s| path.ends_with(s)) {
+    } else if [".h", ".hh", ".hpp", ".hxx"]
+        .iter()
+        .any(|s| path.ends_with(s))
+    {
         e.kind = FileKind::Header;
     }
     e
@@ -133,14 +136,27 @@ mod tests {
         let sh = std::fs::read("/bin/sh").expect("/bin/sh");
         let e = classify("bin/sh", &sh);
         assert_eq!(e.kind, FileKind::ElfExecutable);
-        assert!(e.interpreter.as_deref().is_some_and(|i| i.contains("ld-linux")), "{e:?}");
+        assert!(
+            e.interpreter
+                .as_deref()
+                .is_some_and(|i| i.contains("ld-linux")),
+            "{e:?}"
+        );
         assert!(e.needed.iter().any(|n| n.starts_with("libc.so")), "{e:?}");
         let libc = std::fs::read("/lib/x86_64-linux-gnu/libc.so.6").expect("libc");
         let e = classify("lib/libc.so.6", &libc);
         assert_eq!(e.kind, FileKind::ElfSharedObject);
         assert_eq!(e.soname.as_deref(), Some("libc.so.6"));
-        assert_eq!(classify("bin/x", b"#!/usr/bin/env python3\n").interpreter.as_deref(), Some("/usr/bin/env"));
+        assert_eq!(
+            classify("bin/x", b"#!/usr/bin/env python3\n")
+                .interpreter
+                .as_deref(),
+            Some("/usr/bin/env")
+        );
         assert_eq!(classify("include/a.h", b"int x;").kind, FileKind::Header);
-        assert_eq!(classify("lib/pkgconfig/z.pc", b"Name: z").kind, FileKind::PkgConfig);
+        assert_eq!(
+            classify("lib/pkgconfig/z.pc", b"Name: z").kind,
+            FileKind::PkgConfig
+        );
     }
 }

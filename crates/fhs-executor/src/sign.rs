@@ -26,7 +26,8 @@ pub fn store_record(store: &LocalStore, rec: &SignedRecord) -> Result<Digest, Er
 /// Load a record blob from the store.
 pub fn load_record(store: &LocalStore, digest: &Digest) -> Result<SignedRecord, Error> {
     let bytes = store.read_blob(digest)?;
-    serde_json::from_slice(&bytes).map_err(|e| Error::BadRecord(format!("{digest} is not a BuildRecord: {e}")))
+    serde_json::from_slice(&bytes)
+        .map_err(|e| Error::BadRecord(format!("{digest} is not a BuildRecord: {e}")))
 }
 
 /// What `verify` found.
@@ -46,7 +47,11 @@ impl Verification {
 /// Check the signature, that the signer is in `trust` (any signer if `trust`
 /// is empty), and that every digest the record names is present and
 /// matches.
-pub fn verify(store: &LocalStore, rec: &SignedRecord, trust: &[VerifyingKey]) -> Result<Verification, Error> {
+pub fn verify(
+    store: &LocalStore,
+    rec: &SignedRecord,
+    trust: &[VerifyingKey],
+) -> Result<Verification, Error> {
     let mut problems = Vec::new();
     let key = parse_public_key(&rec.public_key)?;
     let mut sig = [0u8; 64];
@@ -55,7 +60,10 @@ pub fn verify(store: &LocalStore, rec: &SignedRecord, trust: &[VerifyingKey]) ->
             .verify_strict(&rec.record.canonical(), &Signature::from_bytes(&sig))
             .is_ok();
     if !sig_ok {
-        problems.push("signature does not match the record: it was altered or signed by another key".to_owned());
+        problems.push(
+            "signature does not match the record: it was altered or signed by another key"
+                .to_owned(),
+        );
     }
     let trusted = trust.is_empty() || trust.contains(&key);
     for (field, d) in rec.record.digests() {

@@ -18,8 +18,10 @@ impl Bar {
     pub fn new(what: &str) -> Self {
         let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::hidden());
         bar.set_style(
-            ProgressStyle::with_template("{spinner} {msg}: {human_pos} entries, {total_bytes} in {elapsed}")
-                .unwrap_or_else(|_| ProgressStyle::default_spinner()),
+            ProgressStyle::with_template(
+                "{spinner} {msg}: {human_pos} entries, {total_bytes} in {elapsed}",
+            )
+            .unwrap_or_else(|_| ProgressStyle::default_spinner()),
         );
         bar.set_message(what.to_owned());
         Bar {

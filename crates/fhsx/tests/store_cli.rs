@@ -18,7 +18,11 @@ fn run(store: &Path, args: &[&str]) -> Output {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn write(p: &Path, content: &[u8], mode: u32) {
@@ -29,15 +33,27 @@ fn write(p: &Path, content: &[u8], mode: u32) {
 
 fn tree(root: &Path) {
     write(&root.join("usr/bin/hello"), b"#!/bin/sh\necho hi\n", 0o755);
-    write(&root.join("usr/share/doc/hello/README"), b"the readme\n", 0o644);
-    write(&root.join("usr/share/doc/other/README.copy"), b"the readme\n", 0o644);
+    write(
+        &root.join("usr/share/doc/hello/README"),
+        b"the readme\n",
+        0o644,
+    );
+    write(
+        &root.join("usr/share/doc/other/README.copy"),
+        b"the readme\n",
+        0o644,
+    );
     std::os::unix::fs::symlink("usr/bin", root.join("bin")).unwrap();
 }
 
 fn import(store: &Path, src: &Path) -> String {
     let o = run(store, &["store", "import", src.to_str().unwrap()]);
     assert!(o.status.success(), "{}", text(&o));
-    String::from_utf8_lossy(&o.stdout).split('\t').next().unwrap().to_owned()
+    String::from_utf8_lossy(&o.stdout)
+        .split('\t')
+        .next()
+        .unwrap()
+        .to_owned()
 }
 
 fn blob_digest(store: &Path, root: &str, path: &str) -> String {
@@ -72,14 +88,23 @@ fn corrupt_blob_is_named_and_never_served() {
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let out = text(&o);
     assert!(out.contains(&d), "verify does not name the blob: {out}");
-    assert!(out.contains("usr/share/doc/hello/README"), "verify does not name the path: {out}");
-    assert!(out.contains("usr/share/doc/other/README.copy"), "verify misses the second path: {out}");
+    assert!(
+        out.contains("usr/share/doc/hello/README"),
+        "verify does not name the path: {out}"
+    );
+    assert!(
+        out.contains("usr/share/doc/other/README.copy"),
+        "verify misses the second path: {out}"
+    );
 
     let o = run(&store, &["store", "verify", &root]);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     assert!(text(&o).contains("usr/share/doc/hello/README"));
 
-    let o = run(&store, &["store", "cat", &root, "usr/share/doc/hello/README"]);
+    let o = run(
+        &store,
+        &["store", "cat", &root, "usr/share/doc/hello/README"],
+    );
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     assert!(o.stdout.is_empty(), "corrupt bytes were served");
     assert!(text(&o).contains("integrity"), "{}", text(&o));
@@ -136,7 +161,10 @@ fn compose_and_gc_via_cli() {
     let o = run(&store, &["store", "gc", "--keep", &root]);
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(run(&store, &["store", "verify"]).status.code(), Some(0));
-    assert_eq!(run(&store, &["store", "cat", &root, "usr/bin/a"]).stdout, b"a");
+    assert_eq!(
+        run(&store, &["store", "cat", &root, "usr/bin/a"]).stdout,
+        b"a"
+    );
     // Only the composed tree was kept: atom a's own root is gone unless reachable.
     let o = run(&store, &["store", "gc", "--keep", &da]);
     assert!(o.status.success());
@@ -147,7 +175,9 @@ fn compose_and_gc_via_cli() {
 /// A tree big enough that an import takes a while.
 fn big_tree(root: &Path, files: usize, seed: u8) {
     for i in 0..files {
-        let content: Vec<u8> = (0..(64 * 1024)).map(|j| (j as u8) ^ (i as u8) ^ seed.wrapping_mul(i as u8)).collect();
+        let content: Vec<u8> = (0..(64 * 1024))
+            .map(|j| (j as u8) ^ (i as u8) ^ seed.wrapping_mul(i as u8))
+            .collect();
         write(&root.join(format!("d{}/f{i}", i % 16)), &content, 0o644);
     }
 }
@@ -169,10 +199,11 @@ fn kill_during_import_leaves_a_store_that_verifies() {
     // Wait until it has staged something, then kill it hard.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let staged = fs::read_dir(store.join("tmp"))
-            .unwrap()
-            .flatten()
-            .any(|e| fs::read_dir(e.path()).map(|d| d.count() > 10).unwrap_or(false));
+        let staged = fs::read_dir(store.join("tmp")).unwrap().flatten().any(|e| {
+            fs::read_dir(e.path())
+                .map(|d| d.count() > 10)
+                .unwrap_or(false)
+        });
         if staged || Instant::now() > deadline {
             break;
         }
@@ -190,7 +221,10 @@ fn kill_during_import_leaves_a_store_that_verifies() {
     assert_eq!(fs::read_dir(store.join("tmp")).unwrap().count(), 0);
     // And the import, re-run, completes.
     let root = import(&store, &src);
-    assert_eq!(run(&store, &["store", "verify", &root]).status.code(), Some(0));
+    assert_eq!(
+        run(&store, &["store", "verify", &root]).status.code(),
+        Some(0)
+    );
 }
 
 #[test]
@@ -217,11 +251,23 @@ fn concurrent_overlapping_imports_both_succeed() {
     assert!(ob.status.success(), "{}", text(&ob));
     assert_eq!(run(&store, &["store", "verify"]).status.code(), Some(0));
     for (src, o) in [(&a, &oa), (&b, &ob)] {
-        let root = String::from_utf8_lossy(&o.stdout).split('\t').next().unwrap().to_owned();
-        let dest = t.path().join(format!("out-{}", src.file_name().unwrap().to_string_lossy()));
+        let root = String::from_utf8_lossy(&o.stdout)
+            .split('\t')
+            .next()
+            .unwrap()
+            .to_owned();
+        let dest = t.path().join(format!(
+            "out-{}",
+            src.file_name().unwrap().to_string_lossy()
+        ));
         let e = run(&store, &["store", "export", &root, dest.to_str().unwrap()]);
         assert!(e.status.success(), "{}", text(&e));
-        let diff = Command::new("diff").arg("-r").arg(src).arg(&dest).status().unwrap();
+        let diff = Command::new("diff")
+            .arg("-r")
+            .arg(src)
+            .arg(&dest)
+            .status()
+            .unwrap();
         assert!(diff.success(), "export of {} differs", src.display());
     }
 }

@@ -113,7 +113,8 @@ impl<R: Read> Read for Bounded<R> {
                 ),
             ));
         }
-        if self.unpacked > self.limits.ratio_after && self.unpacked / packed > self.limits.max_ratio {
+        if self.unpacked > self.limits.ratio_after && self.unpacked / packed > self.limits.max_ratio
+        {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidData,
                 format!(
@@ -165,7 +166,8 @@ pub(super) fn import_tar(
         .entries()
         .map_err(|e| hostile(path, format!("not a tar stream: {e}")))?;
     for entry in entries {
-        let mut entry = entry.map_err(|e| hostile(path, format!("corrupt or truncated archive: {e}")))?;
+        let mut entry =
+            entry.map_err(|e| hostile(path, format!("corrupt or truncated archive: {e}")))?;
         let raw = entry.path_bytes().into_owned();
         let comps = components(&raw).map_err(|e| hostile(path, e))?;
         let kind = entry.header().entry_type();
@@ -187,12 +189,17 @@ pub(super) fn import_tar(
                     (txn.put_blob(&buf)?, buf.len() as u64)
                 } else {
                     txn.put_blob_reader(&mut entry).map_err(|e| match e {
-                        Error::Io { source, .. } => hostile(path, format!("corrupt or truncated archive: {source}")),
+                        Error::Io { source, .. } => {
+                            hostile(path, format!("corrupt or truncated archive: {source}"))
+                        }
                         e => e,
                     })?
                 };
                 if n != size {
-                    return Err(hostile(path, "truncated archive: entry shorter than its header says"));
+                    return Err(hostile(
+                        path,
+                        "truncated archive: entry shorter than its header says",
+                    ));
                 }
                 progress.advance(1, n);
                 tree.add_leaf(
@@ -217,20 +224,27 @@ pub(super) fn import_tar(
                     .link_name_bytes()
                     .ok_or_else(|| hostile(path, "hard link without a target"))?
                     .into_owned();
-                let tcomps = components(&target).map_err(|e| hostile(path, format!("hard link target: {e}")))?;
+                let tcomps = components(&target)
+                    .map_err(|e| hostile(path, format!("hard link target: {e}")))?;
                 tree.add_hardlink(&comps, &tcomps).map_err(at)?;
             }
             T::XGlobalHeader | T::XHeader | T::GNULongName | T::GNULongLink => {}
             T::Char | T::Block => {
                 return Err(hostile(
                     path,
-                    format!("device node {}: trees hold no devices", String::from_utf8_lossy(&raw)),
+                    format!(
+                        "device node {}: trees hold no devices",
+                        String::from_utf8_lossy(&raw)
+                    ),
                 ))
             }
             T::Fifo => {
                 return Err(hostile(
                     path,
-                    format!("FIFO {}: trees hold no FIFOs", String::from_utf8_lossy(&raw)),
+                    format!(
+                        "FIFO {}: trees hold no FIFOs",
+                        String::from_utf8_lossy(&raw)
+                    ),
                 ))
             }
             other => {
@@ -264,7 +278,8 @@ pub(super) fn import_deb(
 ) -> Result<Imported> {
     let mut ar = ar::Archive::new(input);
     while let Some(member) = ar.next_entry() {
-        let member = member.map_err(|e| hostile(path, format!("corrupt .deb (ar) archive: {e}")))?;
+        let member =
+            member.map_err(|e| hostile(path, format!("corrupt .deb (ar) archive: {e}")))?;
         if let Some(c) = Compression::from_member_name(member.header().identifier()) {
             return import_tar(txn, path, c, member, limits, progress);
         }

@@ -63,9 +63,11 @@ fn import_entry(txn: &Txn<'_>, p: &Path, progress: &dyn Progress) -> Result<Node
     }
     if ft.is_symlink() {
         let t = fs::read_link(p).map_err(io("read symlink", p))?;
-        let target = SymlinkTarget::new(t.as_os_str().as_encoded_bytes()).map_err(|e| Error::HostileInput {
-            source_path: p.to_path_buf(),
-            reason: e.to_string(),
+        let target = SymlinkTarget::new(t.as_os_str().as_encoded_bytes()).map_err(|e| {
+            Error::HostileInput {
+                source_path: p.to_path_buf(),
+                reason: e.to_string(),
+            }
         })?;
         return Ok(Node::Symlink { target });
     }

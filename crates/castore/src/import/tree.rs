@@ -51,13 +51,19 @@ pub(super) fn components(raw: &[u8]) -> std::result::Result<Vec<Name>, String> {
 }
 
 fn show(path: &[Name]) -> String {
-    path.iter().map(|n| n.to_string()).collect::<Vec<_>>().join("/")
+    path.iter()
+        .map(|n| n.to_string())
+        .collect::<Vec<_>>()
+        .join("/")
 }
 
 impl TreeBuilder {
     /// The directory that will hold `path`'s last component, created as
     /// needed. Errors if a prefix is a file or symlink.
-    fn parent_of(&mut self, path: &[Name]) -> std::result::Result<&mut BTreeMap<Name, Pending>, String> {
+    fn parent_of(
+        &mut self,
+        path: &[Name],
+    ) -> std::result::Result<&mut BTreeMap<Name, Pending>, String> {
         let mut cur = &mut self.root;
         for (i, c) in path[..path.len().saturating_sub(1)].iter().enumerate() {
             let e = cur
@@ -116,7 +122,11 @@ impl TreeBuilder {
 
     /// A hard link: allowed only to a regular file seen earlier in the same
     /// archive; the link becomes a second file node with the same content.
-    pub fn add_hardlink(&mut self, path: &[Name], target: &[Name]) -> std::result::Result<(), String> {
+    pub fn add_hardlink(
+        &mut self,
+        path: &[Name],
+        target: &[Name],
+    ) -> std::result::Result<(), String> {
         let node = self.files.get(target).cloned().ok_or_else(|| {
             format!(
                 "hard link {} points to {}, which is not a regular file earlier in the archive",

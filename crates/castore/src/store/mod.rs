@@ -15,8 +15,8 @@ use std::io::Read;
 use std::path::PathBuf;
 
 pub use local::{LocalStore, ObjectKind};
-pub use txn::Txn;
 pub(crate) use txn::lock_exclusive;
+pub use txn::Txn;
 
 use crate::{Digest, Directory, Result};
 

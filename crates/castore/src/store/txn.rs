@@ -185,10 +185,9 @@ impl<'s> Txn<'s> {
     /// commit, after every object. Used for small records such as
     /// compositions.
     pub fn put_record(&self, dest: &Path, bytes: &[u8]) -> Result<()> {
-        let tmp = self.staging.join(format!(
-            "rec-{}",
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
+        let tmp = self
+            .staging
+            .join(format!("rec-{}", COUNTER.fetch_add(1, Ordering::Relaxed)));
         self.write_new(&tmp, bytes)?;
         let mut s = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         s.records.push((tmp, dest.to_path_buf()));

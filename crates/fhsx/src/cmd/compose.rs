@@ -18,7 +18,10 @@ pub fn run(g: &Globals, a: ComposeArgs) -> anyhow::Result<i32> {
     let store = open_store(g)?;
     let c = castore::compose(&store, &a.atoms)?;
     if g.json {
-        println!("{}", json!({"root": c.root, "atoms": c.atoms, "map": c.map}));
+        println!(
+            "{}",
+            json!({"root": c.root, "atoms": c.atoms, "map": c.map})
+        );
     } else {
         println!("{}", c.root);
     }

@@ -22,7 +22,10 @@ pub enum StoreCmd {
         paths: Vec<PathBuf>,
     },
     /// List a directory of a stored tree.
-    Ls { digest: Digest, path: Option<String> },
+    Ls {
+        digest: Digest,
+        path: Option<String>,
+    },
     /// Write a file of a stored tree to stdout (verified before the first byte).
     Cat { digest: Digest, path: String },
     /// Write a stored tree out to a new directory.
@@ -76,7 +79,10 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
                     .entries()
                     .map(|(n, node)| (n.to_string(), node.clone()))
                     .collect(),
-                other => vec![(path.rsplit('/').next().unwrap_or_default().to_owned(), other.clone())],
+                other => vec![(
+                    path.rsplit('/').next().unwrap_or_default().to_owned(),
+                    other.clone(),
+                )],
             };
             if g.json {
                 let v: Vec<_> = rows.iter().map(|(n, node)| node_json(n, node)).collect();
@@ -88,22 +94,23 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        StoreCmd::Cat { digest, path } => {
-            match castore::walk::lookup(&store, &digest, &path)? {
-                Node::File { digest: d, .. } => {
-                    let mut r = store.open_blob(&d).map_err(|e| e.at_path(&path))?;
-                    let mut out = std::io::stdout().lock();
-                    std::io::copy(&mut r, &mut out).context("writing to stdout")?;
-                    out.flush()?;
-                    Ok(0)
-                }
-                other => Err(Classified(
-                    ExitClass::Usage,
-                    format!("/{path} is {}, not a file; use `fhsx store ls`", other.kind()),
-                )
-                .into()),
+        StoreCmd::Cat { digest, path } => match castore::walk::lookup(&store, &digest, &path)? {
+            Node::File { digest: d, .. } => {
+                let mut r = store.open_blob(&d).map_err(|e| e.at_path(&path))?;
+                let mut out = std::io::stdout().lock();
+                std::io::copy(&mut r, &mut out).context("writing to stdout")?;
+                out.flush()?;
+                Ok(0)
             }
-        }
+            other => Err(Classified(
+                ExitClass::Usage,
+                format!(
+                    "/{path} is {}, not a file; use `fhsx store ls`",
+                    other.kind()
+                ),
+            )
+            .into()),
+        },
         StoreCmd::Export { digest, dest } => {
             let bar = Bar::new("exporting");
             let r = castore::export::export(&store, &digest, &dest, &bar);
@@ -140,7 +147,11 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
                     }
                 );
             }
-            Ok(if report.is_clean() { 0 } else { ExitClass::Integrity.code() })
+            Ok(if report.is_clean() {
+                0
+            } else {
+                ExitClass::Integrity.code()
+            })
         }
         StoreCmd::Gc { keep } => {
             let r = castore::gc::gc(&store, &keep)?;
@@ -164,7 +175,10 @@ fn node_line(name: &str, node: &Node) -> String {
             digest,
             size,
             executable,
-        } => format!("{} {size:>12} {digest} {name}", if *executable { 'x' } else { '-' }),
+        } => format!(
+            "{} {size:>12} {digest} {name}",
+            if *executable { 'x' } else { '-' }
+        ),
         Node::Symlink { target } => format!("l {:>12} {:67}{name} -> {target}", "", ""),
     }
 }
@@ -178,7 +192,11 @@ fn node_json(name: &str, node: &Node) -> serde_json::Value {
             digest,
             size,
             executable,
-        } => json!({"name": name, "type": "file", "digest": digest, "size": size, "executable": executable}),
-        Node::Symlink { target } => json!({"name": name, "type": "symlink", "target": target.to_string()}),
+        } => {
+            json!({"name": name, "type": "file", "digest": digest, "size": size, "executable": executable})
+        }
+        Node::Symlink { target } => {
+            json!({"name": name, "type": "symlink", "target": target.to_string()})
+        }
     }
 }
