@@ -1,14 +1,21 @@
 //! Subcommands, one module each. `dispatch` returns the process exit code.
 
 mod compose;
+mod key;
+mod record;
 mod store;
+mod run;
 
 use std::path::PathBuf;
 
 use clap::{Parser, Subcommand};
 
 #[derive(Parser, Debug)]
-#[command(name = "fhsx", version, about = "A hermetic FHS build sandbox over a content-addressed store")]
+#[command(
+    name = "fhsx",
+    version,
+    about = "A hermetic FHS build sandbox over a content-addressed store"
+)]
 pub struct Cli {
     /// The store directory (default: $FHSX_STORE, else $XDG_DATA_HOME/fhsx, else ~/.local/share/fhsx).
     #[arg(long, global = true, env = "FHSX_STORE")]
@@ -27,6 +34,14 @@ pub enum Command {
     Store(store::StoreCmd),
     /// Merge ordered atoms into one FHS tree.
     Compose(compose::ComposeArgs),
+    /// The executor's signing key.
+    #[command(subcommand)]
+    Key(key::KeyCmd),
+    /// Inspect and check signed BuildRecords.
+    #[command(subcommand)]
+    Record(record::RecordCmd),
+    /// Run a command contained: host toolchain read-only, workspace writable, no network.
+    Run(run::RunArgs),
 }
 
 /// Global options every subcommand sees.
@@ -43,5 +58,8 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Store(c) => store::run(&g, c),
         Command::Compose(a) => compose::run(&g, a),
+        Command::Key(c) => key::run(&g, c),
+        Command::Record(c) => record::run(&g, c),
+        Command::Run(a) => run::run(&g, a),
     }
 }
