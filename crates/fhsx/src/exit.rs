@@ -25,6 +25,9 @@ pub fn class_of(err: &anyhow::Error) -> ExitClass {
         if let Some(e) = cause.downcast_ref::<executor_core::SandboxError>() {
             return e.exit_class();
         }
+        if let Some(e) = cause.downcast_ref::<fhs_executor::Error>() {
+            return e.exit_class();
+        }
         if let Some(c) = cause.downcast_ref::<Classified>() {
             return c.0;
         }
