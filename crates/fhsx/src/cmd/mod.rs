@@ -4,6 +4,7 @@ mod compose;
 mod key;
 mod record;
 mod store;
+mod run;
 
 use std::path::PathBuf;
 
@@ -39,6 +40,8 @@ pub enum Command {
     /// Inspect and check signed BuildRecords.
     #[command(subcommand)]
     Record(record::RecordCmd),
+    /// Run a command contained: host toolchain read-only, workspace writable, no network.
+    Run(run::RunArgs),
 }
 
 /// Global options every subcommand sees.
@@ -57,5 +60,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Compose(a) => compose::run(&g, a),
         Command::Key(c) => key::run(&g, c),
         Command::Record(c) => record::run(&g, c),
+        Command::Run(a) => run::run(&g, a),
     }
 }
