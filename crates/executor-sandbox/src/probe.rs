@@ -249,11 +249,22 @@ impl BwrapFeatures {
         disable_userns: true,
     };
 
-    /// Ask `bwrap --help` once per process which optional flags exist.
+    /// Which optional flags this bwrap knows, once per process: by looking
+    /// for the flag's name in the executable (its option table holds it),
+    /// else by asking `bwrap --help` (a process start costs more than the
+    /// whole scan).
     pub fn probe(bwrap: &Path) -> Result<BwrapFeatures, SandboxError> {
         static CACHE: OnceLock<BwrapFeatures> = OnceLock::new();
         if let Some(f) = CACHE.get() {
             return Ok(*f);
+        }
+        if let Ok(bytes) = std::fs::read(bwrap) {
+            let needle = b"--disable-userns";
+            let f = BwrapFeatures {
+                disable_userns: bytes.windows(needle.len()).any(|w| w == needle),
+            };
+            let _ = CACHE.set(f);
+            return Ok(f);
         }
         let out = std::process::Command::new(bwrap)
             .arg("--help")

@@ -49,6 +49,8 @@ struct Cgroup {
     /// The path as `/proc/<pid>/cgroup` shows it (`0::<rel>`).
     rel: String,
     procs: fs::File,
+    /// The directory itself, for `clone3(CLONE_INTO_CGROUP)`.
+    dir_fd: fs::File,
 }
 
 /// Evidence that a PID is this run's: a pidfd on exactly that process.
@@ -104,11 +106,13 @@ impl Cgroup {
         let procs = fs::OpenOptions::new()
             .write(true)
             .open(dir.join("cgroup.procs"));
-        match (usable, procs) {
-            (true, Ok(procs)) => Some(Cgroup {
+        let dir_fd = fs::File::open(&dir);
+        match (usable, procs, dir_fd) {
+            (true, Ok(procs), Ok(dir_fd)) => Some(Cgroup {
                 rel: format!("{}/{}", own.trim_end_matches('/'), name),
                 dir,
                 procs,
+                dir_fd,
             }),
             _ => {
                 let _ = fs::remove_dir(&dir);
@@ -174,6 +178,11 @@ impl Reaper {
     /// the run's cgroup before it execs.
     pub(crate) fn join_fd(&self) -> Option<RawFd> {
         self.cgroup.as_ref().map(|c| c.procs.as_raw_fd())
+    }
+
+    /// The run's cgroup directory, for starting a child inside it.
+    pub(crate) fn cgroup_dir_fd(&self) -> Option<RawFd> {
+        self.cgroup.as_ref().map(|c| c.dir_fd.as_raw_fd())
     }
 
     /// Register a child we forked ourselves, by its pidfd.

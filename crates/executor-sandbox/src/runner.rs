@@ -2,10 +2,8 @@
 //! supervisor as PID 1, the RPC bridge listening; enforce the timeout with
 //! the reaper; report how the command ended.
 
-use std::collections::hash_map::DefaultHasher;
 use std::ffi::{CString, OsString};
 use std::fs;
-use std::hash::{Hash, Hasher};
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
@@ -21,7 +19,7 @@ use crate::probe::{find_bwrap, BwrapFeatures};
 use crate::reaper::{Reaper, ReaperMode, ReaperPreference, GRACE_PERIOD};
 use crate::rpc::{BasicHandler, RpcHandler, RpcLimits, RpcServer};
 use crate::spec::{HostEnv, RuntimePaths, SandboxSpec};
-use crate::supervisor::SUPERVISOR_BYTES;
+use crate::supervisor::{SUPERVISOR_BYTES, SUPERVISOR_TAG};
 use crate::sys::{self, io_err, path_err};
 
 /// The fd bwrap reads its NUL-separated argv from (`--args 4`).
@@ -181,9 +179,7 @@ impl Runtime {
         let features = BwrapFeatures::probe(&bwrap)?;
         let base = std::env::temp_dir().join(format!("fhsx-{}", uid()));
         private_dir(&base)?;
-        let mut h = DefaultHasher::new();
-        SUPERVISOR_BYTES.hash(&mut h);
-        let supervisor = base.join(format!("supervisor-{:016x}", h.finish()));
+        let supervisor = base.join(format!("supervisor-{SUPERVISOR_TAG}"));
         install_file(&supervisor, SUPERVISOR_BYTES, 0o555)?;
         let passwd = base.join("passwd");
         install_file(&passwd, PASSWD.as_bytes(), 0o444)?;
@@ -322,23 +318,39 @@ impl Runtime {
             args: args_hi.as_raw_fd(),
         };
 
-        // SAFETY: fork in a possibly multi-threaded process; the child only
-        // calls async-signal-safe functions (see exec_child) before execve.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            return Err(io_err(
-                "forking to start bwrap",
-                std::io::Error::last_os_error(),
-            ));
-        }
-        if pid == 0 {
-            // SAFETY: we are the freshly forked child.
-            unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
-        }
+        // Start the child straight inside the run's cgroup with clone3
+        // (CLONE_INTO_CGROUP, CLONE_PIDFD): migrating a running process
+        // costs tens of milliseconds, spawning into the cgroup does not.
+        // Fall back to fork + joining by `cgroup.procs` + pidfd_open.
+        let mut child_fds = child_fds;
+        let (pid, early_pidfd) = match sys::clone3_into(reaper.cgroup_dir_fd()) {
+            Ok(sys::Cloned::Child) => {
+                child_fds.join_cgroup = None;
+                // SAFETY: we are the freshly cloned child.
+                unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
+            }
+            Ok(sys::Cloned::Parent { pid, pidfd }) => (pid, Some(pidfd)),
+            Err(_) => {
+                // SAFETY: fork in a possibly multi-threaded process; the child
+                // only calls async-signal-safe functions before execve.
+                let pid = unsafe { libc::fork() };
+                if pid < 0 {
+                    return Err(io_err(
+                        "forking to start bwrap",
+                        std::io::Error::last_os_error(),
+                    ));
+                }
+                if pid == 0 {
+                    // SAFETY: we are the freshly forked child.
+                    unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
+                }
+                (pid, None)
+            }
+        };
         drop((
             ctl_child, ctl_hi, args_hi, args_fd, in_hi, out_hi, err_hi, stdin_fd,
         ));
-        let pidfd = match sys::pidfd_open(pid) {
+        let pidfd = match early_pidfd.map(Ok).unwrap_or_else(|| sys::pidfd_open(pid)) {
             Ok(fd) => fd,
             Err(e) => {
                 // Without a pidfd we cannot prove anything: end it, reap it.

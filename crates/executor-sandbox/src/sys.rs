@@ -162,3 +162,64 @@ pub(crate) fn set_nonblocking(fd: RawFd, on: bool) -> io::Result<()> {
     // SAFETY: fcntl on a valid fd.
     cvt(unsafe { libc::fcntl(fd, libc::F_SETFL, fl) }).map(|_| ())
 }
+
+/// What `clone3_into` returned in this process.
+pub(crate) enum Cloned {
+    Child,
+    Parent { pid: libc::pid_t, pidfd: OwnedFd },
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct CloneArgs {
+    flags: u64,
+    pidfd: u64,
+    child_tid: u64,
+    parent_tid: u64,
+    exit_signal: u64,
+    stack: u64,
+    stack_size: u64,
+    tls: u64,
+    set_tid: u64,
+    set_tid_size: u64,
+    cgroup: u64,
+}
+
+const CLONE_PIDFD: u64 = 0x1000;
+const CLONE_INTO_CGROUP: u64 = 0x2_0000_0000;
+
+/// A fork-like `clone3(2)` that returns a pidfd and, given a cgroup
+/// directory fd, starts the child inside that cgroup (Linux >= 5.7).
+///
+/// In the child, only async-signal-safe calls may follow (as after fork).
+pub(crate) fn clone3_into(cgroup: Option<RawFd>) -> io::Result<Cloned> {
+    let mut pidfd: libc::c_int = -1;
+    let mut args = CloneArgs {
+        flags: CLONE_PIDFD,
+        pidfd: &mut pidfd as *mut libc::c_int as u64,
+        exit_signal: libc::SIGCHLD as u64,
+        ..CloneArgs::default()
+    };
+    if let Some(fd) = cgroup {
+        args.flags |= CLONE_INTO_CGROUP;
+        args.cgroup = fd as u64;
+    }
+    // SAFETY: clone3 without CLONE_VM behaves like fork; args is valid for
+    // its size and pidfd outlives the call.
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_clone3,
+            &mut args as *mut CloneArgs,
+            std::mem::size_of::<CloneArgs>(),
+        )
+    };
+    match r {
+        0 => Ok(Cloned::Child),
+        r if r > 0 => Ok(Cloned::Parent {
+            pid: r as libc::pid_t,
+            // SAFETY: CLONE_PIDFD stored a fresh fd for us.
+            pidfd: unsafe { OwnedFd::from_raw_fd(pidfd) },
+        }),
+        _ => Err(io::Error::last_os_error()),
+    }
+}
