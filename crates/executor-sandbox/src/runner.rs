@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use executor_core::SandboxError;
 
-use crate::probe::{find_bwrap, BwrapFeatures};
+use crate::probe::{find_bwrap, BwrapFeatures, RealFs};
 use crate::reaper::{Reaper, ReaperMode, ReaperPreference, GRACE_PERIOD};
 use crate::rpc::{BasicHandler, RpcHandler, RpcLimits, RpcServer};
 use crate::spec::{HostEnv, RuntimePaths, SandboxSpec};
@@ -209,6 +209,22 @@ impl Runtime {
             bwrap,
             features,
         })
+    }
+
+    /// A host-root spec (`fhsx run`) for this runtime: its paths and
+    /// bwrap's probed features filled in.
+    pub fn host_spec(&self, workspace: &Path) -> Result<SandboxSpec, SandboxError> {
+        let mut s = SandboxSpec::host(workspace, self.paths.clone(), Arc::new(RealFs))?;
+        s.features(self.features);
+        Ok(s)
+    }
+
+    /// A view-root spec (the executor) for this runtime: `tree` is the
+    /// mounted view, `scratch` appears read-write at `/build`.
+    pub fn view_spec(&self, tree: &Path, scratch: &Path) -> Result<SandboxSpec, SandboxError> {
+        let mut s = SandboxSpec::view(tree, scratch, self.paths.clone(), Arc::new(RealFs))?;
+        s.features(self.features);
+        Ok(s)
     }
 
     pub fn paths(&self) -> &RuntimePaths {

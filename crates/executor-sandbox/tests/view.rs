@@ -1,0 +1,84 @@
+//! The view root provider with the real bwrap: a small composed FHS tree
+//! (dash and its libraries, copied from the host, with merged-usr symlinks)
+//! stands in for the FUSE view; the build runs on it with no host libc.
+
+mod common;
+
+use std::ffi::OsString;
+use std::os::unix::fs::symlink;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use executor_sandbox::{HostEnv, Outcome, Runtime};
+
+/// Copy `/usr/bin/dash` and the libraries `ldd` names into `tree`, at their
+/// canonical (merged-usr) paths, and recreate the host's top-level symlinks.
+fn make_view(tree: &Path) {
+    let ldd = Command::new("ldd")
+        .arg("/usr/bin/dash")
+        .output()
+        .expect("ldd (libc-bin) is needed to build the test view");
+    let mut files: Vec<PathBuf> = vec!["/usr/bin/dash".into()];
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        if let Some(p) = line.split_whitespace().find(|w| w.starts_with('/')) {
+            files.push(p.into());
+        }
+    }
+    for f in files {
+        let real = std::fs::canonicalize(&f).unwrap();
+        let dest = tree.join(real.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::copy(&real, &dest).unwrap();
+        // Keep a symlinked last component (e.g. /usr/lib64/ld-linux-x86-64.so.2).
+        let via = std::fs::canonicalize(f.parent().unwrap())
+            .unwrap()
+            .join(f.file_name().unwrap());
+        if let Ok(t) = std::fs::read_link(&via) {
+            let at = tree.join(via.strip_prefix("/").unwrap());
+            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+            let _ = symlink(t, at);
+        }
+    }
+    std::os::unix::fs::symlink("dash", tree.join("usr/bin/sh")).unwrap();
+    for top in ["bin", "lib", "lib64", "sbin"] {
+        if let Ok(t) = std::fs::read_link(Path::new("/").join(top)) {
+            symlink(t, tree.join(top)).unwrap();
+        }
+    }
+    std::fs::create_dir_all(tree.join("etc")).unwrap();
+    std::fs::write(tree.join("etc/os-release"), "NAME=view\n").unwrap();
+    // Entries the sandbox provides itself are not taken from the view.
+    std::fs::create_dir_all(tree.join("tmp/from-view")).unwrap();
+}
+
+#[test]
+fn view_root_runs_on_the_view_with_scratch_at_build() {
+    require_bwrap();
+    let tree = tempfile::tempdir().unwrap();
+    make_view(tree.path());
+    let scratch = tempfile::tempdir().unwrap();
+    let rt = Runtime::new().unwrap();
+    let spec = rt.view_spec(tree.path(), scratch.path()).unwrap();
+    let script = "read l < /etc/os-release; echo \"$l\"; echo \"pwd=$(pwd)\"
+        [ -e /tmp/from-view ] && echo ESCAPED view-tmp
+        [ -e /etc/shadow ] && echo ESCAPED host-etc
+        [ -e /usr/bin/python3 ] && echo ESCAPED host-usr
+        for d in / /usr /usr/bin /etc /lib; do ( : > $d/probe ) 2>/dev/null && echo ESCAPED write $d; done
+        echo out > /build/result && echo t > /tmp/t && echo DONE";
+    let cmd: Vec<OsString> = os(&["/bin/sh", "-c", script]);
+    let r = rt.run(&spec, &HostEnv::new(), &cmd, opts()).unwrap();
+    assert_eq!(r.outcome, Outcome::Exited(0), "{}\n{}", out(&r), err(&r));
+    let o = out(&r);
+    assert!(!o.contains("ESCAPED"), "{o}");
+    assert!(
+        o.contains("NAME=view") && o.contains("pwd=/build") && o.contains("DONE"),
+        "{o}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(scratch.path().join("result")).unwrap(),
+        "out\n"
+    );
+    // Nothing was written into the view.
+    assert!(!tree.path().join("probe").exists() && !tree.path().join("usr/probe").exists());
+}
