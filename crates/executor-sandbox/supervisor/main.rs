@@ -270,6 +270,9 @@ fn main() {
     let nproc = args.nproc;
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
+    // The pre_exec hook is required: it unblocks the signals we read from
+    // the signalfd (std's posix_spawn path would leave them blocked, and
+    // the command could not be terminated).
     // SAFETY: the closure only calls async-signal-safe functions.
     unsafe {
         cmd.pre_exec(move || {

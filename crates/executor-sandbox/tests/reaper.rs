@@ -137,6 +137,12 @@ fn exit_status_tells_exit_from_signal() {
         sh_in(ws.path(), "kill -USR1 $$").outcome,
         Outcome::Signaled(libc::SIGUSR1)
     );
+    // The supervisor reads SIGTERM from a signalfd; the command must not
+    // inherit it blocked.
+    assert_eq!(
+        sh_in(ws.path(), "kill -TERM $$").outcome,
+        Outcome::Signaled(libc::SIGTERM)
+    );
     assert_eq!(Outcome::Signaled(9).exit_code(), 137);
     assert_eq!(Outcome::TimedOut { killed: true }.exit_code(), 124);
 }

@@ -3,13 +3,12 @@
 
 use std::ffi::OsString;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use executor_core::SandboxError;
-use executor_sandbox::{current_host_env, Outcome, RealFs, RunOptions, Runtime, SandboxSpec};
+use executor_sandbox::{current_host_env, Outcome, RunOptions, Runtime};
 
 use super::Globals;
 
@@ -67,8 +66,7 @@ pub fn run(g: &Globals, a: RunArgs) -> anyhow::Result<i32> {
         None => std::env::current_dir().context("finding the current directory for --workspace")?,
     };
     let rt = Runtime::new()?;
-    let mut spec = SandboxSpec::host(&workspace, rt.paths().clone(), Arc::new(RealFs))?;
-    spec.features(rt.features());
+    let mut spec = rt.host_spec(&workspace)?;
     for name in DEFAULT_ALLOW
         .iter()
         .copied()
