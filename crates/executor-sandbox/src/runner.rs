@@ -257,6 +257,13 @@ impl Runtime {
         }
         let started = Instant::now();
         let (argv, split) = spec.argv_parts(host_env, command);
+        // bwrap reads NUL-separated options: a NUL inside one (a path built
+        // in Rust can hold one) would smuggle in options of its own.
+        if let Some(bad) = argv[..split].iter().find(|a| a.as_bytes().contains(&0)) {
+            return Err(SandboxError::Protocol(format!(
+                "sandbox option {bad:?} contains a NUL byte; remove it"
+            )));
+        }
         let mut data = Vec::new();
         for a in &argv[..split] {
             data.extend_from_slice(a.as_bytes());
@@ -334,35 +341,61 @@ impl Runtime {
             args: args_hi.as_raw_fd(),
         };
 
-        // Start the child straight inside the run's cgroup with clone3
-        // (CLONE_INTO_CGROUP, CLONE_PIDFD): migrating a running process
-        // costs tens of milliseconds, spawning into the cgroup does not.
-        // Fall back to fork + joining by `cgroup.procs` + pidfd_open.
+        // Start the child straight inside the run's cgroup (migrating a
+        // running process costs tens of milliseconds, spawning into the
+        // cgroup does not) with a pidfd from the start. First choice: a
+        // vfork-style clone3 (no page tables copied); then a fork-like
+        // clone3; then fork + joining by `cgroup.procs` + pidfd_open.
         let mut child_fds = child_fds;
-        let (pid, early_pidfd) = match sys::clone3_into(reaper.cgroup_dir_fd()) {
-            Ok(sys::Cloned::Child) => {
-                child_fds.join_cgroup = None;
-                // SAFETY: we are the freshly cloned child.
-                unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
-            }
-            Ok(sys::Cloned::Parent { pid, pidfd }) => (pid, Some(pidfd)),
-            Err(_) => {
-                // SAFETY: fork in a possibly multi-threaded process; the child
-                // only calls async-signal-safe functions before execve.
-                let pid = unsafe { libc::fork() };
-                if pid < 0 {
-                    return Err(io_err(
-                        "forking to start bwrap",
-                        std::io::Error::last_os_error(),
-                    ));
-                }
-                if pid == 0 {
-                    // SAFETY: we are the freshly forked child.
+        let cgroup_fd = reaper.cgroup_dir_fd();
+        let mut stack = vec![0u128; 4096];
+        let mut job = ChildJob {
+            fds: &ChildFds {
+                join_cgroup: None,
+                ..child_fds
+            },
+            bwrap: &bwrap_c,
+            argv: &argv_ptrs,
+            envp: &envp,
+        };
+        // SAFETY: child_entry only makes raw calls and never returns; job
+        // and stack outlive the call (the parent waits for the exec).
+        let vforked = unsafe {
+            sys::clone3_vfork(
+                cgroup_fd,
+                &mut stack,
+                child_entry,
+                &mut job as *mut ChildJob as *mut libc::c_void,
+            )
+        };
+        let (pid, early_pidfd) = match vforked {
+            Ok((pid, pidfd)) => (pid, Some(pidfd)),
+            Err(_) => match sys::clone3_into(cgroup_fd) {
+                Ok(sys::Cloned::Child) => {
+                    child_fds.join_cgroup = None;
+                    // SAFETY: we are the freshly cloned child.
                     unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
                 }
-                (pid, None)
-            }
+                Ok(sys::Cloned::Parent { pid, pidfd }) => (pid, Some(pidfd)),
+                Err(_) => {
+                    // SAFETY: fork in a possibly multi-threaded process; the
+                    // child only calls async-signal-safe functions.
+                    let pid = unsafe { libc::fork() };
+                    if pid < 0 {
+                        return Err(io_err(
+                            "forking to start bwrap",
+                            std::io::Error::last_os_error(),
+                        ));
+                    }
+                    if pid == 0 {
+                        // SAFETY: we are the freshly forked child.
+                        unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
+                    }
+                    (pid, None)
+                }
+            },
         };
+        drop(stack);
         drop((
             ctl_child, ctl_hi, args_hi, args_fd, in_hi, out_hi, err_hi, stdin_fd,
         ));
@@ -553,6 +586,25 @@ fn drain(f: &mut fs::File, buf: &mut Vec<u8>) -> bool {
     }
 }
 
+/// What a vfork-style child needs, behind one pointer.
+struct ChildJob<'a> {
+    fds: &'a ChildFds,
+    bwrap: &'a CString,
+    argv: &'a [*const libc::c_char],
+    envp: &'a [*const libc::c_char],
+}
+
+/// The vfork-style child: exec bwrap (see `sys::clone3_vfork`).
+extern "C" fn child_entry(arg: *mut libc::c_void) -> ! {
+    // SAFETY: arg is the ChildJob the parent passed; the parent is
+    // suspended (CLONE_VFORK) so it stays valid until we exec.
+    unsafe {
+        let job = &*(arg as *const ChildJob);
+        exec_child(job.fds, job.bwrap, job.argv, job.envp)
+    }
+}
+
+#[derive(Clone, Copy)]
 struct ChildFds {
     join_cgroup: Option<RawFd>,
     stdin: Option<RawFd>,

@@ -296,7 +296,14 @@ impl SandboxSpec {
         value: impl Into<OsString>,
     ) -> Result<&mut Self, SandboxError> {
         check_env_name(name)?;
-        self.env.set.insert(name.to_string(), value.into());
+        let value = value.into();
+        if std::os::unix::ffi::OsStrExt::as_bytes(value.as_os_str()).contains(&0) {
+            return Err(SandboxError::BadEnv {
+                name: name.to_string(),
+                reason: "its value contains a NUL byte".into(),
+            });
+        }
+        self.env.set.insert(name.to_string(), value);
         Ok(self)
     }
 

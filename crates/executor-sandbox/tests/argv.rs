@@ -240,6 +240,10 @@ fn denied_and_malformed_env_names_are_refused() {
         Err(SandboxError::BadEnv { .. })
     ));
     assert!(matches!(
+        spec.set_env("X", "a\0--bind\0/\0/host"),
+        Err(SandboxError::BadEnv { .. })
+    ));
+    assert!(matches!(
         spec.set_env("WF_RPC_SOCK", "/x"),
         Err(SandboxError::BadEnv { .. })
     ));

@@ -20,7 +20,7 @@ pub(crate) fn emit(spec: &SandboxSpec, host_env: &HostEnv, binds: &Binds, a: &mu
             if let Some(inside) = spec
                 .fs
                 .canonicalize(Path::new(home))
-                .and_then(|c| binds.to_sandbox(&c))
+                .and_then(|c| binds.to_sandbox(spec, &c))
             {
                 wanted.insert(inside);
             }
@@ -38,7 +38,7 @@ pub(crate) fn emit(spec: &SandboxSpec, host_env: &HostEnv, binds: &Binds, a: &mu
                 let Some(c) = spec.fs.canonicalize(&host) else {
                     continue;
                 };
-                let Some(ins) = binds.to_sandbox(&c) else {
+                let Some(ins) = binds.to_sandbox(spec, &c) else {
                     continue;
                 };
                 match spec.fs.kind(&c) {

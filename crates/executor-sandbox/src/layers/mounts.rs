@@ -15,20 +15,22 @@ use crate::spec::{
 pub(crate) struct Binds(Vec<(PathBuf, PathBuf)>);
 
 impl Binds {
-    fn add(&mut self, spec: &SandboxSpec, src: &Path, dest: &Path) {
-        let src = spec
-            .fs
-            .canonicalize(src)
-            .unwrap_or_else(|| src.to_path_buf());
-        self.0.push((src, dest.to_path_buf()));
+    fn add(&mut self, src: &Path, dest: &Path) {
+        self.0.push((src.to_path_buf(), dest.to_path_buf()));
     }
 
-    /// Where a (canonical) host path appears inside, if it does.
-    pub(crate) fn to_sandbox(&self, host: &Path) -> Option<PathBuf> {
+    /// Where a (canonical) host path appears inside, if it does. Sources
+    /// are canonicalized here, only when a translation is asked for.
+    pub(crate) fn to_sandbox(&self, spec: &SandboxSpec, host: &Path) -> Option<PathBuf> {
         self.0
             .iter()
-            .filter_map(|(src, dest)| host.strip_prefix(src).ok().map(|rel| (src, dest.join(rel))))
-            .max_by_key(|(src, _)| src.as_os_str().len())
+            .filter_map(|(src, dest)| {
+                let src = spec.fs.canonicalize(src).unwrap_or_else(|| src.clone());
+                host.strip_prefix(&src)
+                    .ok()
+                    .map(|rel| (src.as_os_str().len(), dest.join(rel)))
+            })
+            .max_by_key(|(len, _)| *len)
             .map(|(_, p)| p)
     }
 
@@ -56,7 +58,7 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
                 match e {
                     SystemEntry::RoBind { src, dest } => {
                         a.flag3("--ro-bind", src, dest);
-                        binds.add(spec, src, dest);
+                        binds.add(src, dest);
                     }
                     SystemEntry::Symlink { target, dest } => a.flag3("--symlink", target, dest),
                 }
@@ -65,7 +67,7 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
             a.flag3("--ro-bind", &rt.group, "/etc/group");
             private_fs(spec, a);
             a.flag3("--bind", workspace, WORKSPACE_DIR);
-            binds.add(spec, workspace, Path::new(WORKSPACE_DIR));
+            binds.add(workspace, Path::new(WORKSPACE_DIR));
         }
         RootProvider::View {
             tree,
@@ -81,7 +83,7 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
                     FileKind::Dir | FileKind::File => {
                         let src = tree.join(name);
                         a.flag3("--ro-bind", &src, &dest);
-                        binds.add(spec, &src, &dest);
+                        binds.add(&src, &dest);
                     }
                     FileKind::Symlink(t) => a.flag3("--symlink", t, &dest),
                     FileKind::Other => {}
@@ -89,7 +91,7 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
             }
             private_fs(spec, a);
             a.flag3("--bind", scratch, SCRATCH_DIR);
-            binds.add(spec, scratch, Path::new(SCRATCH_DIR));
+            binds.add(scratch, Path::new(SCRATCH_DIR));
         }
     }
     a.flag3("--ro-bind", &rt.supervisor, SUPERVISOR_PATH);
