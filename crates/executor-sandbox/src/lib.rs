@@ -17,6 +17,21 @@
 //!   grace period, then SIGKILL, by a per-run cgroup v2 or pidfds;
 //! - [`Runtime::run`], which puts these together and reports an [`Outcome`].
 //!
+//! # Running as root
+//!
+//! bwrap maps the sandbox uid (1000) to the caller's uid; for root that is
+//! host uid 0, with every capability dropped (`--cap-drop ALL`, uid != 0
+//! inside, `--disable-userns`). Ownership alone must then give nothing
+//! away, so the sandbox only ever shows what is safe for an owner to see:
+//! read-only, `nosuid`/`nodev` binds of `/usr` and a whitelist of `/etc`
+//! entries (no `shadow`, no `ssl/private`), a synthetic `passwd`/`group`,
+//! no `/sys`; `/proc/sys` re-bound read-only and `/proc/sysrq-trigger`
+//! covered (bwrap leaves both writable to host uid 0); PID 1 non-dumpable
+//! (the command can neither ptrace it nor read its fds); a fresh session
+//! keyring. The writable places are the work directory, a private `/tmp`
+//! and a private `/dev/shm` (a tmpfs like `/tmp`: POSIX shared memory needs
+//! it).
+//!
 //! It does not own: the FUSE view or read-set capture (`castore-fuse`), the
 //! fetch proxy (`fetch-proxy`), what an action is or how outputs are
 //! ingested (`fhs-executor`), nor the error vocabulary

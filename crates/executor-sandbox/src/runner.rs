@@ -80,6 +80,16 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// The command's own exit code, or the [`SandboxError`] that says why
+    /// there is none (`timeout` is what the run was given, for the message).
+    pub fn into_result(self, timeout: Option<Duration>) -> Result<i32, SandboxError> {
+        match self {
+            Outcome::Exited(c) => Ok(c),
+            Outcome::Signaled(s) => Err(SandboxError::KilledBySignal(s)),
+            Outcome::TimedOut { .. } => Err(SandboxError::Timeout(timeout.unwrap_or_default())),
+        }
+    }
+
     /// A shell-style exit code: the code, 128+signal, or 124 for a timeout.
     pub fn exit_code(&self) -> i32 {
         match self {

@@ -144,5 +144,14 @@ fn exit_status_tells_exit_from_signal() {
         Outcome::Signaled(libc::SIGTERM)
     );
     assert_eq!(Outcome::Signaled(9).exit_code(), 137);
+    assert!(matches!(
+        Outcome::TimedOut { killed: false }.into_result(Some(Duration::from_secs(1))),
+        Err(executor_sandbox::SandboxError::Timeout(_))
+    ));
+    assert!(matches!(
+        Outcome::Signaled(9).into_result(None),
+        Err(executor_sandbox::SandboxError::KilledBySignal(9))
+    ));
+    assert_eq!(Outcome::Exited(3).into_result(None).unwrap(), 3);
     assert_eq!(Outcome::TimedOut { killed: true }.exit_code(), 124);
 }
