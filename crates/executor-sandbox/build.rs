@@ -33,6 +33,8 @@ fn main() {
         .args(["-C", "opt-level=2"])
         .args(["-C", "panic=abort"])
         .args(["-C", "target-feature=+crt-static"])
+        // Not position-independent: no self-relocation at every start.
+        .args(["-C", "relocation-model=static"])
         .args(["-C", "strip=symbols"])
         .args(["-C", "codegen-units=1"])
         .arg("-o")

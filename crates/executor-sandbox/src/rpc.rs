@@ -160,12 +160,22 @@ impl Default for RpcLimits {
 }
 
 /// The host side of the bridge: a listening UNIX socket and its threads.
-#[derive(Debug)]
 pub struct RpcServer {
     path: PathBuf,
     stop: Arc<AtomicBool>,
     listener: Arc<UnixListener>,
     thread: Option<JoinHandle<()>>,
+    active: Arc<AtomicUsize>,
+    handler: Arc<dyn RpcHandler>,
+    limits: RpcLimits,
+}
+
+impl std::fmt::Debug for RpcServer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RpcServer")
+            .field("path", &self.path)
+            .finish()
+    }
 }
 
 impl RpcServer {
@@ -175,22 +185,66 @@ impl RpcServer {
         handler: Arc<dyn RpcHandler>,
         limits: RpcLimits,
     ) -> Result<RpcServer, SandboxError> {
+        let mut server = Self::bind_polled(path, handler, limits)?;
+        set_nonblocking(&server.listener, false, path)?;
+        let (l2, s2, a2, h2) = (
+            server.listener.clone(),
+            server.stop.clone(),
+            server.active.clone(),
+            server.handler.clone(),
+        );
+        let thread = std::thread::Builder::new()
+            .name("fhsx-rpc".into())
+            .spawn(move || accept_loop(&l2, &s2, &a2, h2, limits))
+            .map_err(|e| path_err("starting the RPC thread for", path, e))?;
+        server.thread = Some(thread);
+        Ok(server)
+    }
+
+    /// Listen at `path` without a thread of its own: the caller polls
+    /// [`listener_fd`](Self::listener_fd) and calls
+    /// [`accept_ready`](Self::accept_ready) when it is readable (each
+    /// connection still gets its own thread). Saves a thread per run when
+    /// most runs never connect.
+    pub fn bind_polled(
+        path: &Path,
+        handler: Arc<dyn RpcHandler>,
+        limits: RpcLimits,
+    ) -> Result<RpcServer, SandboxError> {
         let listener = Arc::new(
             UnixListener::bind(path).map_err(|e| path_err("binding the RPC socket", path, e))?,
         );
-        let stop = Arc::new(AtomicBool::new(false));
-        let active = Arc::new(AtomicUsize::new(0));
-        let (l2, s2) = (listener.clone(), stop.clone());
-        let thread = std::thread::Builder::new()
-            .name("fhsx-rpc".into())
-            .spawn(move || accept_loop(&l2, &s2, &active, handler, limits))
-            .map_err(|e| path_err("starting the RPC thread for", path, e))?;
+        set_nonblocking(&listener, true, path)?;
         Ok(RpcServer {
             path: path.to_path_buf(),
-            stop,
+            stop: Arc::new(AtomicBool::new(false)),
             listener,
-            thread: Some(thread),
+            thread: None,
+            active: Arc::new(AtomicUsize::new(0)),
+            handler,
+            limits,
         })
+    }
+
+    /// The listening socket, for `poll`.
+    pub fn listener_fd(&self) -> std::os::fd::RawFd {
+        self.listener.as_raw_fd()
+    }
+
+    /// Admit every pending connection (polled mode).
+    pub fn accept_ready(&self) {
+        loop {
+            match self.listener.accept() {
+                Ok((stream, _)) => admit(stream, &self.active, &self.handler, self.limits),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
+                Err(_) => {
+                    // EMFILE and friends: back off rather than spin the poller.
+                    std::thread::sleep(Duration::from_millis(10));
+                    return;
+                }
+            }
+        }
     }
 
     /// The socket's host path.
@@ -200,16 +254,21 @@ impl RpcServer {
 
     fn stop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        // Wake accept(): shut the listener down and, in case that does not
-        // interrupt it, connect once.
-        // SAFETY: shutting down our own listening socket.
-        unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
-        let _ = UnixStream::connect(&self.path);
         if let Some(t) = self.thread.take() {
+            // Wake accept(): shut the listener down and, in case that does
+            // not interrupt it, connect once.
+            // SAFETY: shutting down our own listening socket.
+            unsafe { libc::shutdown(self.listener.as_raw_fd(), libc::SHUT_RDWR) };
+            let _ = UnixStream::connect(&self.path);
             let _ = t.join();
         }
         let _ = std::fs::remove_file(&self.path);
     }
+}
+
+fn set_nonblocking(l: &UnixListener, on: bool, path: &Path) -> Result<(), SandboxError> {
+    l.set_nonblocking(on)
+        .map_err(|e| path_err("configuring the RPC socket", path, e))
 }
 
 impl Drop for RpcServer {
@@ -244,38 +303,48 @@ fn accept_loop(
         if stop.load(Ordering::SeqCst) {
             return;
         }
-        let mut stream = match conn {
-            Ok((s, _)) => s,
-            Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+        match conn {
+            Ok((s, _)) => admit(s, active, &handler, limits),
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => {
                 // EMFILE and friends: back off rather than spin.
                 std::thread::sleep(Duration::from_millis(10));
-                continue;
             }
-        };
-        if active.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
-            active.fetch_sub(1, Ordering::SeqCst);
-            let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
-            error_frame(
-                &mut stream,
-                format!(
-                    "too many connections (limit {}); reuse one connection",
-                    limits.max_connections
-                ),
-            );
-            continue;
         }
-        let slot = Slot(active.clone());
-        let h = handler.clone();
-        let spawned = std::thread::Builder::new()
-            .name("fhsx-rpc-conn".into())
-            .spawn(move || {
-                let _slot = slot;
-                serve(stream, &*h, limits);
-            });
-        // If the thread could not start, the closure (and its slot) is dropped.
-        drop(spawned);
     }
+}
+
+/// Serve one accepted connection on its own thread, or refuse it with an
+/// error frame when the limit is reached.
+fn admit(
+    mut stream: UnixStream,
+    active: &Arc<AtomicUsize>,
+    handler: &Arc<dyn RpcHandler>,
+    limits: RpcLimits,
+) {
+    // An accepted socket does not inherit O_NONBLOCK on Linux, but be sure.
+    let _ = stream.set_nonblocking(false);
+    if active.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
+        active.fetch_sub(1, Ordering::SeqCst);
+        let _ = stream.set_write_timeout(Some(Duration::from_secs(1)));
+        error_frame(
+            &mut stream,
+            format!(
+                "too many connections (limit {}); reuse one connection",
+                limits.max_connections
+            ),
+        );
+        return;
+    }
+    let slot = Slot(active.clone());
+    let h = handler.clone();
+    // If the thread cannot start, the closure (and its slot) is dropped.
+    let _ = std::thread::Builder::new()
+        .name("fhsx-rpc-conn".into())
+        .spawn(move || {
+            let _slot = slot;
+            serve(stream, &*h, limits);
+        });
 }
 
 fn serve(mut stream: UnixStream, handler: &dyn RpcHandler, limits: RpcLimits) {

@@ -285,7 +285,7 @@ impl Runtime {
             .handler
             .clone()
             .unwrap_or_else(|| Arc::new(BasicHandler::new(format!("run-{}", std::process::id()))));
-        let _server = RpcServer::bind(&self.paths.rpc_socket, handler, opts.rpc_limits)?;
+        let server = RpcServer::bind_polled(&self.paths.rpc_socket, handler, opts.rpc_limits)?;
         let mut reaper = Reaper::new(opts.reaper);
 
         let stdin_fd: Option<OwnedFd> = match opts.stdin {
@@ -449,8 +449,15 @@ impl Runtime {
                     .as_millis()
                     .min(i32::MAX as u128) as i32,
             };
-            let fds = [pidfd_raw, if ctl_open { ctl.as_raw_fd() } else { -1 }];
+            let fds = [
+                pidfd_raw,
+                if ctl_open { ctl.as_raw_fd() } else { -1 },
+                server.listener_fd(),
+            ];
             let ready = sys::poll_in(&fds, wait_ms).map_err(|e| io_err("waiting for bwrap", e))?;
+            if ready[2] {
+                server.accept_ready();
+            }
             if ready[1] {
                 ctl_open = drain(&mut ctl, &mut ctl_buf);
             }
@@ -490,6 +497,7 @@ impl Runtime {
                 _ => {}
             }
         }
+        drop(server);
         let reaper_mode = reaper.mode();
         let cgroup_leftovers = reaper.finish();
         let [out_t, err_t] = readers;
