@@ -1,1 +1,84 @@
-//! `castore-fuse`: see DESIGN.md's Layout table. Filled by its own issue.
+//! castore-fuse: fhsx's *Observe tier* — one composed castore tree served as a
+//! read-only, digest-verifying FUSE file system that records what was read.
+//!
+//! # What it owns
+//!
+//! - **The view** ([`mount`]): lookup, getattr, readdir(plus), open, read,
+//!   readlink, statfs, getxattr (`user.fhsx.digest` holds a file's blob
+//!   digest or a directory's digest). Everything that would write — create,
+//!   write, mkdir, unlink, rename, setattr, setxattr, link, symlink, mknod —
+//!   fails with `EROFS`, for root too; the mount is also `ro` in the kernel.
+//!   Content is immutable, so entries and attributes have year-long TTLs
+//!   (absences too), the page cache is kept across opens, several threads
+//!   serve, each on its own `/dev/fuse` clone, and reads are as large as the
+//!   kernel allows. With FUSE passthrough (Linux ≥ 6.9, root) an opened file
+//!   is handed to the kernel, which reads the blob file directly; the open
+//!   itself still comes to the daemon, so it is still verified and logged.
+//!   Files are `0444` (`0555` if executable), directories `0555`, owned by
+//!   root, all times 1970-01-01T00:00:01Z.
+//! - **Verification**: the first open of a blob in a mount hashes the whole
+//!   blob against its digest (once per blob per mount). A mismatch fails that
+//!   open with `EIO`, prints the path and digests on stderr, and is listed in
+//!   [`MountOutcome::integrity_failures`]; [`MountOutcome::check`] turns it
+//!   into [`Error::Integrity`] (exit code 3). No corrupt byte is ever served;
+//!   every other file stays readable.
+//! - **Read-set capture** ([`ReadSet`]): every lookup (a failed one records
+//!   the absence), open-for-read (which `mmap` and `execve` go through),
+//!   readdir and readlink. [`MountGuard::finish`] unmounts, de-duplicates and
+//!   sorts, stores the encoding as a CAS blob and returns its digest.
+//! - **Lifecycle** ([`MountGuard`]): one fresh mount per use; dropping the
+//!   guard detaches the mount (`MNT_DETACH`) and joins every serving thread.
+//!   Each live mount is registered with its owner's pid and start time;
+//!   [`cleanup_stale_mounts`] (run by every [`mount`]) detaches those whose
+//!   owner died.
+//! - **Closure bloat** ([`closure_bloat`]): each read-set entry is charged to
+//!   the atom(s) that supplied it via the composition map, giving
+//!   `declared − read` per atom.
+//!
+//! It does not own the store, composition or its map (`castore`), the
+//! sandbox that uses the mount (`executor-sandbox`), nor the BuildRecord
+//! that carries the read-set digest (`executor-core` / `fhs-executor`).
+//!
+//! # Read-set format (`fhsx-read-set/1`)
+//!
+//! One compact JSON object followed by a single `\n`; its BLAKE3 is the read
+//! set's digest:
+//!
+//! ```text
+//! {"format":"fhsx-read-set/1","root":"b3:<view root>","entries":[
+//!   {"path":"/usr/bin/cc","kind":"exe","digest":"b3:…","access":"read"},
+//!   {"path":"/usr/include/nope.h","kind":"absent","access":"lookup"}, …]}
+//! ```
+//!
+//! (shown wrapped; the encoding has no whitespace). Fields appear in exactly
+//! this order. `entries` holds one entry per path, sorted by the path's
+//! bytes. `path` is absolute in the view (`/` is the root), each name escaped
+//! with `castore::compose::escape_name` (`%`, control characters and
+//! non-UTF-8 bytes as `%XX`). `kind` is `absent`, `dir`, `file`, `exe` or
+//! `symlink`; `digest` is the Directory digest, the blob digest, or the
+//! BLAKE3 of the symlink target, and is omitted exactly for `absent`.
+//! `access` is `lookup` (resolved by name: stat, existence checks, path
+//! traversal) or `read` (a file opened, a directory listed, a symlink read);
+//! a path seen both ways is `read`.
+//!
+//! With readdirplus the kernel learns a listed directory's children from the
+//! listing, so a later `stat` of such a child may not reach the daemon; the
+//! listing itself is in the set (`read` of the directory, whose digest
+//! covers every child's name, kind and digest), so nothing observed escapes.
+
+mod bloat;
+mod error;
+mod fs;
+mod mount;
+pub mod readset;
+mod signals;
+
+pub use bloat::{closure_bloat, AtomUsage, BloatReport};
+pub use error::{Error, IntegrityFailure, Result};
+pub use fs::DIGEST_XATTR;
+pub use mount::{
+    cleanup_stale_mounts, default_registry, live_mounts, mount, preflight, MountGuard,
+    MountOptions, MountOutcome, FS_NAME,
+};
+pub use readset::{Access, EntryKind, ReadSet, ReadSetEntry};
+pub use signals::TerminationSignals;

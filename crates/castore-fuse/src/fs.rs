@@ -1,0 +1,804 @@
+//! The FUSE file system: one immutable castore tree, served read-only,
+//! verified, and observed.
+//!
+//! Inodes are allocated lazily, a directory's children all at once (in the
+//! directory's name order, so a lookup is a binary search plus an offset) the
+//! first time anything below it is resolved. They are never forgotten: the
+//! tree is immutable and a mount lives for one build.
+//!
+//! Every answer the kernel gets is recorded before it is sent: a lookup marks
+//! the inode `Lookup` (or records the absent path), an open, readdir or
+//! readlink marks it `Read`. Marks are one atomic per inode, so recording
+//! costs no lock on the hot path.
+
+use std::collections::{HashMap, HashSet};
+use std::ffi::OsStr;
+use std::fs::File;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+use std::time::{Duration, SystemTime};
+
+use castore::compose::escape_name;
+use castore::store::{BlobStore, DirectoryStore, LocalStore};
+use castore::{Digest, Name, Node};
+use fuser::{
+    AccessFlags, BackingId, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags,
+    Generation, INodeNo, InitFlags, KernelConfig, LockOwner, OpenAccMode, OpenFlags, RenameFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
+};
+
+use crate::readset::{Access, ReadSetEntry};
+use crate::IntegrityFailure;
+
+/// Entry and attribute lifetime: the content never changes under a mount.
+const TTL: Duration = Duration::from_secs(365 * 24 * 3600);
+/// The extended attribute naming a file's blob or a directory's digest.
+pub const DIGEST_XATTR: &str = "user.fhsx.digest";
+/// Preferred I/O size reported by `stat` (cp, cat and friends read this much).
+const BLKSIZE: u32 = 128 * 1024;
+const ROOT_INO: u64 = 1;
+
+const MARK_NONE: u8 = 0;
+const MARK_LOOKUP: u8 = 1;
+const MARK_READ: u8 = 2;
+
+/// A directory's children: its entries in name order, with inode numbers
+/// `first..first + entries.len()`.
+struct Kids {
+    first: u64,
+    entries: Vec<(Name, Node)>,
+}
+
+struct Inode {
+    parent: u64,
+    /// Absolute, escaped path (`/` for the root).
+    path: Box<str>,
+    node: Node,
+    mark: AtomicU8,
+    kids: OnceLock<Result<Arc<Kids>, Errno>>,
+}
+
+impl Inode {
+    fn new(parent: u64, path: Box<str>, node: Node) -> Self {
+        Inode {
+            parent,
+            path,
+            node,
+            mark: AtomicU8::new(MARK_NONE),
+            kids: OnceLock::new(),
+        }
+    }
+
+    fn mark(&self, m: u8) {
+        self.mark.fetch_max(m, Ordering::Relaxed);
+    }
+}
+
+enum Handle {
+    /// Served by this daemon from the blob file.
+    Cached(Arc<File>),
+    /// Served by the kernel from the blob file (FUSE passthrough).
+    Passthrough { ino: u64 },
+}
+
+/// What verifying a blob found: nothing wrong, or what its bytes hash to.
+type Verdict = Result<(), Option<Digest>>;
+
+/// Everything one mount knows. Shared between the serving threads and the
+/// guard that collects the read set after unmount.
+pub(crate) struct Shared {
+    store: LocalStore,
+    root: Digest,
+    inodes: RwLock<Vec<Arc<Inode>>>,
+    absent: Mutex<HashSet<String>>,
+    verified: Mutex<HashMap<Digest, Arc<OnceLock<Verdict>>>>,
+    failures: Mutex<Vec<IntegrityFailure>>,
+    handles: Mutex<HashMap<u64, Handle>>,
+    next_fh: AtomicU64,
+    want_passthrough: bool,
+    passthrough: AtomicBool,
+    backing: Mutex<HashMap<u64, (Arc<BackingId>, u32)>>,
+    time: SystemTime,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panicking serving thread must not take the read set with it.
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+impl Shared {
+    pub(crate) fn new(
+        store: LocalStore,
+        root: Digest,
+        root_size: u64,
+        want_passthrough: bool,
+    ) -> Self {
+        let root_inode = Inode::new(
+            ROOT_INO,
+            "/".into(),
+            Node::Directory {
+                digest: root,
+                size: root_size,
+            },
+        );
+        Shared {
+            store,
+            root,
+            inodes: RwLock::new(vec![Arc::new(root_inode)]),
+            absent: Mutex::new(HashSet::new()),
+            verified: Mutex::new(HashMap::new()),
+            failures: Mutex::new(Vec::new()),
+            handles: Mutex::new(HashMap::new()),
+            next_fh: AtomicU64::new(1),
+            want_passthrough,
+            passthrough: AtomicBool::new(false),
+            backing: Mutex::new(HashMap::new()),
+            time: SystemTime::UNIX_EPOCH + Duration::from_secs(1),
+        }
+    }
+
+    pub(crate) fn root(&self) -> Digest {
+        self.root
+    }
+
+    pub(crate) fn passthrough_active(&self) -> bool {
+        self.passthrough.load(Ordering::Relaxed)
+    }
+
+    /// The raw observations so far: every marked inode and every absent path.
+    pub(crate) fn observations(&self) -> Vec<ReadSetEntry> {
+        let inodes = self.inodes.read().unwrap_or_else(|e| e.into_inner());
+        let mut out = Vec::new();
+        for i in inodes.iter() {
+            let access = match i.mark.load(Ordering::Relaxed) {
+                MARK_LOOKUP => Access::Lookup,
+                MARK_READ => Access::Read,
+                _ => continue,
+            };
+            out.push(ReadSetEntry::for_node(i.path.to_string(), &i.node, access));
+        }
+        for p in lock(&self.absent).iter() {
+            out.push(ReadSetEntry::absent(p.clone()));
+        }
+        out
+    }
+
+    /// Integrity failures so far, one per path, sorted.
+    pub(crate) fn failures(&self) -> Vec<IntegrityFailure> {
+        let mut f = lock(&self.failures).clone();
+        f.sort_by(|a, b| a.path.cmp(&b.path));
+        f.dedup_by(|a, b| a.path == b.path);
+        f
+    }
+
+    fn inode(&self, ino: INodeNo) -> Option<Arc<Inode>> {
+        let idx = usize::try_from(ino.0.checked_sub(1)?).ok()?;
+        self.inodes
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(idx)
+            .cloned()
+    }
+
+    fn fail(&self, path: &str, digest: Digest, actual: Option<Digest>) {
+        let f = IntegrityFailure {
+            path: path.to_owned(),
+            digest,
+            actual,
+        };
+        // The one log line an operator sees while the build is still running.
+        eprintln!("fhsx: integrity error: refusing to serve {f}");
+        lock(&self.failures).push(f);
+    }
+
+    /// The children of a directory inode, allocating their inodes on first use.
+    fn kids(&self, ino: u64, inode: &Inode) -> Result<Arc<Kids>, Errno> {
+        inode
+            .kids
+            .get_or_init(|| {
+                let Node::Directory { digest, .. } = &inode.node else {
+                    return Err(Errno::ENOTDIR);
+                };
+                let dir = match self.store.get_directory(digest) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        let actual = match e {
+                            castore::Error::Corrupt { actual, .. } => Some(actual),
+                            _ => None,
+                        };
+                        self.fail(&inode.path, *digest, actual);
+                        return Err(Errno::EIO);
+                    }
+                };
+                let entries: Vec<(Name, Node)> = dir
+                    .entries()
+                    .map(|(n, node)| (n.clone(), node.clone()))
+                    .collect();
+                let mut inodes = self.inodes.write().unwrap_or_else(|e| e.into_inner());
+                let first = inodes.len() as u64 + 1;
+                for (name, node) in &entries {
+                    let esc = escape_name(name.as_bytes());
+                    let path = if inode.path.len() == 1 {
+                        format!("/{esc}")
+                    } else {
+                        format!("{}/{esc}", inode.path)
+                    };
+                    inodes.push(Arc::new(Inode::new(ino, path.into(), node.clone())));
+                }
+                Ok(Arc::new(Kids { first, entries }))
+            })
+            .clone()
+    }
+
+    fn attr(&self, ino: u64, node: &Node) -> FileAttr {
+        let (kind, perm, size, nlink) = match node {
+            Node::Directory { .. } => (FileType::Directory, 0o555, 4096, 1),
+            Node::File {
+                size, executable, ..
+            } => (
+                FileType::RegularFile,
+                if *executable { 0o555 } else { 0o444 },
+                *size,
+                1,
+            ),
+            Node::Symlink { target } => {
+                (FileType::Symlink, 0o777, target.as_bytes().len() as u64, 1)
+            }
+        };
+        FileAttr {
+            ino: INodeNo(ino),
+            size,
+            blocks: size.div_ceil(512),
+            atime: self.time,
+            mtime: self.time,
+            ctime: self.time,
+            crtime: self.time,
+            kind,
+            perm,
+            nlink,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            blksize: BLKSIZE,
+            flags: 0,
+        }
+    }
+
+    /// Check a blob against its digest, once per mount.
+    fn verify(&self, path: &str, digest: &Digest) -> bool {
+        let cell = lock(&self.verified).entry(*digest).or_default().clone();
+        let verdict = cell.get_or_init(|| match self.store.open_blob(digest) {
+            Ok(_) => Ok(()),
+            Err(castore::Error::Corrupt { actual, .. }) => Err(Some(actual)),
+            Err(_) => Err(None),
+        });
+        match verdict {
+            Ok(()) => true,
+            Err(actual) => {
+                self.fail(path, *digest, *actual);
+                false
+            }
+        }
+    }
+
+    fn open_blob_file(&self, digest: &Digest) -> std::io::Result<File> {
+        let path = self
+            .store
+            .blob_path(digest)
+            .ok_or_else(|| std::io::Error::from_raw_os_error(libc::EIO))?;
+        File::options()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(Path::new(&path))
+    }
+
+    fn child_path(parent: &Inode, name: &OsStr) -> String {
+        let esc = escape_name(name.as_bytes());
+        if parent.path.len() == 1 {
+            format!("/{esc}")
+        } else {
+            format!("{}/{esc}", parent.path)
+        }
+    }
+}
+
+fn file_type(node: &Node) -> FileType {
+    match node {
+        Node::Directory { .. } => FileType::Directory,
+        Node::File { .. } => FileType::RegularFile,
+        Node::Symlink { .. } => FileType::Symlink,
+    }
+}
+
+/// The `fuser` face of [`Shared`].
+pub(crate) struct ViewFs {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl ViewFs {
+    /// Directory entries from `offset` on: `.`, `..`, then the children.
+    fn list(
+        &self,
+        ino: INodeNo,
+        offset: u64,
+        mut add: impl FnMut(u64, u64, &[u8], &Node) -> bool,
+    ) -> Result<(), Errno> {
+        let s = &self.shared;
+        let inode = s.inode(ino).ok_or(Errno::ENOENT)?;
+        let kids = s.kids(ino.0, &inode)?;
+        inode.mark(MARK_READ);
+        let parent_node = if inode.parent == ino.0 {
+            inode.node.clone()
+        } else {
+            s.inode(INodeNo(inode.parent))
+                .map(|p| p.node.clone())
+                .unwrap_or_else(|| inode.node.clone())
+        };
+        let total = kids.entries.len() as u64 + 2;
+        for off in offset..total {
+            let full = match off {
+                0 => add(ino.0, 1, b".", &inode.node),
+                1 => add(inode.parent, 2, b"..", &parent_node),
+                n => {
+                    let i = (n - 2) as usize;
+                    let (name, node) = &kids.entries[i];
+                    add(kids.first + i as u64, n + 1, name.as_bytes(), node)
+                }
+            };
+            if full {
+                break;
+            }
+        }
+        Ok(())
+    }
+}
+
+impl Filesystem for ViewFs {
+    fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
+        for flag in [
+            InitFlags::FUSE_DO_READDIRPLUS,
+            InitFlags::FUSE_READDIRPLUS_AUTO,
+            InitFlags::FUSE_PARALLEL_DIROPS,
+            InitFlags::FUSE_CACHE_SYMLINKS,
+        ] {
+            // Optional speed-ups: an old kernel without one still works.
+            let _ = config.add_capabilities(flag);
+        }
+        if let Err(max) = config.set_max_readahead(u32::MAX) {
+            let _ = config.set_max_readahead(max);
+        }
+        if self.shared.want_passthrough
+            && config.add_capabilities(InitFlags::FUSE_PASSTHROUGH).is_ok()
+            && config.set_max_stack_depth(2).is_ok()
+        {
+            self.shared.passthrough.store(true, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let s = &self.shared;
+        let Some(p) = s.inode(parent) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let kids = match s.kids(parent.0, &p) {
+            Ok(k) => k,
+            Err(e) => return reply.error(e),
+        };
+        let name = name.as_bytes();
+        match kids
+            .entries
+            .binary_search_by(|(n, _)| n.as_bytes().cmp(name))
+        {
+            Ok(i) => {
+                let ino = kids.first + i as u64;
+                let node = &kids.entries[i].1;
+                if let Some(child) = s.inode(INodeNo(ino)) {
+                    child.mark(MARK_LOOKUP);
+                }
+                reply.entry(&TTL, &s.attr(ino, node), Generation(0));
+            }
+            Err(_) => {
+                lock(&s.absent).insert(Shared::child_path(&p, OsStr::from_bytes(name)));
+                // A negative entry with a lifetime: the kernel caches the
+                // absence instead of asking again.
+                let mut attr = s.attr(0, &p.node);
+                attr.ino = INodeNo(0);
+                reply.entry(&TTL, &attr, Generation(0));
+            }
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.shared.inode(ino) {
+            Some(i) => reply.attr(&TTL, &self.shared.attr(ino.0, &i.node)),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.shared.inode(ino) {
+            Some(i) => match &i.node {
+                Node::Symlink { target } => {
+                    i.mark(MARK_READ);
+                    reply.data(target.as_bytes())
+                }
+                _ => reply.error(Errno::EINVAL),
+            },
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let s = &self.shared;
+        if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
+            return reply.error(Errno::EROFS);
+        }
+        let Some(inode) = s.inode(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let Node::File { digest, .. } = &inode.node else {
+            return reply.error(Errno::EISDIR);
+        };
+        inode.mark(MARK_READ);
+        if !s.verify(&inode.path, digest) {
+            return reply.error(Errno::EIO);
+        }
+        let file = match s.open_blob_file(digest) {
+            Ok(f) => f,
+            Err(e) => {
+                s.fail(&inode.path, *digest, None);
+                return reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
+            }
+        };
+        let fh = s.next_fh.fetch_add(1, Ordering::Relaxed);
+        if s.passthrough.load(Ordering::Relaxed) {
+            let mut backing = lock(&s.backing);
+            let id = match backing.get_mut(&ino.0) {
+                Some((id, n)) => {
+                    *n += 1;
+                    Some(id.clone())
+                }
+                None => match reply.open_backing(&file) {
+                    Ok(id) => {
+                        let id = Arc::new(id);
+                        backing.insert(ino.0, (id.clone(), 1));
+                        Some(id)
+                    }
+                    Err(e) => {
+                        // Not permitted here (no CAP_SYS_ADMIN) or not
+                        // supported: serve through the daemon from now on.
+                        eprintln!("fhsx: FUSE passthrough unavailable ({e}); serving reads through the daemon");
+                        s.passthrough.store(false, Ordering::Relaxed);
+                        None
+                    }
+                },
+            };
+            if let Some(id) = id {
+                drop(backing);
+                lock(&s.handles).insert(fh, Handle::Passthrough { ino: ino.0 });
+                return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+            }
+        }
+        lock(&s.handles).insert(fh, Handle::Cached(Arc::new(file)));
+        reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let file = match lock(&self.shared.handles).get(&fh.0) {
+            Some(Handle::Cached(f)) => f.clone(),
+            _ => return reply.error(Errno::EBADF),
+        };
+        let mut buf = vec![0u8; size as usize];
+        let mut n = 0;
+        while n < buf.len() {
+            match file.read_at(&mut buf[n..], offset + n as u64) {
+                Ok(0) => break,
+                Ok(k) => n += k,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    return reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)))
+                }
+            }
+        }
+        reply.data(&buf[..n]);
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lo: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        let s = &self.shared;
+        let h = lock(&s.handles).remove(&fh.0);
+        if let Some(Handle::Passthrough { ino }) = h {
+            let mut backing = lock(&s.backing);
+            if let Some((_, n)) = backing.get_mut(&ino) {
+                *n -= 1;
+                if *n == 0 {
+                    backing.remove(&ino);
+                }
+            }
+        }
+        reply.ok();
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        match self.shared.inode(ino) {
+            Some(i) if matches!(i.node, Node::Directory { .. }) => reply.opened(
+                FileHandle(0),
+                FopenFlags::FOPEN_KEEP_CACHE | FopenFlags::FOPEN_CACHE_DIR,
+            ),
+            Some(_) => reply.error(Errno::ENOTDIR),
+            None => reply.error(Errno::ENOENT),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self.list(ino, offset, |ino, next, name, node| {
+            reply.add(INodeNo(ino), next, file_type(node), OsStr::from_bytes(name))
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let s = &self.shared;
+        let r = self.list(ino, offset, |ino, next, name, node| {
+            reply.add(
+                INodeNo(ino),
+                next,
+                OsStr::from_bytes(name),
+                &TTL,
+                &s.attr(ino, node),
+                Generation(0),
+            )
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        let files = self
+            .shared
+            .inodes
+            .read()
+            .map(|v| v.len() as u64)
+            .unwrap_or(0);
+        reply.statfs(0, 0, 0, files, 0, BLKSIZE, Name::MAX_LEN as u32, BLKSIZE);
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        let Some(i) = self.shared.inode(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let value = match (&i.node, name.as_bytes() == DIGEST_XATTR.as_bytes()) {
+            (Node::Symlink { .. }, _) | (_, false) => return reply.error(Errno::ENODATA),
+            (n, true) => n.digest().map(|d| d.to_string()).unwrap_or_default(),
+        };
+        if size == 0 {
+            reply.size(value.len() as u32)
+        } else if (size as usize) < value.len() {
+            reply.error(Errno::ERANGE)
+        } else {
+            reply.data(value.as_bytes())
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        let Some(i) = self.shared.inode(ino) else {
+            return reply.error(Errno::ENOENT);
+        };
+        let list: &[u8] = match i.node {
+            Node::Symlink { .. } => b"",
+            _ => b"user.fhsx.digest\0",
+        };
+        if size == 0 {
+            reply.size(list.len() as u32)
+        } else if (size as usize) < list.len() {
+            reply.error(Errno::ERANGE)
+        } else {
+            reply.data(list)
+        }
+    }
+
+    fn access(&self, _req: &Request, ino: INodeNo, mask: AccessFlags, reply: ReplyEmpty) {
+        if self.shared.inode(ino).is_none() {
+            reply.error(Errno::ENOENT)
+        } else if mask.contains(AccessFlags::W_OK) {
+            reply.error(Errno::EROFS)
+        } else {
+            reply.ok()
+        }
+    }
+
+    // Everything that would write: refused, whoever asks.
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        _size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mknod(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _r: u32,
+        reply: ReplyEntry,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn mkdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _m: u32, _u: u32, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn unlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rmdir(&self, _req: &Request, _p: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn symlink(&self, _req: &Request, _p: INodeNo, _n: &OsStr, _t: &Path, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _np: INodeNo,
+        _nn: &OsStr,
+        _f: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn link(&self, _req: &Request, _i: INodeNo, _np: INodeNo, _nn: &OsStr, reply: ReplyEntry) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _offset: u64,
+        _data: &[u8],
+        _wf: fuser::WriteFlags,
+        _flags: OpenFlags,
+        _lo: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        _p: INodeNo,
+        _n: &OsStr,
+        _m: u32,
+        _u: u32,
+        _f: i32,
+        reply: ReplyCreate,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn setxattr(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _n: &OsStr,
+        _v: &[u8],
+        _f: i32,
+        _p: u32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn removexattr(&self, _req: &Request, _i: INodeNo, _n: &OsStr, reply: ReplyEmpty) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        _i: INodeNo,
+        _fh: FileHandle,
+        _o: u64,
+        _l: u64,
+        _m: i32,
+        reply: ReplyEmpty,
+    ) {
+        reply.error(Errno::EROFS);
+    }
+
+    fn fsync(&self, _req: &Request, _i: INodeNo, _fh: FileHandle, _d: bool, reply: ReplyEmpty) {
+        reply.ok();
+    }
+}

@@ -1,0 +1,461 @@
+//! A mount's life: preflight, mount, serve, unmount, collect — and the
+//! cleanup of mounts whose owner died.
+//!
+//! Every live mount has a record in a registry directory naming the owning
+//! process (pid plus its start time, so a recycled pid is not mistaken for
+//! the owner). [`mount`] first runs [`cleanup_stale_mounts`], so a mount left
+//! by a `kill -9`ed process is detached the next time anyone mounts; the
+//! kernel already aborted its FUSE connection when the process died, so such
+//! a mount never served another byte.
+
+use std::ffi::CString;
+use std::fs;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use castore::store::{DirectoryStore, LocalStore};
+use castore::Digest;
+use fuser::{Config, MountOption, SessionACL};
+
+use crate::fs::{Shared, ViewFs};
+use crate::readset::ReadSet;
+use crate::{Error, IntegrityFailure, Result};
+
+/// The `source` field of our mounts in `/proc/self/mountinfo`.
+pub const FS_NAME: &str = "fhsx-view";
+
+/// How to serve a view.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    /// Serving threads (each with its own `/dev/fuse` clone).
+    pub threads: usize,
+    /// Hand opened files to the kernel (FUSE passthrough, Linux ≥ 6.9, needs
+    /// CAP_SYS_ADMIN): reads then run at native speed. Opens are still
+    /// verified and logged. Falls back to daemon-served reads when refused.
+    pub passthrough: bool,
+    /// Let other users (a sandbox's mapped uid) use the mount. Root only.
+    pub allow_other: bool,
+    /// Where live mounts are registered; see [`default_registry`].
+    pub registry: PathBuf,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        let threads = std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(2)
+            .clamp(2, 8);
+        MountOptions {
+            threads,
+            passthrough: true,
+            allow_other: is_root(),
+            registry: default_registry(),
+        }
+    }
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions and cannot fail.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// `/run/fhsx/mounts` for root, else `$XDG_RUNTIME_DIR/fhsx/mounts`, else
+/// `/tmp/fhsx-<uid>/mounts`: a place that does not survive a reboot, as the
+/// mounts it describes do not.
+pub fn default_registry() -> PathBuf {
+    if is_root() {
+        return PathBuf::from("/run/fhsx/mounts");
+    }
+    if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(d).join("fhsx/mounts");
+    }
+    // SAFETY: as above.
+    let uid = unsafe { libc::geteuid() };
+    PathBuf::from(format!("/tmp/fhsx-{uid}/mounts"))
+}
+
+/// Fail early, with the fix in the message, when this machine cannot mount
+/// FUSE at all.
+pub fn preflight() -> Result<()> {
+    let dev = Path::new("/dev/fuse");
+    if !dev.exists() {
+        return Err(Error::FuseUnavailable("/dev/fuse does not exist".into()));
+    }
+    if let Err(e) = fs::File::options().read(true).write(true).open(dev) {
+        return Err(Error::FuseUnavailable(format!(
+            "cannot open /dev/fuse: {e}"
+        )));
+    }
+    if !is_root() && which("fusermount3").is_none() {
+        return Err(Error::FuseUnavailable(
+            "not root and fusermount3 is not on PATH".into(),
+        ));
+    }
+    Ok(())
+}
+
+fn which(prog: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|p| p.join(prog))
+            .find(|p| p.is_file())
+    })
+}
+
+/// What a finished mount observed.
+#[derive(Debug, Clone)]
+pub struct MountOutcome {
+    /// The canonical read set.
+    pub read_set: ReadSet,
+    /// The digest of its encoding, under which it is stored.
+    pub read_set_digest: Digest,
+    /// Blobs the view refused to serve because their bytes were wrong.
+    pub integrity_failures: Vec<IntegrityFailure>,
+}
+
+impl MountOutcome {
+    /// `Err(Error::Integrity)` naming every refused path, if there was one.
+    pub fn check(&self) -> Result<()> {
+        if self.integrity_failures.is_empty() {
+            Ok(())
+        } else {
+            Err(Error::Integrity(self.integrity_failures.clone()))
+        }
+    }
+}
+
+/// A live mount. Dropping it unmounts (lazily) and discards the read set;
+/// [`MountGuard::finish`] unmounts and returns it.
+pub struct MountGuard {
+    mountpoint: PathBuf,
+    shared: Arc<Shared>,
+    session: Option<fuser::BackgroundSession>,
+    record: Option<PathBuf>,
+    conn: u64,
+}
+
+impl std::fmt::Debug for MountGuard {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MountGuard")
+            .field("mountpoint", &self.mountpoint)
+            .field("root", &self.shared.root())
+            .finish()
+    }
+}
+
+/// Mount the tree `root` of `store` read-only at `mountpoint` (an existing
+/// directory). Returns once the kernel has accepted the mount.
+pub fn mount(
+    store: &LocalStore,
+    root: &Digest,
+    mountpoint: &Path,
+    opts: &MountOptions,
+) -> Result<MountGuard> {
+    preflight()?;
+    // Leftovers of killed owners go first: one of them may sit right here.
+    let _ = cleanup_stale_mounts(&opts.registry);
+    let mountpoint = fs::canonicalize(mountpoint).map_err(|e| Error::BadMountpoint {
+        path: mountpoint.to_path_buf(),
+        reason: e.to_string(),
+    })?;
+    if !mountpoint.is_dir() {
+        return Err(Error::BadMountpoint {
+            path: mountpoint,
+            reason: "not a directory".into(),
+        });
+    }
+    // The root must be a directory the store holds, verified, before the
+    // kernel ever asks for it.
+    let root_dir = store.get_directory(root)?;
+    let shared = Arc::new(Shared::new(
+        store.clone(),
+        *root,
+        root_dir.size(),
+        opts.passthrough,
+    ));
+
+    let mut config = Config::default();
+    config.mount_options = vec![
+        MountOption::FSName(FS_NAME.into()),
+        MountOption::Subtype("fhsx".into()),
+        MountOption::RO,
+        MountOption::NoDev,
+        MountOption::NoSuid,
+        MountOption::NoAtime,
+        MountOption::DefaultPermissions,
+    ];
+    config.acl = if opts.allow_other {
+        SessionACL::All
+    } else {
+        SessionACL::Owner
+    };
+    config.n_threads = Some(opts.threads.max(1));
+    config.clone_fd = true;
+
+    fs::create_dir_all(&opts.registry).map_err(|source| Error::Registry {
+        path: opts.registry.clone(),
+        source,
+    })?;
+    let session = fuser::Session::new(
+        ViewFs {
+            shared: shared.clone(),
+        },
+        &mountpoint,
+        &config,
+    )
+    .map_err(|source| Error::Mount {
+        path: mountpoint.clone(),
+        source,
+    })?;
+    let record = write_record(&opts.registry, &mountpoint).ok();
+    let session = session.spawn().map_err(|source| Error::Mount {
+        path: mountpoint.clone(),
+        source,
+    })?;
+    // Only now is anyone serving: a stat before this would wait forever.
+    let conn = mount_dev(&mountpoint).unwrap_or(0);
+    Ok(MountGuard {
+        mountpoint,
+        shared,
+        session: Some(session),
+        record,
+        conn,
+    })
+}
+
+impl MountGuard {
+    pub fn mountpoint(&self) -> &Path {
+        &self.mountpoint
+    }
+
+    pub fn root(&self) -> Digest {
+        self.shared.root()
+    }
+
+    /// Whether reads are served by the kernel from the blob files.
+    pub fn passthrough_active(&self) -> bool {
+        self.shared.passthrough_active()
+    }
+
+    /// Integrity failures so far (the mount keeps serving everything else).
+    pub fn integrity_failures(&self) -> Vec<IntegrityFailure> {
+        self.shared.failures()
+    }
+
+    /// Unmount, wait for the serving threads, and store the read set in
+    /// `store`. Integrity failures are reported in the outcome (see
+    /// [`MountOutcome::check`]), not as an error: the read set is still wanted.
+    pub fn finish(mut self, store: &LocalStore) -> Result<MountOutcome> {
+        self.unmount()?;
+        let read_set = ReadSet::from_observations(self.shared.root(), self.shared.observations());
+        let read_set_digest = read_set.store(store)?;
+        Ok(MountOutcome {
+            read_set,
+            read_set_digest,
+            integrity_failures: self.shared.failures(),
+        })
+    }
+
+    fn unmount(&mut self) -> Result<()> {
+        let Some(session) = self.session.take() else {
+            return Ok(());
+        };
+        let r = detach(&self.mountpoint);
+        // With nothing open below it, the detach ends the connection and the
+        // threads see ENODEV at once. Something still holding a file keeps it
+        // alive: give it a moment, then abort the connection outright.
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !session.guard.is_finished() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        if !session.guard.is_finished() {
+            abort_connection(self.conn);
+        }
+        let _ = session.join();
+        if let Some(rec) = self.record.take() {
+            let _ = fs::remove_file(rec);
+        }
+        r.map_err(|source| Error::Unmount {
+            path: self.mountpoint.clone(),
+            source,
+        })
+    }
+}
+
+impl Drop for MountGuard {
+    fn drop(&mut self) {
+        let _ = self.unmount();
+    }
+}
+
+/// Lazily unmount `path`; "not mounted" is success.
+fn detach(path: &Path) -> std::io::Result<()> {
+    let c = CString::new(path.as_os_str().as_bytes())?;
+    // SAFETY: `c` is a valid NUL-terminated path.
+    let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };
+    if r == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    match e.raw_os_error() {
+        Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(()),
+        _ => Err(e),
+    }
+}
+
+/// The FUSE connection number of the mount at `path`: its device minor.
+fn mount_dev(path: &Path) -> Option<u64> {
+    use std::os::unix::fs::MetadataExt;
+    let dev = fs::metadata(path).ok()?.dev();
+    // SAFETY: minor() is a pure computation.
+    Some(u64::from(libc::minor(dev)))
+}
+
+/// Abort a FUSE connection through fusectl, mounting it if needed.
+fn abort_connection(conn: u64) {
+    let base = Path::new("/sys/fs/fuse/connections");
+    let abort = base.join(conn.to_string()).join("abort");
+    if !abort.exists() {
+        let _ = std::process::Command::new("mount")
+            .args(["-t", "fusectl", "fusectl"])
+            .arg(base)
+            .status();
+    }
+    let _ = fs::write(abort, b"1");
+}
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct Record {
+    mountpoint: PathBuf,
+    pid: u32,
+    start_time: u64,
+}
+
+fn record_path(registry: &Path, mountpoint: &Path) -> PathBuf {
+    let d = Digest::of(mountpoint.as_os_str().as_bytes());
+    registry.join(format!("{}.json", &d.hex()[..32]))
+}
+
+fn write_record(registry: &Path, mountpoint: &Path) -> Result<PathBuf> {
+    let pid = std::process::id();
+    let rec = Record {
+        mountpoint: mountpoint.to_path_buf(),
+        pid,
+        start_time: start_time(pid).unwrap_or(0),
+    };
+    let p = record_path(registry, mountpoint);
+    let tmp = p.with_extension(format!("tmp{pid}"));
+    let bytes = serde_json::to_vec(&rec).unwrap_or_default();
+    fs::write(&tmp, bytes)
+        .and_then(|_| fs::rename(&tmp, &p))
+        .map_err(|source| Error::Registry {
+            path: p.clone(),
+            source,
+        })?;
+    Ok(p)
+}
+
+/// The start time (clock ticks since boot) of `pid`, from `/proc/PID/stat`.
+fn start_time(pid: u32) -> Option<u64> {
+    let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name is parenthesised and may contain anything: skip it.
+    let rest = &s[s.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
+}
+
+fn owner_alive(rec: &Record) -> bool {
+    match start_time(rec.pid) {
+        Some(t) => rec.start_time == 0 || t == rec.start_time,
+        None => false,
+    }
+}
+
+/// The mount points of live `fhsx-view` mounts in this mount namespace.
+pub fn live_mounts() -> Vec<PathBuf> {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return Vec::new();
+    };
+    info.lines()
+        .filter_map(|l| {
+            let (pre, post) = l.split_once(" - ")?;
+            let mp = pre.split(' ').nth(4)?;
+            let mut post = post.split(' ');
+            let fstype = post.next()?;
+            let source = post.next()?;
+            (fstype.starts_with("fuse") && source == FS_NAME)
+                .then(|| PathBuf::from(unescape_mountinfo(mp)))
+        })
+        .collect()
+}
+
+fn unescape_mountinfo(s: &str) -> std::ffi::OsString {
+    use std::os::unix::ffi::OsStringExt;
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'\\'
+            && i + 3 < b.len()
+            && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c))
+        {
+            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
+            out.push(v);
+            i += 4;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    std::ffi::OsString::from_vec(out)
+}
+
+/// Detach every registered mount whose owner is gone and drop its record.
+/// Returns the mount points it detached. Safe to run at any time: a live
+/// owner's mounts are left alone.
+pub fn cleanup_stale_mounts(registry: &Path) -> Result<Vec<PathBuf>> {
+    let rd = match fs::read_dir(registry) {
+        Ok(rd) => rd,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(source) => {
+            return Err(Error::Registry {
+                path: registry.to_path_buf(),
+                source,
+            })
+        }
+    };
+    let live = live_mounts();
+    let mut cleaned = Vec::new();
+    for ent in rd.flatten() {
+        let p = ent.path();
+        if p.extension().and_then(|e| e.to_str()) != Some("json") {
+            // A torn temp file of a killed writer.
+            if p.extension()
+                .is_some_and(|e| e.to_string_lossy().starts_with("tmp"))
+            {
+                let _ = fs::remove_file(&p);
+            }
+            continue;
+        }
+        let Ok(bytes) = fs::read(&p) else { continue };
+        let Ok(rec) = serde_json::from_slice::<Record>(&bytes) else {
+            let _ = fs::remove_file(&p);
+            continue;
+        };
+        if owner_alive(&rec) {
+            continue;
+        }
+        // Only ever detach what is still one of our views.
+        while live_mounts().contains(&rec.mountpoint) {
+            if detach(&rec.mountpoint).is_err() {
+                break;
+            }
+        }
+        if live.contains(&rec.mountpoint) {
+            cleaned.push(rec.mountpoint.clone());
+        }
+        let _ = fs::remove_file(&p);
+    }
+    Ok(cleaned)
+}

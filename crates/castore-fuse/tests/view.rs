@@ -1,0 +1,287 @@
+//! The view against the tree it serves: same bytes, same listing, no writes,
+//! no corrupt byte.
+
+mod common;
+
+use std::ffi::CString;
+use std::fs;
+use std::io::Read;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::Path;
+
+use castore::store::{LocalStore, ObjectKind};
+use castore::Digest;
+use common::*;
+
+/// Mount == `store export`: bytes, exec bits, symlink targets, listings; and
+/// find, cat, stat, ls -l, cp -a and exec work on it.
+#[test]
+fn mount_matches_export_and_tools_work() {
+    let fx = Fixture::new(sample_tree);
+    let exported = fx.export("export");
+    let g = fx.mount("view");
+    let m = g.mountpoint().to_path_buf();
+
+    assert_eq!(
+        snapshot(&m),
+        snapshot(&exported),
+        "view differs from export"
+    );
+
+    let md = m.display();
+    let find_view = sh_ok(&format!("cd {md} && find . | sort"));
+    let find_exp = sh_ok(&format!("cd {} && find . | sort", exported.display()));
+    assert_eq!(find_view, find_exp);
+    assert_eq!(sh_ok(&format!("cat {md}/README")), "hello view\n");
+    assert_eq!(
+        sh_ok(&format!("stat -c '%a %s %F' {md}/bin/tool.sh")),
+        "555 29 regular file\n"
+    );
+    assert_eq!(
+        sh_ok(&format!("stat -c '%a %F' {md}/README")),
+        "444 regular file\n"
+    );
+    assert_eq!(
+        sh_ok(&format!("stat -c '%a %F' {md}/share")),
+        "555 directory\n"
+    );
+    let ls = sh_ok(&format!("ls -l {md}/bin"));
+    assert!(
+        ls.contains("-r-xr-xr-x") && ls.contains("tool -> tool.sh"),
+        "{ls}"
+    );
+    assert_eq!(sh_ok(&format!("{md}/bin/tool x y")), "tool-ran x y\n");
+    assert_eq!(sh_ok(&format!("cat {md}/bin/docs/a.txt")), "a\n");
+
+    let copy = fx.tmp.path().join("copy");
+    sh_ok(&format!("cp -a {md} {}", copy.display()));
+    assert_eq!(
+        snapshot(&copy),
+        snapshot(&exported),
+        "cp -a of the view differs from export"
+    );
+
+    // The digest xattr names the blob.
+    let c = CString::new(m.join("README").as_os_str().as_bytes()).unwrap();
+    let name = CString::new(castore_fuse::DIGEST_XATTR).unwrap();
+    let mut buf = [0u8; 128];
+    // SAFETY: valid C strings and a buffer of the given length.
+    let n = unsafe {
+        libc::getxattr(
+            c.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    assert!(n > 0, "getxattr: {}", std::io::Error::last_os_error());
+    assert_eq!(
+        std::str::from_utf8(&buf[..n as usize]).unwrap(),
+        Digest::of(b"hello view\n").to_string()
+    );
+
+    // Reads at odd offsets and sizes return the right bytes.
+    let big = fs::read(fx.src.join("share/data/big.bin")).unwrap();
+    let mut f = fs::File::open(m.join("share/data/big.bin")).unwrap();
+    let mut got = Vec::new();
+    let mut chunk = vec![0u8; 65_537];
+    loop {
+        let k = f.read(&mut chunk).unwrap();
+        if k == 0 {
+            break;
+        }
+        got.extend_from_slice(&chunk[..k]);
+    }
+    assert_eq!(got.len(), big.len());
+    assert!(got == big);
+
+    let out = g.finish(&fx.store).unwrap();
+    assert!(out.integrity_failures.is_empty());
+    assert!(!is_mounted(&m));
+}
+
+fn errno_of<T>(r: std::io::Result<T>) -> Option<i32> {
+    r.err().and_then(|e| e.raw_os_error())
+}
+
+fn store_state(store: &LocalStore) -> Vec<(String, u64, String)> {
+    let mut v = Vec::new();
+    fn go(p: &Path, v: &mut Vec<(String, u64, String)>) {
+        for e in fs::read_dir(p).unwrap() {
+            let e = e.unwrap();
+            let m = e.metadata().unwrap();
+            if m.is_dir() {
+                go(&e.path(), v);
+            } else {
+                v.push((
+                    e.path().display().to_string(),
+                    m.len(),
+                    Digest::of(&fs::read(e.path()).unwrap()).to_string(),
+                ));
+            }
+        }
+    }
+    go(&store.root().join("blobs"), &mut v);
+    go(&store.root().join("dirs"), &mut v);
+    v.sort();
+    v
+}
+
+/// Every write-type operation fails with EROFS, even for root, and the store
+/// is byte-for-byte untouched.
+#[test]
+fn every_write_fails_with_erofs_and_store_is_untouched() {
+    let fx = Fixture::new(sample_tree);
+    let before = store_state(&fx.store);
+    let g = fx.mount("view");
+    let m = g.mountpoint();
+    let erofs = Some(libc::EROFS);
+    let file = m.join("README");
+    let dir = m.join("share");
+
+    assert_eq!(
+        errno_of(fs::OpenOptions::new().write(true).open(&file)),
+        erofs,
+        "open O_WRONLY"
+    );
+    assert_eq!(
+        errno_of(fs::OpenOptions::new().read(true).write(true).open(&file)),
+        erofs,
+        "open O_RDWR"
+    );
+    assert_eq!(
+        errno_of(fs::OpenOptions::new().append(true).open(&file)),
+        erofs,
+        "open O_APPEND"
+    );
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new()
+                .write(true)
+                .truncate(true)
+                .open(&file)
+        ),
+        erofs,
+        "open O_TRUNC"
+    );
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(m.join("new"))
+        ),
+        erofs,
+        "create"
+    );
+    assert_eq!(
+        errno_of(
+            fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_TRUNC)
+                .open(&file)
+        ),
+        erofs,
+        "O_RDONLY|O_TRUNC"
+    );
+    assert_eq!(errno_of(fs::create_dir(m.join("newdir"))), erofs, "mkdir");
+    assert_eq!(errno_of(fs::remove_file(&file)), erofs, "unlink");
+    assert_eq!(
+        errno_of(fs::remove_dir(m.join("var/empty-dir"))),
+        erofs,
+        "rmdir"
+    );
+    assert_eq!(
+        errno_of(fs::rename(&file, m.join("README2"))),
+        erofs,
+        "rename"
+    );
+    assert_eq!(errno_of(fs::hard_link(&file, m.join("hl"))), erofs, "link");
+    assert_eq!(
+        errno_of(std::os::unix::fs::symlink("x", m.join("sl"))),
+        erofs,
+        "symlink"
+    );
+    assert_eq!(
+        errno_of(fs::set_permissions(
+            &file,
+            fs::Permissions::from_mode(0o777)
+        )),
+        erofs,
+        "chmod"
+    );
+    assert_eq!(
+        errno_of(std::os::unix::fs::chown(&file, Some(1), Some(1))),
+        erofs,
+        "chown"
+    );
+    let c = |p: &Path| CString::new(p.as_os_str().as_bytes()).unwrap();
+    let last = || std::io::Error::last_os_error().raw_os_error();
+    // SAFETY: every pointer below is to a live C string or a null timespec.
+    unsafe {
+        assert_eq!(libc::truncate(c(&file).as_ptr(), 0), -1);
+        assert_eq!(last(), erofs, "truncate");
+        assert_eq!(
+            libc::utimensat(libc::AT_FDCWD, c(&file).as_ptr(), std::ptr::null(), 0),
+            -1
+        );
+        assert_eq!(last(), erofs, "utimes");
+        let n = CString::new("user.x").unwrap();
+        assert_eq!(
+            libc::setxattr(c(&file).as_ptr(), n.as_ptr(), b"v".as_ptr().cast(), 1, 0),
+            -1
+        );
+        assert_eq!(last(), erofs, "setxattr");
+        assert_eq!(libc::removexattr(c(&file).as_ptr(), n.as_ptr()), -1);
+        assert_eq!(last(), erofs, "removexattr");
+        assert_eq!(
+            libc::mknod(c(&dir.join("fifo")).as_ptr(), libc::S_IFIFO | 0o644, 0),
+            -1
+        );
+        assert_eq!(last(), erofs, "mknod");
+        assert_eq!(libc::access(c(&file).as_ptr(), libc::W_OK), -1);
+        assert_eq!(last(), erofs, "access(W_OK)");
+    }
+    // A shell, as a build would try it.
+    let o = sh(&format!("echo x > {}/README", m.display()));
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("Read-only file system"));
+
+    assert_eq!(fs::read(&file).unwrap(), b"hello view\n");
+    drop(g);
+    assert_eq!(store_state(&fx.store), before, "the store changed");
+}
+
+/// A corrupt blob: reading it fails, the outcome names the path, every other
+/// file stays readable.
+#[test]
+fn corrupt_blob_is_refused_and_named() {
+    let fx = Fixture::new(sample_tree);
+    let digest = Digest::of(b"b\n");
+    let blob = fx.store.object_path(ObjectKind::Blob, &digest);
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(&blob, b"X\n").unwrap();
+
+    let g = fx.mount("view");
+    let m = g.mountpoint();
+    let e = fs::read(m.join("share/doc/b.txt")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    // Asked again, still refused (verified once, remembered).
+    assert!(fs::read(m.join("share/doc/b.txt")).is_err());
+    assert_eq!(fs::read(m.join("share/doc/a.txt")).unwrap(), b"a\n");
+    assert_eq!(fs::read(m.join("README")).unwrap(), b"hello view\n");
+    assert_eq!(g.integrity_failures().len(), 1);
+
+    let out = g.finish(&fx.store).unwrap();
+    assert_eq!(out.integrity_failures.len(), 1);
+    let f = &out.integrity_failures[0];
+    assert_eq!(f.path, "/share/doc/b.txt");
+    assert_eq!(f.digest, digest);
+    assert_eq!(f.actual, Some(Digest::of(b"X\n")));
+    let err = out.check().unwrap_err();
+    assert_eq!(err.kind(), castore::ErrorKind::Integrity);
+    assert!(err.to_string().contains("/share/doc/b.txt"), "{err}");
+    // The refused open is still in the read set: the build tried to read it.
+    assert!(out.read_set.get("/share/doc/b.txt").is_some());
+}
