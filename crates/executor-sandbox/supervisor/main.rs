@@ -228,6 +228,14 @@ fn kill_and_reap_all() {
 fn main() {
     let args = parse_args();
 
+    // It signals "every process it can see" (kill -1): only ever sane as
+    // PID 1 of a PID namespace of its own. Anywhere else it would hit the
+    // host's processes, so it refuses to start.
+    // SAFETY: getpid has no preconditions.
+    if unsafe { getpid() } != 1 {
+        die("must run as PID 1 of its own PID namespace (bwrap --unshare-pid --as-pid-1); refusing to start, since it signals every process it can see");
+    }
+
     // Close every inherited descriptor but stdio and the control channel.
     // SAFETY: closing descriptors we do not use has no memory-safety effect.
     unsafe {
