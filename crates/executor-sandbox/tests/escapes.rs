@@ -1,6 +1,12 @@
 //! Escapes tried from inside a real sandbox (host root, as `fhsx run` uses
 //! it). Each must fail. These run the real bwrap; as root in CI, and a
 //! subset as an unprivileged user (tests/unprivileged.rs).
+//!
+//! Test names start with the contract invariant they prove
+//! (spec/executor-sandbox-contract.txt): `no_read_outside_declared_closure`,
+//! `no_write_outside_build_scratch`, `network_containment`
+//! (`[eos-build-sandbox-network-containment]`) and `host_isolation`
+//! (`[eos-build-sandbox-host-isolation]`).
 
 mod common;
 
@@ -40,7 +46,7 @@ fn assert_all_blocked(r: &executor_sandbox::RunReport) {
 }
 
 #[test]
-fn escape_read_etc_shadow_fails() {
+fn no_read_outside_declared_closure_etc_shadow() {
     let ws = workspace();
     let r = sh_in(
         ws.path(),
@@ -51,7 +57,7 @@ fn escape_read_etc_shadow_fails() {
 }
 
 #[test]
-fn escape_read_root_home_and_unbound_host_paths_fails() {
+fn no_read_outside_declared_closure_root_home_and_unbound_host_paths() {
     let ws = workspace();
     // A file on the host next to the workspace: the sandbox's /tmp is its own.
     let marker = tempfile::NamedTempFile::new().unwrap();
@@ -67,7 +73,7 @@ fn escape_read_root_home_and_unbound_host_paths_fails() {
 }
 
 #[test]
-fn escape_write_outside_workspace_and_tmp_fails() {
+fn no_write_outside_build_scratch_host_root() {
     let ws = workspace();
     let r = sh_in(
         ws.path(),
@@ -92,7 +98,7 @@ fn escape_write_outside_workspace_and_tmp_fails() {
 }
 
 #[test]
-fn escape_mount_and_remount_rw_fail() {
+fn host_isolation_mount_and_remount_rw_fail() {
     let ws = workspace();
     let r = sh_in(
         ws.path(),
@@ -109,7 +115,7 @@ fn escape_mount_and_remount_rw_fail() {
 }
 
 #[test]
-fn escape_unshare_user_namespace_fails() {
+fn host_isolation_unshare_user_namespace_fails() {
     let ws = workspace();
     let r = sh_in(
         ws.path(),
@@ -137,7 +143,7 @@ EOF"
 }
 
 #[test]
-fn escape_connect_to_host_loopback_tcp_fails() {
+fn network_containment_host_loopback_tcp() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     listener.set_nonblocking(true).unwrap();
@@ -156,7 +162,7 @@ fn escape_connect_to_host_loopback_tcp_fails() {
 }
 
 #[test]
-fn escape_connect_to_host_abstract_unix_socket_fails() {
+fn network_containment_host_abstract_unix_socket() {
     use std::os::linux::net::SocketAddrExt;
     let name = format!("fhsx-test-abstract-{}", std::process::id());
     let addr = std::os::unix::net::SocketAddr::from_abstract_name(name.as_bytes()).unwrap();
@@ -182,7 +188,7 @@ fn escape_connect_to_host_abstract_unix_socket_fails() {
 }
 
 #[test]
-fn escape_connect_to_external_addresses_fails() {
+fn network_containment_external_addresses() {
     let ws = workspace();
     let mut script = String::new();
     for target in [
@@ -200,7 +206,7 @@ fn escape_connect_to_external_addresses_fails() {
 }
 
 #[test]
-fn escape_tiocsti_on_the_terminal_fails() {
+fn host_isolation_tiocsti_on_the_terminal_fails() {
     let mut master: libc::c_int = -1;
     let mut slave: libc::c_int = -1;
     // SAFETY: valid out-pointers; null name/termios/winsize are allowed.
@@ -258,7 +264,7 @@ EOF",
 }
 
 #[test]
-fn escape_kill_minus_one_leaves_the_host_alone() {
+fn host_isolation_kill_minus_one_leaves_the_host_alone() {
     let mut bystander = std::process::Command::new("sleep")
         .arg("60")
         .spawn()
@@ -284,7 +290,7 @@ fn escape_kill_minus_one_leaves_the_host_alone() {
 }
 
 #[test]
-fn escape_inherited_fd_without_cloexec_is_not_visible() {
+fn host_isolation_inherited_fd_without_cloexec_is_not_visible() {
     let dir = tempfile::tempdir().unwrap();
     let secret = dir.path().join("leaky-secret-file");
     std::fs::write(&secret, b"secret").unwrap();
@@ -325,7 +331,7 @@ fn escape_inherited_fd_without_cloexec_is_not_visible() {
 }
 
 #[test]
-fn escape_env_outside_the_whitelist_is_not_seen() {
+fn host_isolation_env_outside_the_whitelist_is_not_seen() {
     require_bwrap();
     let ws = workspace();
     let rt = Runtime::new().unwrap();
@@ -355,7 +361,7 @@ fn escape_env_outside_the_whitelist_is_not_seen() {
 }
 
 #[test]
-fn escape_hostname_and_host_paths_in_proc_1_cmdline_are_hidden() {
+fn host_isolation_hostname_and_host_paths_in_proc_1_cmdline_are_hidden() {
     let host_name = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap();
     let ws = workspace();
     let r = sh_in(
@@ -377,7 +383,7 @@ fn escape_hostname_and_host_paths_in_proc_1_cmdline_are_hidden() {
 }
 
 #[test]
-fn escape_capabilities_are_all_zero() {
+fn host_isolation_capabilities_are_all_zero() {
     let ws = workspace();
     let r = sh_in(
         ws.path(),
@@ -396,7 +402,7 @@ fn escape_capabilities_are_all_zero() {
 }
 
 #[test]
-fn escape_setuid_bit_does_not_take_effect() {
+fn host_isolation_setuid_bit_does_not_take_effect() {
     let ws = workspace();
     let bin = ws.path().join("suid-id");
     std::fs::copy("/usr/bin/id", &bin).unwrap();

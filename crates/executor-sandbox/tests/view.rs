@@ -53,7 +53,7 @@ fn make_view(tree: &Path) {
 }
 
 #[test]
-fn view_root_runs_on_the_view_with_scratch_at_build() {
+fn fhs_materialization_view_root_read_only_scratch_at_build() {
     require_bwrap();
     let tree = tempfile::tempdir().unwrap();
     make_view(tree.path());
