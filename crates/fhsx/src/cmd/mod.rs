@@ -1,7 +1,9 @@
 //! Subcommands, one module each. `dispatch` returns the process exit code.
 
+mod closure_bloat;
 mod compose;
 mod key;
+mod mount;
 mod record;
 mod store;
 mod run;
@@ -42,6 +44,10 @@ pub enum Command {
     Record(record::RecordCmd),
     /// Run a command contained: host toolchain read-only, workspace writable, no network.
     Run(run::RunArgs),
+    /// Serve a view read-only (Observe tier) until SIGINT/SIGTERM; write its read set.
+    Mount(mount::MountArgs),
+    /// Atoms (and their largest paths) a read set never touched: declared − read.
+    ClosureBloat(closure_bloat::ClosureBloatArgs),
 }
 
 /// Global options every subcommand sees.
@@ -61,5 +67,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Key(c) => key::run(&g, c),
         Command::Record(c) => record::run(&g, c),
         Command::Run(a) => run::run(&g, a),
+        Command::Mount(a) => mount::run(&g, a),
+        Command::ClosureBloat(a) => closure_bloat::run(&g, a),
     }
 }
