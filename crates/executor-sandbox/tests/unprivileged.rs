@@ -44,7 +44,7 @@ fn inner_checks(ws: &Path) {
         "trap '' TERM; while :; do sleep 0.05; done",
         &HostEnv::new(),
         RunOptions {
-            timeout: Some(Duration::from_millis(300)),
+            timeout: Some(Duration::from_millis(1500)),
             grace: Duration::from_millis(300),
             ..opts()
         },
