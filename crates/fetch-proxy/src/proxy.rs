@@ -779,8 +779,17 @@ async fn ensure_verified(shared: &Arc<Shared>, entry: &Entry) -> Result<PathBuf,
         if md.len() != size {
             return Err(format!("blob {want} has {} bytes, the lock says {size}", md.len()));
         }
+        // Read, not mmap: a mapped 1 GiB blob would count as resident memory.
+        let mut f = std::fs::File::open(&p).map_err(|e| format!("open blob {want}: {e}"))?;
         let mut h = blake3::Hasher::new();
-        h.update_mmap_rayon(&p).map_err(|e| format!("read blob {want}: {e}"))?;
+        let mut buf = vec![0u8; 4 << 20];
+        loop {
+            let n = f.read(&mut buf).map_err(|e| format!("read blob {want}: {e}"))?;
+            if n == 0 {
+                break;
+            }
+            h.update_rayon(&buf[..n]);
+        }
         let got = Digest::from(h.finalize());
         if got != want {
             return Err(format!("integrity error: blob {want} is corrupt (hashes to {got}); run `fhsx lock verify`"));

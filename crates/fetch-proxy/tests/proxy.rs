@@ -585,7 +585,7 @@ fn tunnel_abuse_is_refused() {
         // WebSocket upgrade.
         let r = raw(
             a,
-            &format!("GET http://127.0.0.1:{port}/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: Upgrade\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"),
+            &format!("GET http://127.0.0.1:{port}/ws HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nConnection: Upgrade, close\r\nUpgrade: websocket\r\nSec-WebSocket-Version: 13\r\nSec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\n\r\n"),
         );
         assert_eq!(r.status, 403, "{mode:?}");
         assert_eq!(r.header("x-fhsx-refused"), Some("upgrade"));
