@@ -43,7 +43,8 @@ pub fn run(g: &Globals, a: ClosureBloatArgs) -> anyhow::Result<i32> {
         ReadSet::load(&store, &d).map_err(fuse_error)?
     } else {
         let p = Path::new(&a.read_set);
-        let bytes = std::fs::read(p).with_context(|| format!("reading the read set {}", p.display()))?;
+        let bytes =
+            std::fs::read(p).with_context(|| format!("reading the read set {}", p.display()))?;
         ReadSet::decode(&bytes).map_err(fuse_error)?
     };
     let report = castore_fuse::closure_bloat(&store, &rs, a.top).map_err(fuse_error)?;
@@ -61,7 +62,11 @@ pub fn run(g: &Globals, a: ClosureBloatArgs) -> anyhow::Result<i32> {
     );
     let mut atoms: Vec<_> = report.atoms.iter().collect();
     // Never-read atoms first, then by unread bytes.
-    atoms.sort_by(|x, y| y.unused().cmp(&x.unused()).then(y.unread_bytes.cmp(&x.unread_bytes)));
+    atoms.sort_by(|x, y| {
+        y.unused()
+            .cmp(&x.unused())
+            .then(y.unread_bytes.cmp(&x.unread_bytes))
+    });
     for u in atoms {
         println!(
             "{}atom {} {}: declared {} files ({}), read {} ({}), unread {} ({})",
