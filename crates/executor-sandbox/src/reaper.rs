@@ -95,6 +95,7 @@ impl Cgroup {
         let mount = cgroup2_mount()?;
         let own = own_cgroup_rel()?;
         let base = mount.join(own.trim_start_matches('/'));
+        remove_stale(&base);
         let name = format!(
             "fhsx-run-{}-{}",
             std::process::id(),
@@ -259,6 +260,27 @@ impl Reaper {
         }
         remove_cgroup(&cg.dir);
         left
+    }
+}
+
+/// Remove empty run cgroups left by fhsx processes that no longer exist
+/// (killed before they could clean up). Live runs are never touched: their
+/// creator's PID is alive, and a populated cgroup cannot be removed anyway.
+fn remove_stale(base: &Path) {
+    let Ok(rd) = fs::read_dir(base) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("fhsx-run-")) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = fs::remove_dir(e.path());
+        }
     }
 }
 

@@ -441,6 +441,7 @@ impl Runtime {
         let mut ctl_open = true;
         let mut phase = Phase::Running;
         let mut deadline = opts.timeout.map(|t| started + t);
+        let mut wait_failure = None;
         loop {
             let wait_ms = match deadline {
                 None => -1,
@@ -454,7 +455,15 @@ impl Runtime {
                 if ctl_open { ctl.as_raw_fd() } else { -1 },
                 server.listener_fd(),
             ];
-            let ready = sys::poll_in(&fds, wait_ms).map_err(|e| io_err("waiting for bwrap", e))?;
+            let ready = match sys::poll_in(&fds, wait_ms) {
+                Ok(r) => r,
+                Err(e) => {
+                    // Cannot watch it any more: end it rather than leave it.
+                    reaper.kill_all();
+                    wait_failure = Some(e);
+                    break;
+                }
+            };
             if ready[2] {
                 server.accept_ready();
             }
@@ -504,6 +513,9 @@ impl Runtime {
         let stdout = out_t.and_then(|t| t.join().ok()).unwrap_or_default();
         let stderr = err_t.and_then(|t| t.join().ok()).unwrap_or_default();
 
+        if let Some(e) = wait_failure {
+            return Err(io_err("waiting for bwrap (the sandbox was killed)", e));
+        }
         let report = parse_control(&ctl_buf);
         let outcome = match (phase, report.end) {
             (Phase::Terminating, _) => Outcome::TimedOut { killed: false },

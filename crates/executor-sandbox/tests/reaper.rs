@@ -86,15 +86,25 @@ fn reaper_uses_a_cgroup_when_root_can_make_one() {
         return; // unprivileged hosts get the pidfd mode, tested above
     }
     let ws = workspace();
+    // A run cgroup left by an fhsx process that was killed (PID 0 never
+    // names a live creator) is swept by the next run.
+    let stale = std::path::Path::new("/sys/fs/cgroup/unified/fhsx-run-0-0");
+    let made_stale = std::fs::create_dir(stale).is_ok();
     let r = sh_in(ws.path(), "true");
     match &r.reaper {
-        ReaperMode::Cgroup(dir) => assert!(!dir.exists(), "the run's cgroup was not removed"),
+        ReaperMode::Cgroup(dir) => {
+            assert!(!dir.exists(), "the run's cgroup was not removed");
+            if made_stale && dir.parent() == stale.parent() {
+                assert!(!stale.exists(), "a stale run cgroup was not swept");
+            }
+        }
         ReaperMode::Pidfd => {
             // Allowed only if this host has no writable cgroup2 with cgroup.kill.
             let mi = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
             assert!(!mi.contains(" - cgroup2 "), "cgroup2 is mounted but unused");
         }
     }
+    let _ = std::fs::remove_dir(stale);
 }
 
 #[test]
