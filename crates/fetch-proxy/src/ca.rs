@@ -35,7 +35,9 @@ pub struct CertAuthority {
 
 impl std::fmt::Debug for CertAuthority {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CertAuthority").field("dir", &self.dir).finish()
+        f.debug_struct("CertAuthority")
+            .field("dir", &self.dir)
+            .finish()
     }
 }
 
@@ -78,10 +80,11 @@ impl CertAuthority {
             Self::create(&dir)?;
         }
         let key_path = dir.join("ca.key");
-        let key_pem = std::fs::read_to_string(&key_path).map_err(|e| Error::io("read CA key", &key_path, e))?;
+        let key_pem = std::fs::read_to_string(&key_path)
+            .map_err(|e| Error::io("read CA key", &key_path, e))?;
         let cert_path = dir.join("ca.crt");
-        let cert_pem =
-            std::fs::read_to_string(&cert_path).map_err(|e| Error::io("read CA certificate", &cert_path, e))?;
+        let cert_pem = std::fs::read_to_string(&cert_path)
+            .map_err(|e| Error::io("read CA certificate", &cert_path, e))?;
         let key = KeyPair::from_pem(&key_pem).map_err(tls_err)?;
         let params = ca_params(&key);
         let issuer = Issuer::new(params, key);
@@ -98,7 +101,11 @@ impl CertAuthority {
     fn create(dir: &Path) -> Result<(), Error> {
         let parent = dir.parent().unwrap_or(Path::new("."));
         std::fs::create_dir_all(parent).map_err(|e| Error::io("create", parent, e))?;
-        let tmp = parent.join(format!(".ca-tmp-{}-{:?}", std::process::id(), std::thread::current().id()));
+        let tmp = parent.join(format!(
+            ".ca-tmp-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
         let _ = std::fs::remove_dir_all(&tmp);
         std::fs::create_dir(&tmp).map_err(|e| Error::io("create", &tmp, e))?;
         let result = (|| {
@@ -145,7 +152,12 @@ impl CertAuthority {
     /// or an IP literal), ALPN `h2` and `http/1.1`.
     pub fn server_config(&self, host: &str) -> Result<Arc<ServerConfig>, Error> {
         let host = host.to_ascii_lowercase();
-        if let Some(c) = self.cache.lock().unwrap_or_else(|p| p.into_inner()).get(&host) {
+        if let Some(c) = self
+            .cache
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&host)
+        {
             return Ok(c.clone());
         }
         let mut p = CertificateParams::default();
@@ -166,12 +178,13 @@ impl CertAuthority {
         let cert = p.signed_by(&self.leaf_key, &self.issuer).map_err(tls_err)?;
         let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(self.leaf_key.serialize_der()));
         let chain: Vec<CertificateDer<'static>> = vec![cert.der().clone()];
-        let mut cfg = ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .map_err(tls_err)?
-            .with_no_client_auth()
-            .with_single_cert(chain, key)
-            .map_err(tls_err)?;
+        let mut cfg =
+            ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+                .with_safe_default_protocol_versions()
+                .map_err(tls_err)?
+                .with_no_client_auth()
+                .with_single_cert(chain, key)
+                .map_err(tls_err)?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         let cfg = Arc::new(cfg);
         self.cache
@@ -191,6 +204,7 @@ fn write_synced(path: &Path, bytes: &[u8], mode: u32) -> Result<(), Error> {
         .mode(mode)
         .open(path)
         .map_err(|e| Error::io("create", path, e))?;
-    f.write_all(bytes).map_err(|e| Error::io("write", path, e))?;
+    f.write_all(bytes)
+        .map_err(|e| Error::io("write", path, e))?;
     f.sync_all().map_err(|e| Error::io("fsync", path, e))
 }

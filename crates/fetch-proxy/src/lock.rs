@@ -146,12 +146,23 @@ impl Lock {
             if !(100..=599).contains(&e.status) {
                 return Err(bad(format!("entry {}: bad status {}", e.url, e.status)));
             }
-            if e.sha256.len() != 64 || !e.sha256.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-                return Err(bad(format!("entry {}: sha256 must be 64 lower-case hex digits", e.url)));
+            if e.sha256.len() != 64
+                || !e
+                    .sha256
+                    .bytes()
+                    .all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            {
+                return Err(bad(format!(
+                    "entry {}: sha256 must be 64 lower-case hex digits",
+                    e.url
+                )));
             }
             for h in e.headers.keys() {
                 if !ALLOWED_HEADERS.contains(&h.as_str()) {
-                    return Err(bad(format!("entry {}: header {h:?} is not one a lock keeps", e.url)));
+                    return Err(bad(format!(
+                        "entry {}: header {h:?} is not one a lock keeps",
+                        e.url
+                    )));
                 }
             }
             let key = e.key();
@@ -183,7 +194,10 @@ impl Lock {
             Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
             _ => std::path::PathBuf::from("."),
         };
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         let tmp = dir.join(format!(".{name}.tmp-{}", std::process::id()));
         let write = || -> std::io::Result<()> {
             let mut f = std::fs::File::create(&tmp)?;
@@ -280,7 +294,9 @@ fn verify_entry(store: &LocalStore, e: &Entry) -> Result<(), String> {
     let mut size = 0u64;
     let mut buf = vec![0u8; 256 * 1024];
     loop {
-        let n = r.read(&mut buf).map_err(|err| format!("read blob {}: {err}", e.blake3))?;
+        let n = r
+            .read(&mut buf)
+            .map_err(|err| format!("read blob {}: {err}", e.blake3))?;
         if n == 0 {
             break;
         }
@@ -288,11 +304,17 @@ fn verify_entry(store: &LocalStore, e: &Entry) -> Result<(), String> {
         size += n as u64;
     }
     if size != e.size {
-        return Err(format!("blob {} has {size} bytes, the lock says {}", e.blake3, e.size));
+        return Err(format!(
+            "blob {} has {size} bytes, the lock says {}",
+            e.blake3, e.size
+        ));
     }
     let got = hex::encode(sha.finalize());
     if got != e.sha256 {
-        return Err(format!("blob {} has sha256 {got}, the lock says {}", e.blake3, e.sha256));
+        return Err(format!(
+            "blob {} has sha256 {got}, the lock says {}",
+            e.blake3, e.sha256
+        ));
     }
     Ok(())
 }
@@ -327,10 +349,18 @@ impl LockDiff {
 impl fmt::Display for LockDiff {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         for e in &self.removed {
-            writeln!(f, "- {} {} ({} {} bytes {})", e.method, e.url, e.status, e.size, e.blake3)?;
+            writeln!(
+                f,
+                "- {} {} ({} {} bytes {})",
+                e.method, e.url, e.status, e.size, e.blake3
+            )?;
         }
         for e in &self.added {
-            writeln!(f, "+ {} {} ({} {} bytes {})", e.method, e.url, e.status, e.size, e.blake3)?;
+            writeln!(
+                f,
+                "+ {} {} ({} {} bytes {})",
+                e.method, e.url, e.status, e.size, e.blake3
+            )?;
         }
         for (k, fields) in &self.changed {
             writeln!(f, "~ {k}")?;

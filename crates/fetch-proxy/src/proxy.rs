@@ -164,7 +164,10 @@ impl Shared {
         let lock = crate::Lock::load_or_empty(&cfg.lock_path)?;
         let upstream = match cfg.mode {
             Mode::Replay => None,
-            Mode::Record => Some(Arc::new(client_config(cfg.system_roots, &cfg.upstream_ca_files)?)),
+            Mode::Record => Some(Arc::new(client_config(
+                cfg.system_roots,
+                &cfg.upstream_ca_files,
+            )?)),
         };
         let events = cfg.events.unwrap_or_else(|| {
             Arc::new(|e: &Event| {
@@ -222,11 +225,13 @@ fn client_config(system_roots: bool, files: &[PathBuf]) -> Result<rustls::Client
             return Err(bad("no certificates in it".into()));
         }
     }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .map_err(|e| Error::Tls(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| Error::Tls(e.to_string()))?
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     cfg.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(cfg)
 }
@@ -241,7 +246,9 @@ fn full(b: impl Into<Bytes>) -> RespBody {
 }
 
 fn empty() -> RespBody {
-    Empty::<Bytes>::new().map_err(|never| match never {}).boxed()
+    Empty::<Bytes>::new()
+        .map_err(|never| match never {})
+        .boxed()
 }
 
 /// A body fed by a blocking reader thread.
@@ -254,7 +261,10 @@ impl Body for ChanBody {
     type Data = Bytes;
     type Error = io::Error;
 
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, io::Error>>> {
         match self.rx.poll_recv(cx) {
             Poll::Ready(Some(Ok(b))) => {
                 self.remaining = self.remaining.saturating_sub(b.len() as u64);
@@ -348,7 +358,13 @@ impl<R: Read> Read for ShaTee<R> {
 // ---------------------------------------------------------------------------
 // Refusals
 
-fn refuse(shared: &Shared, method: &str, url: &str, reason: &str, code: &'static str) -> Response<RespBody> {
+fn refuse(
+    shared: &Shared,
+    method: &str,
+    url: &str,
+    reason: &str,
+    code: &'static str,
+) -> Response<RespBody> {
     refuse_with(shared, method, url, reason, code, None, Vec::new())
 }
 
@@ -362,9 +378,15 @@ fn refuse_with(
     differs: Vec<&'static str>,
 ) -> Response<RespBody> {
     shared.counters.refused.fetch_add(1, Ordering::Relaxed);
-    let mut body = format!("fhsx fetch-proxy ({}) refused {method} {url}: {reason}\n", shared.mode.as_str());
+    let mut body = format!(
+        "fhsx fetch-proxy ({}) refused {method} {url}: {reason}\n",
+        shared.mode.as_str()
+    );
     if let Some(n) = &nearest {
-        body.push_str(&format!("nearest recorded entry: {n} (differs in: {})\n", differs.join(", ")));
+        body.push_str(&format!(
+            "nearest recorded entry: {n} (differs in: {})\n",
+            differs.join(", ")
+        ));
     }
     shared.emit(Event::Refused {
         mode: shared.mode.as_str(),
@@ -377,8 +399,14 @@ fn refuse_with(
     let mut r = Response::new(full(body));
     *r.status_mut() = StatusCode::FORBIDDEN;
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    h.insert(HeaderName::from_static("x-fhsx-refused"), HeaderValue::from_static(code));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(
+        HeaderName::from_static("x-fhsx-refused"),
+        HeaderValue::from_static(code),
+    );
     r
 }
 
@@ -386,24 +414,41 @@ fn failure(status: StatusCode, msg: String) -> Response<RespBody> {
     let mut r = Response::new(full(format!("fhsx fetch-proxy: {msg}\n")));
     *r.status_mut() = status;
     let h = r.headers_mut();
-    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("text/plain; charset=utf-8"));
-    h.insert(HeaderName::from_static("x-fhsx-error"), HeaderValue::from_static("1"));
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("text/plain; charset=utf-8"),
+    );
+    h.insert(
+        HeaderName::from_static("x-fhsx-error"),
+        HeaderValue::from_static("1"),
+    );
     r
 }
+
+/// How alike an entry is to a request: host, path, port, scheme, query,
+/// method equal (in that priority), then the common URL prefix length.
+type Score = (bool, bool, bool, bool, bool, bool, usize);
 
 /// The recorded entry nearest to a request, and which parts differ.
 fn nearest(lock: &Lock, method: &str, url: &NormUrl) -> Option<(String, Vec<&'static str>)> {
     let want = url.to_string();
-    let mut best: Option<((bool, bool, bool, bool, bool, bool, usize), String, Vec<&'static str>)> = None;
+    let mut best: Option<(Score, String, Vec<&'static str>)> = None;
     for e in lock.entries() {
-        let Ok(eu) = NormUrl::parse(&e.url) else { continue };
+        let Ok(eu) = NormUrl::parse(&e.url) else {
+            continue;
+        };
         let host = eu.host == url.host;
         let path = eu.path == url.path;
         let port = eu.port == url.port;
         let scheme = eu.scheme == url.scheme;
         let query = eu.query == url.query;
         let m = e.method == method;
-        let prefix = e.url.bytes().zip(want.bytes()).take_while(|(a, b)| a == b).count();
+        let prefix = e
+            .url
+            .bytes()
+            .zip(want.bytes())
+            .take_while(|(a, b)| a == b)
+            .count();
         let score = (host, path, port, scheme, query, m, prefix);
         if best.as_ref().is_none_or(|b| score > b.0) {
             let mut differs = Vec::new();
@@ -450,7 +495,13 @@ fn is_upgrade(h: &HeaderMap) -> bool {
 async fn outer(shared: Arc<Shared>, req: Request<Incoming>) -> Response<RespBody> {
     if req.method() == Method::CONNECT {
         let Some(auth) = req.uri().authority().map(|a| a.as_str().to_string()) else {
-            return refuse(&shared, "CONNECT", &req.uri().to_string(), "CONNECT without host:port", "bad-request");
+            return refuse(
+                &shared,
+                "CONNECT",
+                &req.uri().to_string(),
+                "CONNECT without host:port",
+                "bad-request",
+            );
         };
         let (host, port) = match split_authority(&auth, Scheme::Https) {
             Ok(hp) => hp,
@@ -488,7 +539,11 @@ struct Prefixed<IO> {
 }
 
 impl<IO: AsyncRead + Unpin> AsyncRead for Prefixed<IO> {
-    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut ReadBuf<'_>,
+    ) -> Poll<io::Result<()>> {
         if buf.remaining() > 0 {
             if let Some(b) = self.prefix.take() {
                 buf.put_slice(&[b]);
@@ -500,7 +555,11 @@ impl<IO: AsyncRead + Unpin> AsyncRead for Prefixed<IO> {
 }
 
 impl<IO: AsyncWrite + Unpin> AsyncWrite for Prefixed<IO> {
-    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<io::Result<usize>> {
         Pin::new(&mut self.inner).poll_write(cx, buf)
     }
     fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
@@ -538,7 +597,12 @@ where
             "plain bytes after CONNECT (only TLS is accepted in a tunnel; nothing is tunnelled)",
             "not-tls",
         );
-        let body = resp.into_body().collect().await.map(|c| c.to_bytes()).unwrap_or_default();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map(|c| c.to_bytes())
+            .unwrap_or_default();
         let head = format!(
             "HTTP/1.1 403 Forbidden\r\ncontent-type: text/plain; charset=utf-8\r\nx-fhsx-refused: not-tls\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
             body.len()
@@ -552,15 +616,26 @@ where
         prefix: Some(first[0]),
         inner: io,
     };
-    let start = match tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io).await {
+    let start = match tokio_rustls::LazyConfigAcceptor::new(rustls::server::Acceptor::default(), io)
+        .await
+    {
         Ok(s) => s,
         Err(_) => return,
     };
-    let sni = start.client_hello().server_name().map(|s| s.to_ascii_lowercase());
+    let sni = start
+        .client_hello()
+        .server_name()
+        .map(|s| s.to_ascii_lowercase());
     let host_is_ip = host.parse::<IpAddr>().is_ok();
     match &sni {
         None if !host_is_ip => {
-            refuse(&shared, "CONNECT", &target, "TLS ClientHello without SNI for a host name", "no-sni");
+            refuse(
+                &shared,
+                "CONNECT",
+                &target,
+                "TLS ClientHello without SNI for a host name",
+                "no-sni",
+            );
             return;
         }
         Some(s) if *s != host => {
@@ -600,13 +675,23 @@ where
 }
 
 /// A request inside a CONNECT tunnel.
-async fn inner(shared: Arc<Shared>, host: String, port: u16, req: Request<Incoming>) -> Response<RespBody> {
+async fn inner(
+    shared: Arc<Shared>,
+    host: String,
+    port: u16,
+    req: Request<Incoming>,
+) -> Response<RespBody> {
     let authority = format!("{}:{port}", bracket(&host));
     let given = req
         .uri()
         .authority()
         .map(|a| a.as_str().to_string())
-        .or_else(|| req.headers().get(header::HOST).and_then(|v| v.to_str().ok()).map(String::from));
+        .or_else(|| {
+            req.headers()
+                .get(header::HOST)
+                .and_then(|v| v.to_str().ok())
+                .map(String::from)
+        });
     if let Some(g) = given {
         match split_authority(&g, Scheme::Https) {
             Ok((h, p)) if h == host && p == port => {}
@@ -621,7 +706,11 @@ async fn inner(shared: Arc<Shared>, host: String, port: u16, req: Request<Incomi
             }
         }
     }
-    let pq = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_else(|| "/".into());
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_else(|| "/".into());
     handle(shared, Scheme::Https, &authority, &pq, req).await
 }
 
@@ -656,7 +745,11 @@ async fn handle(
             "upgrade",
         );
     }
-    let key_method = if req.method() == Method::HEAD { "GET" } else { method.as_str() };
+    let key_method = if req.method() == Method::HEAD {
+        "GET"
+    } else {
+        method.as_str()
+    };
     let key = Key {
         url: url_s.clone(),
         method: key_method.to_string(),
@@ -679,7 +772,9 @@ async fn handle(
                     } else {
                         "not in the lock"
                     };
-                    let (n, d) = near.map(|(n, d)| (Some(n), d)).unwrap_or((None, Vec::new()));
+                    let (n, d) = near
+                        .map(|(n, d)| (Some(n), d))
+                        .unwrap_or((None, Vec::new()));
                     refuse_with(&shared, &method, &url_s, reason, "not-in-lock", n, d)
                 }
             }
@@ -695,12 +790,31 @@ async fn handle(
                 );
             }
             if let Some(why) = lk(&shared.aborted).clone() {
-                return refuse(&shared, &method, &url_s, &format!("recording aborted: {why}"), "aborted");
+                return refuse(
+                    &shared,
+                    &method,
+                    &url_s,
+                    &format!("recording aborted: {why}"),
+                    "aborted",
+                );
             }
-            match record(&shared, key, url, authority.to_string(), pq.to_string(), req.headers().clone()).await {
-                Ok(rec) => serve_entry(&shared, &rec.entry, head, req.headers(), rec.live_location).await,
+            match record(
+                &shared,
+                key,
+                url,
+                authority.to_string(),
+                pq.to_string(),
+                req.headers().clone(),
+            )
+            .await
+            {
+                Ok(rec) => {
+                    serve_entry(&shared, &rec.entry, head, req.headers(), rec.live_location).await
+                }
                 Err(RecordError::Failed(msg)) => failure(StatusCode::BAD_GATEWAY, msg),
-                Err(RecordError::NonDeterministic(msg)) => refuse(&shared, &method, &url_s, &msg, "non-deterministic"),
+                Err(RecordError::NonDeterministic(msg)) => {
+                    refuse(&shared, &method, &url_s, &msg, "non-deterministic")
+                }
             }
         }
     }
@@ -739,13 +853,17 @@ fn parse_range(h: &HeaderMap, entry: &Entry) -> RangeAnswer {
     };
     let (a, b) = (a.trim(), b.trim());
     let (start, end) = if a.is_empty() {
-        let Ok(n) = b.parse::<u64>() else { return RangeAnswer::Whole };
+        let Ok(n) = b.parse::<u64>() else {
+            return RangeAnswer::Whole;
+        };
         if n == 0 {
             return RangeAnswer::Unsatisfiable;
         }
         (size.saturating_sub(n), size.saturating_sub(1))
     } else {
-        let Ok(s) = a.parse::<u64>() else { return RangeAnswer::Whole };
+        let Ok(s) = a.parse::<u64>() else {
+            return RangeAnswer::Whole;
+        };
         let e = if b.is_empty() {
             size.saturating_sub(1)
         } else {
@@ -775,16 +893,23 @@ async fn ensure_verified(shared: &Arc<Shared>, entry: &Entry) -> Result<PathBuf,
     let want = entry.blake3;
     let size = entry.size;
     let res = tokio::task::spawn_blocking(move || -> Result<(), String> {
-        let md = std::fs::metadata(&p).map_err(|e| format!("blob {want} is not in the store ({e}); re-record or import it"))?;
+        let md = std::fs::metadata(&p).map_err(|e| {
+            format!("blob {want} is not in the store ({e}); re-record or import it")
+        })?;
         if md.len() != size {
-            return Err(format!("blob {want} has {} bytes, the lock says {size}", md.len()));
+            return Err(format!(
+                "blob {want} has {} bytes, the lock says {size}",
+                md.len()
+            ));
         }
         // Read, not mmap: a mapped 1 GiB blob would count as resident memory.
         let mut f = std::fs::File::open(&p).map_err(|e| format!("open blob {want}: {e}"))?;
         let mut h = blake3::Hasher::new();
         let mut buf = vec![0u8; 4 << 20];
         loop {
-            let n = f.read(&mut buf).map_err(|e| format!("read blob {want}: {e}"))?;
+            let n = f
+                .read(&mut buf)
+                .map_err(|e| format!("read blob {want}: {e}"))?;
             if n == 0 {
                 break;
             }
@@ -792,7 +917,9 @@ async fn ensure_verified(shared: &Arc<Shared>, entry: &Entry) -> Result<PathBuf,
         }
         let got = Digest::from(h.finalize());
         if got != want {
-            return Err(format!("integrity error: blob {want} is corrupt (hashes to {got}); run `fhsx lock verify`"));
+            return Err(format!(
+                "integrity error: blob {want} is corrupt (hashes to {got}); run `fhsx lock verify`"
+            ));
         }
         Ok(())
     })
@@ -863,7 +990,12 @@ async fn serve_entry(
         .await;
         match read {
             Ok(Ok(b)) => full(b),
-            Ok(Err(e)) => return failure(StatusCode::BAD_GATEWAY, format!("read blob {}: {e}", entry.blake3)),
+            Ok(Err(e)) => {
+                return failure(
+                    StatusCode::BAD_GATEWAY,
+                    format!("read blob {}: {e}", entry.blake3),
+                )
+            }
             Err(e) => return failure(StatusCode::BAD_GATEWAY, format!("read task failed: {e}")),
         }
     } else {
@@ -872,7 +1004,10 @@ async fn serve_entry(
     shared.counters.served.fetch_add(1, Ordering::Relaxed);
     match builder.body(body) {
         Ok(r) => r,
-        Err(e) => failure(StatusCode::BAD_GATEWAY, format!("recorded headers are not valid HTTP: {e}")),
+        Err(e) => failure(
+            StatusCode::BAD_GATEWAY,
+            format!("recorded headers are not valid HTTP: {e}"),
+        ),
     }
 }
 
@@ -949,7 +1084,10 @@ where
     tokio::spawn(async move {
         let _ = conn.await;
     });
-    sender.send_request(req).await.map_err(|e| format!("request: {e}"))
+    sender
+        .send_request(req)
+        .await
+        .map_err(|e| format!("request: {e}"))
 }
 
 async fn fetch_and_store(
@@ -978,7 +1116,10 @@ async fn fetch_and_store(
     };
     let host_hdr = {
         let default = format!(":{}", url.scheme.default_port());
-        host_hdr.strip_suffix(&default).map(String::from).unwrap_or(host_hdr)
+        host_hdr
+            .strip_suffix(&default)
+            .map(String::from)
+            .unwrap_or(host_hdr)
     };
     let mut rb = Request::builder().method(Method::GET).uri(pq.as_str());
     for (k, v) in headers.iter() {
@@ -989,9 +1130,14 @@ async fn fetch_and_store(
     rb = rb
         .header(header::HOST, host_hdr)
         .header(header::ACCEPT_ENCODING, "identity");
-    let req = rb.body(Empty::<Bytes>::new()).map_err(|e| fail(format!("bad request: {e}")))?;
+    let req = rb
+        .body(Empty::<Bytes>::new())
+        .map_err(|e| fail(format!("bad request: {e}")))?;
 
-    shared.counters.upstream_connects.fetch_add(1, Ordering::Relaxed);
+    shared
+        .counters
+        .upstream_connects
+        .fetch_add(1, Ordering::Relaxed);
     let tcp = tokio::net::TcpStream::connect((url.host.as_str(), url.port))
         .await
         .map_err(|e| fail(format!("connect to {}: {e}", url.authority())))?;
@@ -1015,7 +1161,13 @@ async fn fetch_and_store(
         )));
     }
     let (parts, mut body) = resp.into_parts();
-    let hget = |n: &str| parts.headers.get(n).and_then(|v| v.to_str().ok()).map(|s| s.trim().to_string());
+    let hget = |n: &str| {
+        parts
+            .headers
+            .get(n)
+            .and_then(|v| v.to_str().ok())
+            .map(|s| s.trim().to_string())
+    };
     let mut rec_headers = BTreeMap::new();
     for n in ["content-type", "etag", "last-modified", "location"] {
         if let Some(v) = hget(n) {
@@ -1031,10 +1183,11 @@ async fn fetch_and_store(
         }
     }
     let ce = hget("content-encoding").map(|s| s.to_ascii_lowercase());
-    let ctype = hget("content-type").unwrap_or_default().to_ascii_lowercase();
-    let is_gz_file = ctype.contains("gzip")
-        || url.path.ends_with(".gz")
-        || url.path.ends_with(".tgz");
+    let ctype = hget("content-type")
+        .unwrap_or_default()
+        .to_ascii_lowercase();
+    let is_gz_file =
+        ctype.contains("gzip") || url.path.ends_with(".gz") || url.path.ends_with(".tgz");
     let decode = match ce.as_deref() {
         None | Some("") | Some("identity") => Decode::None,
         // A .tar.gz labelled `Content-Encoding: gzip`: the file is the gzip.
@@ -1050,7 +1203,10 @@ async fn fetch_and_store(
     let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(16);
     let store = shared.store.clone();
     let writer = tokio::task::spawn_blocking(move || -> Result<(Digest, u64, String), String> {
-        let reader = ChanReader { rx, cur: Bytes::new() };
+        let reader = ChanReader {
+            rx,
+            cur: Bytes::new(),
+        };
         let decoded: Box<dyn Read> = match decode {
             Decode::None => Box::new(reader),
             Decode::Gzip => Box::new(flate2::read::MultiGzDecoder::new(reader)),
@@ -1075,7 +1231,9 @@ async fn fetch_and_store(
                 }
             }
             Some(Err(e)) => {
-                let _ = tx.send(Err(io::Error::other(format!("upstream body: {e}")))).await;
+                let _ = tx
+                    .send(Err(io::Error::other(format!("upstream body: {e}"))))
+                    .await;
                 break;
             }
             None => break,
@@ -1149,5 +1307,8 @@ async fn fetch_and_store(
         size: entry.size,
         blake3: entry.blake3.to_string(),
     });
-    Ok(Recorded { entry, live_location })
+    Ok(Recorded {
+        entry,
+        live_location,
+    })
 }

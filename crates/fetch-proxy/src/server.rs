@@ -144,7 +144,11 @@ impl RunningProxy {
 
     /// Why recording was aborted, if it was.
     pub fn aborted(&self) -> Option<String> {
-        self.shared.aborted.lock().unwrap_or_else(|p| p.into_inner()).clone()
+        self.shared
+            .aborted
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
     }
 
     fn stop_thread(&mut self) {

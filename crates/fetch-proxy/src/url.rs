@@ -62,7 +62,11 @@ impl NormUrl {
     /// Normalise from parts: `authority` is `[userinfo@]host[:port]`,
     /// `path_and_query` the request target's path and query (a fragment, if
     /// any, is dropped).
-    pub fn from_parts(scheme: Scheme, authority: &str, path_and_query: &str) -> Result<Self, Error> {
+    pub fn from_parts(
+        scheme: Scheme,
+        authority: &str,
+        path_and_query: &str,
+    ) -> Result<Self, Error> {
         let (host, port) = split_authority(authority, scheme)?;
         let pq = path_and_query.split('#').next().unwrap_or("");
         let (path, query) = match pq.find('?') {
@@ -72,7 +76,9 @@ impl NormUrl {
         let path = if path.is_empty() {
             "/".to_string()
         } else if !path.starts_with('/') {
-            return Err(Error::BadUrl(format!("path {path:?} does not start with '/'")));
+            return Err(Error::BadUrl(format!(
+                "path {path:?} does not start with '/'"
+            )));
         } else {
             norm_pct(path)
         };
@@ -124,7 +130,13 @@ impl NormUrl {
 
 impl fmt::Display for NormUrl {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}://{}{}", self.scheme.as_str(), self.authority(), self.path)?;
+        write!(
+            f,
+            "{}://{}{}",
+            self.scheme.as_str(),
+            self.authority(),
+            self.path
+        )?;
         if let Some(q) = &self.query {
             write!(f, "?{q}")?;
         }
@@ -302,7 +314,10 @@ pub fn norm_query(q: &str) -> String {
         })
         .collect();
     kept.sort_by(|a, b| a.0.cmp(&b.0));
-    kept.into_iter().map(|(_, p)| p).collect::<Vec<_>>().join("&")
+    kept.into_iter()
+        .map(|(_, p)| p)
+        .collect::<Vec<_>>()
+        .join("&")
 }
 
 /// Rewrite a `Location` value for the lock: userinfo and signed-URL
@@ -332,14 +347,19 @@ mod tests {
     use super::*;
 
     fn n(u: &str) -> String {
-        NormUrl::parse(u).map(|u| u.to_string()).unwrap_or_else(|e| format!("ERR {e}"))
+        NormUrl::parse(u)
+            .map(|u| u.to_string())
+            .unwrap_or_else(|e| format!("ERR {e}"))
     }
 
     #[test]
     fn normalisation_rules() {
         assert_eq!(n("HTTP://Example.COM:80/a"), "http://example.com/a");
         assert_eq!(n("https://example.com:443"), "https://example.com/");
-        assert_eq!(n("https://example.com:8443/x"), "https://example.com:8443/x");
+        assert_eq!(
+            n("https://example.com:8443/x"),
+            "https://example.com:8443/x"
+        );
         assert_eq!(n("http://h/a?b=2&a=1&b=1"), "http://h/a?a=1&b=2&b=1");
         assert_eq!(n("http://h/%7Euser/%41"), "http://h/~user/A");
         assert_eq!(n("http://h/a%2fb"), "http://h/a%2Fb");

@@ -26,17 +26,28 @@ fn child_proxy_process() {
     let store = castore::LocalStore::open(store).unwrap();
     let mut cfg = ProxyConfig::new(Mode::Record, lock.into(), store).unwrap();
     cfg.system_roots = false;
-    let p = RunningProxy::start(cfg, fetch_proxy::Listen::Tcp("127.0.0.1:0".parse().unwrap())).unwrap();
+    let p = RunningProxy::start(
+        cfg,
+        fetch_proxy::Listen::Tcp("127.0.0.1:0".parse().unwrap()),
+    )
+    .unwrap();
     println!("ADDR {}", p.tcp_addr().unwrap());
     let mut sink = Vec::new();
     let _ = std::io::stdin().read_to_end(&mut sink);
     p.shutdown().unwrap();
 }
 
+#[allow(clippy::zombie_processes)] // every caller waits on the child
 fn spawn_child(store: &Path, lock: &Path) -> (Child, SocketAddr) {
     let exe = std::env::current_exe().unwrap();
     let mut child = Command::new(exe)
-        .args(["--exact", "child_proxy_process", "--nocapture", "--test-threads", "1"])
+        .args([
+            "--exact",
+            "child_proxy_process",
+            "--nocapture",
+            "--test-threads",
+            "1",
+        ])
         .env("FHSX_TEST_CHILD_STORE", store)
         .env("FHSX_TEST_CHILD_LOCK", lock)
         .stdin(Stdio::piped())
@@ -47,7 +58,10 @@ fn spawn_child(store: &Path, lock: &Path) -> (Child, SocketAddr) {
     let out = child.stdout.take().unwrap();
     let mut lines = BufReader::new(out).lines();
     loop {
-        let line = lines.next().expect("child exited before listening").unwrap();
+        let line = lines
+            .next()
+            .expect("child exited before listening")
+            .unwrap();
         // libtest prints `test child_proxy_process ... ` before it.
         if let Some((_, a)) = line.split_once("ADDR ") {
             let addr = a.trim().parse().unwrap();
@@ -91,25 +105,38 @@ fn kill_mid_record_leaves_no_entry_and_no_partial_blob() {
     let client = std::thread::spawn(move || {
         let mut s = std::net::TcpStream::connect(addr).unwrap();
         use std::io::Write;
-        let _ = write!(s, "GET {stall} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let _ = write!(
+            s,
+            "GET {stall} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
         let mut buf = Vec::new();
         let _ = s.read_to_end(&mut buf);
         buf
     });
     let t0 = Instant::now();
     while staged_bytes(&h.store) < 2 << 20 {
-        assert!(t0.elapsed() < Duration::from_secs(30), "body never started streaming into the store");
+        assert!(
+            t0.elapsed() < Duration::from_secs(30),
+            "body never started streaming into the store"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
     child.kill().unwrap();
     child.wait().unwrap();
     let got = client.join().unwrap();
-    assert!(!String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"), "a partial body was served");
+    assert!(
+        !String::from_utf8_lossy(&got).starts_with("HTTP/1.1 200"),
+        "a partial body was served"
+    );
     up.stop();
 
     assert_eq!(std::fs::read(&lock).unwrap(), lock_before, "lock changed");
     assert_eq!(Lock::load(&lock).unwrap().len(), 1);
-    assert_eq!(h.blob_files(), blobs_before, "a partial blob reached the store");
+    assert_eq!(
+        h.blob_files(),
+        blobs_before,
+        "a partial blob reached the store"
+    );
     castore::LocalStore::open(&h.store).unwrap();
     assert_eq!(staged_bytes(&h.store), 0, "staging not swept");
 }
@@ -130,7 +157,16 @@ fn record_of_a_large_body_stays_under_64_mib_resident() {
     let (mut child, addr) = spawn_child(&h.store, &lock);
     let url = format!("http://127.0.0.1:{}/big/{size}", up.port());
     let o = Command::new("curl")
-        .args(["-sS", "--noproxy", "", "-o", "/dev/null", "-w", "%{http_code} %{size_download}", "--proxy"])
+        .args([
+            "-sS",
+            "--noproxy",
+            "",
+            "-o",
+            "/dev/null",
+            "-w",
+            "%{http_code} %{size_download}",
+            "--proxy",
+        ])
         .arg(format!("http://{addr}"))
         .arg(&url)
         .output()

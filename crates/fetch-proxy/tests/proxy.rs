@@ -83,7 +83,10 @@ fn replay_refuses_outside_the_lock_and_never_connects() {
     let port = up.port();
     let p = h.proxy(Mode::Record, &lock, None);
     let a = p.tcp_addr().unwrap();
-    assert_eq!(raw_get(a, &format!("http://127.0.0.1:{port}/norm/a?x=1"), "").status, 200);
+    assert_eq!(
+        raw_get(a, &format!("http://127.0.0.1:{port}/norm/a?x=1"), "").status,
+        200
+    );
     p.shutdown().unwrap();
     up.stop();
 
@@ -94,11 +97,7 @@ fn replay_refuses_outside_the_lock_and_never_connects() {
     let a = p.tcp_addr().unwrap();
     let base = format!("http://127.0.0.1:{port}");
     let cases: Vec<(String, String, &str)> = vec![
-        (
-            "GET".into(),
-            format!("{base}/norm/unrecorded?x=1"),
-            "path",
-        ),
+        ("GET".into(), format!("{base}/norm/unrecorded?x=1"), "path"),
         ("POST".into(), format!("{base}/norm/a?x=1"), "method"),
         ("GET".into(), format!("{base}/norm/a?x=2"), "query"),
         (
@@ -117,7 +116,10 @@ fn replay_refuses_outside_the_lock_and_never_connects() {
         assert_eq!(r.header("x-fhsx-refused"), Some("not-in-lock"));
         let text = String::from_utf8_lossy(&r.body).to_string();
         assert!(text.contains("refused"), "{text}");
-        assert!(text.contains(&format!("GET {base}/norm/a?x=1")), "nearest named: {text}");
+        assert!(
+            text.contains(&format!("GET {base}/norm/a?x=1")),
+            "nearest named: {text}"
+        );
         let ev = h.refusals().pop().unwrap();
         match ev {
             Event::Refused {
@@ -129,14 +131,22 @@ fn replay_refuses_outside_the_lock_and_never_connects() {
             } => {
                 assert_eq!(&m, method);
                 assert_eq!(&u, url);
-                assert_eq!(nearest.as_deref(), Some(format!("GET {base}/norm/a?x=1").as_str()));
+                assert_eq!(
+                    nearest.as_deref(),
+                    Some(format!("GET {base}/norm/a?x=1").as_str())
+                );
                 assert_eq!(d, vec![*differs], "{method} {url}");
             }
             other => panic!("unexpected event {other:?}"),
         }
     }
     // HTTPS to the canary port through CONNECT: terminated locally, refused.
-    let (c, body) = curl(a, &h.ca_cert(), &format!("https://127.0.0.1:{port}/norm/a?x=1"), &[]);
+    let (c, body) = curl(
+        a,
+        &h.ca_cert(),
+        &format!("https://127.0.0.1:{port}/norm/a?x=1"),
+        &[],
+    );
     assert_eq!(c, 403, "{}", String::from_utf8_lossy(&body));
     // The recorded entry still replays, repeatedly.
     for _ in 0..3 {
@@ -195,12 +205,19 @@ fn normalisation_and_irrelevant_request_differences() {
         format!("http://127.0.0.1:{port}/norm/q"),
         format!("http://localhost:{port}/norm/host"),
     ] {
-        assert_eq!(raw_get(a, &u, "User-Agent: recorder/1\r\n").status, 200, "{u}");
+        assert_eq!(
+            raw_get(a, &u, "User-Agent: recorder/1\r\n").status,
+            200,
+            "{u}"
+        );
     }
     p.shutdown().unwrap();
     up.stop();
     let text = std::fs::read_to_string(&lock).unwrap();
-    assert!(text.contains(&format!("http://127.0.0.1:{port}/norm/~user/f?a=1&b=2&b=1")), "{text}");
+    assert!(
+        text.contains(&format!("http://127.0.0.1:{port}/norm/~user/f?a=1&b=2&b=1")),
+        "{text}"
+    );
 
     let p = h.proxy(Mode::Replay, &lock, None);
     let a = p.tcp_addr().unwrap();
@@ -221,11 +238,14 @@ fn normalisation_and_irrelevant_request_differences() {
         &format!("GET http://127.0.0.1:{port}/norm/q HTTP/1.0\r\nHost: 127.0.0.1:{port}\r\n\r\n"),
     );
     assert_eq!(r.status, 200);
-    assert_eq!(r.body, format!("norm body for /norm/q\n").into_bytes());
+    assert_eq!(r.body, b"norm body for /norm/q\n".to_vec());
     let misses = [
         (format!("http://127.0.0.1:{port}/norm/a/b"), "path"),
         (format!("http://127.0.0.1:{port}/norm/q?"), "query"),
-        (format!("http://127.0.0.1:{port}/norm/~user/f?a=1&b=1&b=2"), "query"),
+        (
+            format!("http://127.0.0.1:{port}/norm/~user/f?a=1&b=1&b=2"),
+            "query",
+        ),
     ];
     for (u, _) in &misses {
         assert_eq!(raw_get(a, u, "").status, 403, "{u}");
@@ -269,20 +289,30 @@ fn secrets_never_reach_the_lock() {
     for mode in [Mode::Record, Mode::Replay] {
         let p = h.proxy(mode, &lock, Some(&ca.pem_path));
         let a = p.tcp_addr().unwrap();
-        let (c, b) = curl(a, &h.ca_cert(), &private, &["-H", &auth, "--cookie", &cookie]);
+        let (c, b) = curl(
+            a,
+            &h.ca_cert(),
+            &private,
+            &["-H", &auth, "--cookie", &cookie],
+        );
         assert_eq!((c, b.as_slice()), (200, &b"private data\n"[..]), "{mode:?}");
         let (c, b) = curl(a, &h.ca_cert(), &userinfo, &["--cookie", &cookie]);
         assert_eq!((c, b.as_slice()), (200, &b"private data\n"[..]), "{mode:?}");
-        let (c, b) = python(a, &h.ca_cert(), &private, &[&auth, &format!("Cookie: {cookie}")]);
+        let (c, b) = python(
+            a,
+            &h.ca_cert(),
+            &private,
+            &[&auth, &format!("Cookie: {cookie}")],
+        );
         assert_eq!((c, b.as_slice()), (200, &b"private data\n"[..]), "{mode:?}");
         // Userinfo written literally into the absolute-form request target.
-        let r = raw_get(
-            a,
-            &userinfo,
-            &format!("{auth}\r\nCookie: {cookie}\r\n"),
-        );
+        let r = raw_get(a, &userinfo, &format!("{auth}\r\nCookie: {cookie}\r\n"));
         assert_eq!(r.status, 200, "{mode:?}");
-        let sig = if mode == Mode::Record { SECRET_SIG } else { "resignedlater0000" };
+        let sig = if mode == Mode::Record {
+            SECRET_SIG
+        } else {
+            "resignedlater0000"
+        };
         let (c, b) = curl(a, &h.ca_cert(), &signed(sig), &[]);
         assert_eq!((c, b.as_slice()), (200, &b"signed data\n"[..]), "{mode:?}");
         p.shutdown().unwrap();
@@ -292,13 +322,27 @@ fn secrets_never_reach_the_lock() {
         }
     }
     let text = std::fs::read_to_string(&lock).unwrap();
-    for secret in [SECRET_TOKEN, SECRET_COOKIE, SECRET_PASS, SECRET_SIG, SECRET_CRED, "Basic", "tracking"] {
-        assert!(!text.contains(secret), "{secret} leaked into the lock:\n{text}");
+    for secret in [
+        SECRET_TOKEN,
+        SECRET_COOKIE,
+        SECRET_PASS,
+        SECRET_SIG,
+        SECRET_CRED,
+        "Basic",
+        "tracking",
+    ] {
+        assert!(
+            !text.contains(secret),
+            "{secret} leaked into the lock:\n{text}"
+        );
     }
     // base64 of user:PASS as curl sends it.
     let b64 = "dXNlcjpTRUNSRVQtUEFTUy03N2Fi";
     assert!(!text.contains(b64));
-    assert!(text.contains(&format!("https://localhost:{sport}/signed?v=1\"")), "{text}");
+    assert!(
+        text.contains(&format!("https://localhost:{sport}/signed?v=1\"")),
+        "{text}"
+    );
 }
 
 /// An upstream that gzips despite `Accept-Encoding: identity` (with a
@@ -324,14 +368,22 @@ fn gzip_from_upstream_is_stable_and_replays_to_any_client() {
     assert!(!texts[0].contains("content-encoding"));
     // Upstream really did send different bytes each time.
     let reqs = up.seen.requests.lock().unwrap().clone();
-    assert!(reqs.iter().all(|r| r.2.get("accept-encoding").map(String::as_str) == Some("identity")));
+    assert!(reqs
+        .iter()
+        .all(|r| r.2.get("accept-encoding").map(String::as_str) == Some("identity")));
     up.stop();
     let p = h.proxy(Mode::Replay, &h.path("a.lock"), None);
     let a = p.tcp_addr().unwrap();
     let want = GZ_TEXT.repeat(50).into_bytes();
-    assert_eq!(curl(a, &h.ca_cert(), &url, &["--compressed"]), (200, want.clone()));
+    assert_eq!(
+        curl(a, &h.ca_cert(), &url, &["--compressed"]),
+        (200, want.clone())
+    );
     assert_eq!(curl(a, &h.ca_cert(), &url, &[]), (200, want.clone()));
-    assert_eq!(python(a, &h.ca_cert(), &url, &["Accept-Encoding: gzip"]), (200, want.clone()));
+    assert_eq!(
+        python(a, &h.ca_cert(), &url, &["Accept-Encoding: gzip"]),
+        (200, want.clone())
+    );
     let r = raw_get(a, &url, "Accept-Encoding: gzip, br\r\n");
     assert_eq!(r.body, want);
     assert_eq!(r.header("content-encoding"), None);
@@ -354,9 +406,18 @@ fn chunked_redirects_and_recorded_404() {
     let a = p.tcp_addr().unwrap();
     let rec_chunked = curl(a, &h.ca_cert(), &chunked, &[]);
     assert_eq!(rec_chunked.0, 200);
-    assert_eq!(curl(a, &h.ca_cert(), &r1, &["-L"]), (200, b"final destination\n".to_vec()));
-    assert_eq!(python(a, &h.ca_cert(), &r1, &[]), (200, b"final destination\n".to_vec()));
-    assert_eq!(curl(a, &h.ca_cert(), &missing, &[]), (404, b"not here\n".to_vec()));
+    assert_eq!(
+        curl(a, &h.ca_cert(), &r1, &["-L"]),
+        (200, b"final destination\n".to_vec())
+    );
+    assert_eq!(
+        python(a, &h.ca_cert(), &r1, &[]),
+        (200, b"final destination\n".to_vec())
+    );
+    assert_eq!(
+        curl(a, &h.ca_cert(), &missing, &[]),
+        (404, b"not here\n".to_vec())
+    );
     p.shutdown().unwrap();
     up.stop();
 
@@ -378,12 +439,23 @@ fn chunked_redirects_and_recorded_404() {
     let r = raw_get(a, &chunked, "");
     assert_eq!(r.status, 200);
     assert_eq!(r.body, rec_chunked.1);
-    assert_eq!(r.header("content-length"), Some(rec_chunked.1.len().to_string().as_str()));
+    assert_eq!(
+        r.header("content-length"),
+        Some(rec_chunked.1.len().to_string().as_str())
+    );
     assert_eq!(r.header("transfer-encoding"), None);
-    let expected: String = (0..50).map(|i| format!("chunk {i:02} {}\n", "x".repeat(i * 3))).collect();
+    let expected: String = (0..50)
+        .map(|i| format!("chunk {i:02} {}\n", "x".repeat(i * 3)))
+        .collect();
     assert_eq!(r.body, expected.into_bytes());
-    assert_eq!(curl(a, &h.ca_cert(), &r1, &["-L"]), (200, b"final destination\n".to_vec()));
-    assert_eq!(python(a, &h.ca_cert(), &r1, &[]), (200, b"final destination\n".to_vec()));
+    assert_eq!(
+        curl(a, &h.ca_cert(), &r1, &["-L"]),
+        (200, b"final destination\n".to_vec())
+    );
+    assert_eq!(
+        python(a, &h.ca_cert(), &r1, &[]),
+        (200, b"final destination\n".to_vec())
+    );
     let r = raw_get(a, &r1, "");
     assert_eq!((r.status, r.header("location")), (302, Some("/r2")));
     let r = raw_get(a, &missing, "");
@@ -412,15 +484,27 @@ fn range_and_head_from_the_whole_blob() {
     let r = raw_get(a, &hello, "If-None-Match: \"v1\"\r\n");
     assert_eq!(r.status, 200, "conditional headers are not forwarded");
     p.shutdown().unwrap();
-    assert!(up.seen.requests.lock().unwrap().iter().all(|r| !r.2.contains_key("range") && !r.2.contains_key("if-none-match")));
+    assert!(up
+        .seen
+        .requests
+        .lock()
+        .unwrap()
+        .iter()
+        .all(|r| !r.2.contains_key("range") && !r.2.contains_key("if-none-match")));
     up.stop();
-    assert_eq!(Lock::load(&lock).unwrap().entries().next().map(|e| e.size), Some(200000));
+    assert_eq!(
+        Lock::load(&lock).unwrap().entries().next().map(|e| e.size),
+        Some(200000)
+    );
 
     let p = h.proxy(Mode::Replay, &lock, None);
     let a = p.tcp_addr().unwrap();
     let r = raw_get(a, &url, "Range: bytes=100000-\r\n");
     assert_eq!(r.status, 206);
-    assert_eq!(r.header("content-range"), Some("bytes 100000-199999/200000"));
+    assert_eq!(
+        r.header("content-range"),
+        Some("bytes 100000-199999/200000")
+    );
     assert_eq!(r.body, big_chunk(100000, 100000));
     let r = raw_get(a, &url, "Range: bytes=-5\r\n");
     assert_eq!(r.body, big_chunk(199995, 5));
@@ -435,7 +519,10 @@ fn range_and_head_from_the_whole_blob() {
         &format!("HEAD {hello} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"),
     );
     assert_eq!(r.status, 200);
-    assert_eq!(r.header("content-length"), Some(HELLO.len().to_string().as_str()));
+    assert_eq!(
+        r.header("content-length"),
+        Some(HELLO.len().to_string().as_str())
+    );
     assert_eq!(r.header("etag"), Some("\"v1\""));
     assert!(r.body.is_empty());
     let (c, b) = curl(a, &h.ca_cert(), &url, &["-r", "5-9"]);
@@ -492,7 +579,11 @@ fn concurrent_record_fetches_once_and_concurrent_replay() {
             assert_eq!((r.status, r.body.as_slice()), (200, &b"slow body\n"[..]));
         }
     });
-    assert_eq!(up.seen.count("/slow"), 1, "concurrent identical requests fetched more than once");
+    assert_eq!(
+        up.seen.count("/slow"),
+        1,
+        "concurrent identical requests fetched more than once"
+    );
     assert_eq!(raw_get(a, &big, "").status, 200);
     p.shutdown().unwrap();
     up.stop();
@@ -571,7 +662,11 @@ fn tunnel_abuse_is_refused() {
         let a = p.tcp_addr().unwrap();
         // Plain HTTP inside a CONNECT tunnel.
         let mut s = std::net::TcpStream::connect(a).unwrap();
-        write!(s, "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").unwrap();
+        write!(
+            s,
+            "CONNECT 127.0.0.1:{port} HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n"
+        )
+        .unwrap();
         let mut buf = [0u8; 1024];
         let n = s.read(&mut buf).unwrap();
         assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
@@ -604,7 +699,9 @@ fn tunnel_abuse_is_refused() {
         let no_sni = no_sni_handshake(a, &format!("localhost:{port}"), &h.ca_cert());
         assert!(!no_sni, "{mode:?}: handshake without SNI succeeded");
         let refusals = h.refusals();
-        assert!(refusals[before..].iter().any(|e| matches!(e, Event::Refused { reason, .. } if reason.contains("SNI"))));
+        assert!(refusals[before..]
+            .iter()
+            .any(|e| matches!(e, Event::Refused { reason, .. } if reason.contains("SNI"))));
         assert_eq!(p.shutdown().unwrap().stats.upstream_connects, 0);
     }
     assert_eq!(canary.count(), 0);
@@ -615,7 +712,8 @@ fn no_sni_handshake(proxy: std::net::SocketAddr, target: &str, ca: &std::path::P
     use rustls_pki_types::pem::PemObject;
     use std::io::{Read, Write};
     let mut s = std::net::TcpStream::connect(proxy).unwrap();
-    s.set_read_timeout(Some(std::time::Duration::from_secs(10))).unwrap();
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .unwrap();
     write!(s, "CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").unwrap();
     let mut buf = [0u8; 1024];
     let n = s.read(&mut buf).unwrap();
@@ -624,19 +722,23 @@ fn no_sni_handshake(proxy: std::net::SocketAddr, target: &str, ca: &std::path::P
     for c in rustls_pki_types::CertificateDer::pem_file_iter(ca).unwrap() {
         roots.add(c.unwrap()).unwrap();
     }
-    let mut cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(rustls::crypto::ring::default_provider()))
-        .with_safe_default_protocol_versions()
-        .unwrap()
-        .with_root_certificates(roots)
-        .with_no_client_auth();
+    let mut cfg = rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .unwrap()
+    .with_root_certificates(roots)
+    .with_no_client_auth();
     cfg.enable_sni = false;
     let name = rustls_pki_types::ServerName::try_from("localhost").unwrap();
     let mut conn = rustls::ClientConnection::new(std::sync::Arc::new(cfg), name).unwrap();
     let mut tls = rustls::Stream::new(&mut conn, &mut s);
-    tls.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n").is_ok() && {
-        let mut out = Vec::new();
-        tls.read_to_end(&mut out).is_ok() && !out.is_empty()
-    }
+    tls.write_all(b"GET / HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .is_ok()
+        && {
+            let mut out = Vec::new();
+            tls.read_to_end(&mut out).is_ok() && !out.is_empty()
+        }
 }
 
 /// The UNIX-socket listener (what the executor uses) serves the same.
@@ -657,7 +759,11 @@ fn unix_socket_listener_replays() {
     let cfg = fetch_proxy::ProxyConfig::new(Mode::Replay, lock.clone(), store).unwrap();
     let p = fetch_proxy::RunningProxy::start(cfg, fetch_proxy::Listen::Unix(sock.clone())).unwrap();
     let mut s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
-    write!(s, "GET {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").unwrap();
+    write!(
+        s,
+        "GET {url} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
     let mut buf = Vec::new();
     s.read_to_end(&mut buf).unwrap();
     let r = parse_raw(&buf, false);

@@ -40,7 +40,10 @@ struct ChanBody {
 impl Body for ChanBody {
     type Data = Bytes;
     type Error = std::io::Error;
-    fn poll_frame(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, std::io::Error>>> {
         self.rx.poll_recv(cx).map(|o| o.map(|b| Ok(Frame::data(b))))
     }
     fn size_hint(&self) -> SizeHint {
@@ -66,32 +69,50 @@ pub fn big_body(n: u64) -> Vec<u8> {
 }
 
 pub const HELLO: &[u8] = b"hello, world\n";
-pub const GZ_TEXT: &str = "this text was gzipped by an upstream that ignores Accept-Encoding: identity\n";
+pub const GZ_TEXT: &str =
+    "this text was gzipped by an upstream that ignores Accept-Encoding: identity\n";
 pub const SECRET_TOKEN: &str = "SECRET-TOKEN-1f3a";
 pub const SECRET_COOKIE: &str = "SECRET-COOKIE-9c2e";
 pub const SECRET_PASS: &str = "SECRET-PASS-77ab";
 pub const SECRET_SIG: &str = "SECRETSIG0123456789abcdef";
 pub const SECRET_CRED: &str = "SECRETCREDAKIA42";
 
+/// (method, path and query, headers) of one request an upstream saw.
+pub type SeenRequest = (String, String, HashMap<String, String>);
+
 /// What an upstream saw.
 #[derive(Default)]
 pub struct Seen {
     pub conns: AtomicU64,
-    pub requests: Mutex<Vec<(String, String, HashMap<String, String>)>>,
+    pub requests: Mutex<Vec<SeenRequest>>,
     pub counter: AtomicU64,
 }
 
 impl Seen {
     pub fn paths(&self) -> Vec<String> {
-        self.requests.lock().unwrap().iter().map(|r| r.1.clone()).collect()
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|r| r.1.clone())
+            .collect()
     }
     pub fn count(&self, pq: &str) -> usize {
-        self.requests.lock().unwrap().iter().filter(|r| r.1 == pq).count()
+        self.requests
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|r| r.1 == pq)
+            .count()
     }
 }
 
 async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) -> Response<B> {
-    let pq = req.uri().path_and_query().map(|p| p.as_str().to_string()).unwrap_or_default();
+    let pq = req
+        .uri()
+        .path_and_query()
+        .map(|p| p.as_str().to_string())
+        .unwrap_or_default();
     let path = req.uri().path().to_string();
     let headers: HashMap<String, String> = req
         .headers()
@@ -99,7 +120,10 @@ async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) ->
         .map(|(k, v)| (k.as_str().to_string(), v.to_str().unwrap_or("").to_string()))
         .collect();
     let host = headers.get("host").cloned().unwrap_or_default();
-    seen.requests.lock().unwrap().push((req.method().to_string(), pq.clone(), headers.clone()));
+    seen.requests
+        .lock()
+        .unwrap()
+        .push((req.method().to_string(), pq.clone(), headers.clone()));
     let n = seen.counter.fetch_add(1, Ordering::SeqCst);
     let mut b = Response::builder().status(200);
     let body = match path.as_str() {
@@ -125,7 +149,11 @@ async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) ->
                 }
             });
             b = b.header("content-type", "application/octet-stream");
-            ChanBody { rx, exact: Some(size) }.boxed()
+            ChanBody {
+                rx,
+                exact: Some(size),
+            }
+            .boxed()
         }
         "/chunked" => {
             let (tx, rx) = mpsc::channel(4);
@@ -145,7 +173,9 @@ async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) ->
                 .write(Vec::new(), flate2::Compression::new((n % 9) as u32 + 1));
             enc.write_all(GZ_TEXT.repeat(50).as_bytes()).unwrap();
             let gz = enc.finish().unwrap();
-            b = b.header("content-encoding", "gzip").header("content-type", "text/plain");
+            b = b
+                .header("content-encoding", "gzip")
+                .header("content-type", "text/plain");
             full(gz)
         }
         "/r1" => {
@@ -153,7 +183,9 @@ async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) ->
             full("moved 1\n")
         }
         "/r2" => {
-            b = b.status(302).header("location", format!("{scheme}://{host}/final"));
+            b = b
+                .status(302)
+                .header("location", format!("{scheme}://{host}/final"));
             full("moved 2\n")
         }
         "/final" => full("final destination\n"),
@@ -162,8 +194,12 @@ async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) ->
             full("not here\n")
         }
         "/private" => {
-            let auth_ok = headers.get("authorization").is_some_and(|a| a.contains(SECRET_TOKEN) || a.starts_with("Basic "));
-            let cookie_ok = headers.get("cookie").is_some_and(|c| c.contains(SECRET_COOKIE));
+            let auth_ok = headers
+                .get("authorization")
+                .is_some_and(|a| a.contains(SECRET_TOKEN) || a.starts_with("Basic "));
+            let cookie_ok = headers
+                .get("cookie")
+                .is_some_and(|c| c.contains(SECRET_COOKIE));
             if auth_ok && cookie_ok {
                 full("private data\n")
             } else {
@@ -188,7 +224,11 @@ async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) ->
             let (tx, rx) = mpsc::channel(4);
             tokio::spawn(async move {
                 for i in 0..64u64 {
-                    if tx.send(Bytes::from(big_chunk(i * 65536, 65536))).await.is_err() {
+                    if tx
+                        .send(Bytes::from(big_chunk(i * 65536, 65536)))
+                        .await
+                        .is_err()
+                    {
                         return;
                     }
                 }
@@ -265,7 +305,9 @@ impl Upstream {
                                 let _ = builder.serve_connection(TokioIo::new(tcp), svc).await;
                             }
                             Some(cfg) => {
-                                if let Ok(t) = tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await {
+                                if let Ok(t) =
+                                    tokio_rustls::TlsAcceptor::from(cfg).accept(tcp).await
+                                {
                                     let _ = builder.serve_connection(TokioIo::new(t), svc).await;
                                 }
                             }
@@ -363,9 +405,13 @@ impl TestCa {
     pub fn new(dir: &Path) -> TestCa {
         let key = rcgen::KeyPair::generate().unwrap();
         let mut p = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
-        p.distinguished_name.push(rcgen::DnType::CommonName, "upstream test CA");
+        p.distinguished_name
+            .push(rcgen::DnType::CommonName, "upstream test CA");
         p.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
-        p.key_usages = vec![rcgen::KeyUsagePurpose::KeyCertSign, rcgen::KeyUsagePurpose::DigitalSignature];
+        p.key_usages = vec![
+            rcgen::KeyUsagePurpose::KeyCertSign,
+            rcgen::KeyUsagePurpose::DigitalSignature,
+        ];
         let cert = p.self_signed(&key).unwrap();
         let pem_path = dir.join("upstream-ca.pem");
         std::fs::write(&pem_path, cert.pem()).unwrap();
@@ -377,16 +423,22 @@ impl TestCa {
 
     fn server_config(&self) -> Arc<rustls::ServerConfig> {
         let key = rcgen::KeyPair::generate().unwrap();
-        let mut p = rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()]).unwrap();
+        let mut p =
+            rcgen::CertificateParams::new(vec!["localhost".to_string(), "127.0.0.1".to_string()])
+                .unwrap();
         p.use_authority_key_identifier_extension = true;
         let cert = p.signed_by(&key, &self.issuer).unwrap();
-        let der = rustls_pki_types::PrivateKeyDer::Pkcs8(rustls_pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()));
-        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-            .with_safe_default_protocol_versions()
-            .unwrap()
-            .with_no_client_auth()
-            .with_single_cert(vec![cert.der().clone()], der)
-            .unwrap();
+        let der = rustls_pki_types::PrivateKeyDer::Pkcs8(
+            rustls_pki_types::PrivatePkcs8KeyDer::from(key.serialize_der()),
+        );
+        let cfg = rustls::ServerConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(vec![cert.der().clone()], der)
+        .unwrap();
         Arc::new(cfg)
     }
 }
@@ -421,12 +473,18 @@ impl Harness {
         let store = castore::LocalStore::open(&self.store).unwrap();
         let mut cfg = ProxyConfig::new(mode, lock.to_path_buf(), store).unwrap();
         cfg.system_roots = false;
-        cfg.upstream_ca_files = upstream_ca.map(|p| vec![p.to_path_buf()]).unwrap_or_default();
+        cfg.upstream_ca_files = upstream_ca
+            .map(|p| vec![p.to_path_buf()])
+            .unwrap_or_default();
         let ev = self.events.clone();
         cfg.events = Some(Arc::new(move |e: &Event| {
             ev.lock().unwrap().push(e.clone());
         }));
-        RunningProxy::start(cfg, fetch_proxy::Listen::Tcp("127.0.0.1:0".parse().unwrap())).unwrap()
+        RunningProxy::start(
+            cfg,
+            fetch_proxy::Listen::Tcp("127.0.0.1:0".parse().unwrap()),
+        )
+        .unwrap()
     }
 
     pub fn refusals(&self) -> Vec<Event> {
@@ -458,8 +516,15 @@ impl Harness {
 // Clients
 
 pub fn require(tool: &str, apt: &str) {
-    let ok = Command::new(tool).arg("--version").output().map(|o| o.status.success()).unwrap_or(false);
-    assert!(ok, "`{tool}` is required by these tests: apt-get install -y {apt}");
+    let ok = Command::new(tool)
+        .arg("--version")
+        .output()
+        .map(|o| o.status.success())
+        .unwrap_or(false);
+    assert!(
+        ok,
+        "`{tool}` is required by these tests: apt-get install -y {apt}"
+    );
 }
 
 fn clean_env(c: &mut Command) {
@@ -495,7 +560,10 @@ pub fn curl(proxy: SocketAddr, cacert: &Path, url: &str, extra: &[&str]) -> (u16
         .args(extra)
         .arg(url);
     let o = c.output().unwrap();
-    let code = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap_or(0);
+    let code = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
     (code, std::fs::read(out.path()).unwrap_or_default())
 }
 
@@ -535,8 +603,15 @@ pub fn python(proxy: SocketAddr, cacert: &Path, url: &str, headers: &[&str]) -> 
         .args(headers)
         .output()
         .unwrap();
-    assert!(o.status.success(), "python failed: {}", String::from_utf8_lossy(&o.stderr));
-    let code = String::from_utf8_lossy(&o.stdout).trim().parse().unwrap_or(0);
+    assert!(
+        o.status.success(),
+        "python failed: {}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    let code = String::from_utf8_lossy(&o.stdout)
+        .trim()
+        .parse()
+        .unwrap_or(0);
     (code, std::fs::read(&out).unwrap_or_default())
 }
 
@@ -558,7 +633,10 @@ impl Raw {
 }
 
 pub fn parse_raw(buf: &[u8], head_request: bool) -> Raw {
-    let end = buf.windows(4).position(|w| w == b"\r\n\r\n").expect("no header end");
+    let end = buf
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("no header end");
     let head = String::from_utf8_lossy(&buf[..end]).to_string();
     let mut lines = head.split("\r\n");
     let status_line = lines.next().unwrap();
@@ -568,8 +646,15 @@ pub fn parse_raw(buf: &[u8], head_request: bool) -> Raw {
         .map(|(k, v)| (k.trim().to_string(), v.trim().to_string()))
         .collect();
     let mut body = buf[end + 4..].to_vec();
-    let r = Raw { status, headers, body: Vec::new() };
-    if let Some(cl) = r.header("content-length").and_then(|v| v.parse::<usize>().ok()) {
+    let r = Raw {
+        status,
+        headers,
+        body: Vec::new(),
+    };
+    if let Some(cl) = r
+        .header("content-length")
+        .and_then(|v| v.parse::<usize>().ok())
+    {
         if !head_request {
             body.truncate(cl);
         }
