@@ -3,7 +3,9 @@
 mod closure_bloat;
 mod compose;
 mod key;
+mod lock;
 mod mount;
+mod proxy;
 mod record;
 mod store;
 mod run;
@@ -48,6 +50,11 @@ pub enum Command {
     Mount(mount::MountArgs),
     /// Atoms (and their largest paths) a read set never touched: declared − read.
     ClosureBloat(closure_bloat::ClosureBloatArgs),
+    /// Run the record/replay fetch proxy until SIGINT/SIGTERM.
+    Proxy(proxy::ProxyArgs),
+    /// Check a fetch lock against the store, or compare two.
+    #[command(subcommand)]
+    Lock(lock::LockCmd),
 }
 
 /// Global options every subcommand sees.
@@ -69,5 +76,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Run(a) => run::run(&g, a),
         Command::Mount(a) => mount::run(&g, a),
         Command::ClosureBloat(a) => closure_bloat::run(&g, a),
+        Command::Proxy(a) => proxy::run(&g, a),
+        Command::Lock(c) => lock::run(&g, c),
     }
 }
