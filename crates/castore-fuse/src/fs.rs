@@ -78,13 +78,6 @@ impl Inode {
     }
 }
 
-enum Handle {
-    /// Served by this daemon from the blob file.
-    Cached(Arc<File>),
-    /// Served by the kernel from the blob file (FUSE passthrough).
-    Passthrough { ino: u64 },
-}
-
 /// What verifying a blob found: nothing wrong, or what its bytes hash to.
 type Verdict = Result<(), Option<Digest>>;
 
@@ -97,11 +90,13 @@ pub(crate) struct Shared {
     absent: Mutex<HashSet<String>>,
     verified: Mutex<HashMap<Digest, Arc<OnceLock<Verdict>>>>,
     failures: Mutex<Vec<IntegrityFailure>>,
-    handles: Mutex<HashMap<u64, Handle>>,
+    /// Open files served by the daemon (not passthrough), by file handle.
+    handles: Mutex<HashMap<u64, Arc<File>>>,
     next_fh: AtomicU64,
     want_passthrough: bool,
     passthrough: AtomicBool,
-    backing: Mutex<HashMap<u64, (Arc<BackingId>, u32)>>,
+    /// Passthrough backing files by inode, kept until unmount.
+    backing: Mutex<HashMap<u64, Arc<BackingId>>>,
     time: SystemTime,
 }
 
@@ -296,6 +291,11 @@ impl Shared {
             .open(Path::new(&path))
     }
 
+    fn open_failed(&self, path: &str, digest: &Digest, e: std::io::Error, reply: ReplyOpen) {
+        self.fail(path, *digest, None);
+        reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)))
+    }
+
     fn child_path(parent: &Inode, name: &OsStr) -> String {
         let esc = escape_name(name.as_bytes());
         if parent.path.len() == 1 {
@@ -448,43 +448,41 @@ impl Filesystem for ViewFs {
         if !s.verify(&inode.path, digest) {
             return reply.error(Errno::EIO);
         }
-        let file = match s.open_blob_file(digest) {
-            Ok(f) => f,
-            Err(e) => {
-                s.fail(&inode.path, *digest, None);
-                return reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
-            }
-        };
-        let fh = s.next_fh.fetch_add(1, Ordering::Relaxed);
         if s.passthrough.load(Ordering::Relaxed) {
-            let mut backing = lock(&s.backing);
-            let id = match backing.get_mut(&ino.0) {
-                Some((id, n)) => {
-                    *n += 1;
-                    Some(id.clone())
-                }
-                None => match reply.open_backing(&file) {
-                    Ok(id) => {
-                        let id = Arc::new(id);
-                        backing.insert(ino.0, (id.clone(), 1));
-                        Some(id)
-                    }
-                    Err(e) => {
-                        // Not permitted here (no CAP_SYS_ADMIN) or not
-                        // supported: serve through the daemon from now on.
-                        eprintln!("fhsx: FUSE passthrough unavailable ({e}); serving reads through the daemon");
-                        s.passthrough.store(false, Ordering::Relaxed);
-                        None
-                    }
-                },
+            // One backing file per inode for the whole mount: the kernel holds
+            // the file, not our fd table, and a re-open costs no syscall here.
+            let known = lock(&s.backing).get(&ino.0).cloned();
+            if let Some(id) = known {
+                return reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), &id);
+            }
+            let file = match s.open_blob_file(digest) {
+                Ok(f) => f,
+                Err(e) => return s.open_failed(&inode.path, digest, e, reply),
             };
-            if let Some(id) = id {
-                drop(backing);
-                lock(&s.handles).insert(fh, Handle::Passthrough { ino: ino.0 });
-                return reply.opened_passthrough(FileHandle(fh), FopenFlags::empty(), &id);
+            match reply.open_backing(&file) {
+                Ok(id) => {
+                    // Two first opens may race: the inode keeps one backing
+                    // file, the loser's is closed when its Arc drops.
+                    let id = lock(&s.backing)
+                        .entry(ino.0)
+                        .or_insert_with(|| Arc::new(id))
+                        .clone();
+                    return reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), &id);
+                }
+                Err(e) => {
+                    // Not permitted here (no CAP_SYS_ADMIN) or not supported:
+                    // serve through the daemon from now on.
+                    eprintln!("fhsx: FUSE passthrough unavailable ({e}); serving reads through the daemon");
+                    s.passthrough.store(false, Ordering::Relaxed);
+                }
             }
         }
-        lock(&s.handles).insert(fh, Handle::Cached(Arc::new(file)));
+        let file = match s.open_blob_file(digest) {
+            Ok(f) => f,
+            Err(e) => return s.open_failed(&inode.path, digest, e, reply),
+        };
+        let fh = s.next_fh.fetch_add(1, Ordering::Relaxed);
+        lock(&s.handles).insert(fh, Arc::new(file));
         reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
     }
 
@@ -499,9 +497,8 @@ impl Filesystem for ViewFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let file = match lock(&self.shared.handles).get(&fh.0) {
-            Some(Handle::Cached(f)) => f.clone(),
-            _ => return reply.error(Errno::EBADF),
+        let Some(file) = lock(&self.shared.handles).get(&fh.0).cloned() else {
+            return reply.error(Errno::EBADF);
         };
         let mut buf = vec![0u8; size as usize];
         let mut n = 0;
@@ -539,17 +536,7 @@ impl Filesystem for ViewFs {
         _flush: bool,
         reply: ReplyEmpty,
     ) {
-        let s = &self.shared;
-        let h = lock(&s.handles).remove(&fh.0);
-        if let Some(Handle::Passthrough { ino }) = h {
-            let mut backing = lock(&s.backing);
-            if let Some((_, n)) = backing.get_mut(&ino) {
-                *n -= 1;
-                if *n == 0 {
-                    backing.remove(&ino);
-                }
-            }
-        }
+        lock(&self.shared.handles).remove(&fh.0);
         reply.ok();
     }
 
