@@ -200,12 +200,14 @@ fn main() {
     let rep = open(Mode::Replay);
     let p = rep.tcp_addr();
     // Warm: page cache for the origin file and the blob, blob verification.
-    curl_time(None, &[big.clone()]);
-    let first = curl_time(p, &[big.clone()])[0];
+    curl_time(None, std::slice::from_ref(&big));
+    let first = curl_time(p, std::slice::from_ref(&big))[0];
     let direct: Vec<f64> = (0..3)
-        .flat_map(|_| curl_time(None, &[big.clone()]))
+        .flat_map(|_| curl_time(None, std::slice::from_ref(&big)))
         .collect();
-    let proxied: Vec<f64> = (0..3).flat_map(|_| curl_time(p, &[big.clone()])).collect();
+    let proxied: Vec<f64> = (0..3)
+        .flat_map(|_| curl_time(p, std::slice::from_ref(&big)))
+        .collect();
     let best = |v: &[f64]| v.iter().cloned().fold(f64::MAX, f64::min);
     let bytes = (mib << 20) as f64;
     let (d, x) = (best(&direct), best(&proxied));
