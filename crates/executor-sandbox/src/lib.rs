@@ -43,6 +43,7 @@ pub mod probe;
 pub mod reaper;
 pub mod rpc;
 mod runner;
+pub mod seccomp;
 mod spec;
 pub mod supervisor;
 mod sys;

@@ -280,6 +280,16 @@ impl Runtime {
             data.push(0);
         }
         let args_fd = sys::memfd_with("fhsx-bwrap-args", &data)?;
+        let seccomp_fd = if spec.seccomp {
+            let bytes = crate::seccomp::filter_bytes().ok_or_else(|| {
+                SandboxError::Protocol(
+                    "no seccomp filter for this architecture; turn it off with SandboxSpec::seccomp(false)".into(),
+                )
+            })?;
+            Some(sys::memfd_with("fhsx-seccomp", &bytes)?)
+        } else {
+            None
+        };
         let (ctl_host, ctl_child) = sys::socketpair()?;
         let handler = opts
             .handler
@@ -307,6 +317,10 @@ impl Runtime {
         // only make async-signal-safe calls).
         let ctl_hi = sys::dup_at_least(ctl_child.as_raw_fd(), 10)?;
         let args_hi = sys::dup_at_least(args_fd.as_raw_fd(), 10)?;
+        let seccomp_hi = seccomp_fd
+            .as_ref()
+            .map(|f| sys::dup_at_least(f.as_raw_fd(), 10))
+            .transpose()?;
         let in_hi = stdin_fd
             .as_ref()
             .map(|f| sys::dup_at_least(f.as_raw_fd(), 10))
@@ -349,6 +363,7 @@ impl Runtime {
             stderr: err_hi.as_ref().map(|f| f.as_raw_fd()),
             control: ctl_hi.as_raw_fd(),
             args: args_hi.as_raw_fd(),
+            seccomp: seccomp_hi.as_ref().map(|f| f.as_raw_fd()),
         };
 
         // Start the child straight inside the run's cgroup (migrating a
@@ -409,6 +424,7 @@ impl Runtime {
         drop((
             ctl_child, ctl_hi, args_hi, args_fd, in_hi, out_hi, err_hi, stdin_fd,
         ));
+        drop((seccomp_fd, seccomp_hi));
         let pidfd = match early_pidfd.map(Ok).unwrap_or_else(|| sys::pidfd_open(pid)) {
             Ok(fd) => fd,
             Err(e) => {
@@ -642,6 +658,7 @@ struct ChildFds {
     stderr: Option<RawFd>,
     control: RawFd,
     args: RawFd,
+    seccomp: Option<RawFd>,
 }
 
 /// In the forked child: join the cgroup, arrange fds 0-4, close every
@@ -668,6 +685,7 @@ unsafe fn exec_child(
             (fds.stderr, 2),
             (Some(fds.control), crate::spec::CONTROL_FD),
             (Some(fds.args), ARGS_FD),
+            (fds.seccomp, crate::spec::SECCOMP_FD),
         ];
         for (from, to) in moves {
             if let Some(f) = from {
@@ -677,7 +695,7 @@ unsafe fn exec_child(
             }
         }
         // Nothing else crosses: bwrap hands every open fd to the sandbox.
-        let first = (ARGS_FD + 1) as libc::c_uint;
+        let first = (crate::spec::SECCOMP_FD + 1) as libc::c_uint;
         if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) != 0 {
             for fd in first as RawFd..65536 {
                 libc::close(fd);

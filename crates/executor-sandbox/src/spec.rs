@@ -29,6 +29,8 @@ pub const RPC_SOCKET_ENV: &str = "WF_RPC_SOCK";
 pub const SUPERVISOR_PATH: &str = "/run/fhsx/supervisor";
 /// The fd the supervisor's control channel has inside.
 pub const CONTROL_FD: i32 = 3;
+/// The fd bwrap reads the seccomp filter from (`--seccomp 5`).
+pub const SECCOMP_FD: i32 = 5;
 /// Names of state directories masked under the work directory by default.
 pub const DEFAULT_MASK_NAMES: &[&str] = &[".dsh-run"];
 /// The variable naming the tool's home: masked and never passed on.
@@ -145,6 +147,7 @@ pub struct SandboxSpec {
     pub(crate) chdir: Option<PathBuf>,
     pub(crate) nproc: Option<u64>,
     pub(crate) features: BwrapFeatures,
+    pub(crate) seccomp: bool,
     pub(crate) runtime: RuntimePaths,
     pub(crate) fs: Arc<dyn HostFs>,
 }
@@ -169,6 +172,7 @@ impl SandboxSpec {
             chdir: None,
             nproc: None,
             features: BwrapFeatures::ALL,
+            seccomp: crate::seccomp::filter_bytes().is_some(),
             runtime,
             fs,
         }
@@ -323,6 +327,13 @@ impl SandboxSpec {
     /// Cap the number of processes the sandbox user may have (fork bombs).
     pub fn nproc(&mut self, n: Option<u64>) -> &mut Self {
         self.nproc = n;
+        self
+    }
+
+    /// Install the no-setuid-bits seccomp filter (see [`crate::seccomp`]);
+    /// on by default where this crate has a filter for the architecture.
+    pub fn seccomp(&mut self, on: bool) -> &mut Self {
+        self.seccomp = on;
         self
     }
 

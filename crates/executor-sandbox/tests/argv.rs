@@ -60,7 +60,7 @@ const GOLDEN: &[&str] = &[
     "--unshare-all", "--unshare-user", "--unshare-net", "--uid", "1000", "--gid", "100",
     "--disable-userns", "--hostname", "fhsx",
     // isolation
-    "--cap-drop", "ALL", "--new-session", "--die-with-parent", "--as-pid-1", "--chdir", "/workspace",
+    "--cap-drop", "ALL", "--seccomp", "5", "--new-session", "--die-with-parent", "--as-pid-1", "--chdir", "/workspace",
     // mounts
     "--ro-bind", "/usr", "/usr",
     "--symlink", "usr/bin", "/bin",

@@ -426,6 +426,36 @@ fn host_isolation_setuid_bit_does_not_take_effect() {
 }
 
 #[test]
+fn host_isolation_no_setuid_file_can_be_planted_in_the_workspace() {
+    // As root, files made inside are owned by host root: a setuid bit set
+    // inside would make a setuid-root program on the host after the run.
+    let ws = workspace();
+    let r = sh_in(
+        ws.path(),
+        "cp /usr/bin/id /workspace/planted
+         chmod u+s /workspace/planted 2>/dev/null && echo ESCAPED chmod-u+s
+         chmod 4755 /workspace/planted 2>/dev/null && echo ESCAPED chmod-4755
+         chmod g+s /workspace/planted 2>/dev/null && echo ESCAPED chmod-g+s
+         install -m 4755 /usr/bin/id /workspace/installed 2>/dev/null && echo ESCAPED install
+         mkdir -m 2755 /workspace/sgid-dir 2>/dev/null
+         python3 -c \"import os; os.close(os.open('/workspace/created', os.O_CREAT | os.O_WRONLY, 0o6755))\" 2>/dev/null
+         chmod 755 /workspace/planted && echo BLOCKED plain-chmod-still-works",
+    );
+    assert_all_blocked(&r);
+    assert!(out(&r).contains("plain-chmod-still-works"), "{}", out(&r));
+    for e in std::fs::read_dir(ws.path()).unwrap().flatten() {
+        use std::os::unix::fs::PermissionsExt;
+        let mode = e.metadata().unwrap().permissions().mode();
+        let is_dir = e.file_type().unwrap().is_dir();
+        assert!(
+            mode & 0o4000 == 0 && (is_dir || mode & 0o2000 == 0),
+            "{} has mode {mode:o} on the host",
+            e.path().display()
+        );
+    }
+}
+
+#[test]
 fn masked_state_and_dsh_home_never_cross() {
     require_bwrap();
     let ws = workspace();
