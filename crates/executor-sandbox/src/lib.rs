@@ -28,7 +28,9 @@
 //! no `/sys`; `/proc/sys` re-bound read-only and `/proc/sysrq-trigger`
 //! covered (bwrap leaves both writable to host uid 0); PID 1 non-dumpable
 //! (the command can neither ptrace it nor read its fds); a fresh session
-//! keyring. The writable places are the work directory, a private `/tmp`
+//! keyring; a seccomp filter ([`seccomp`]) that refuses setuid/setgid
+//! modes, since a file made in the workspace is root's on the host. The
+//! writable places are the work directory, a private `/tmp`
 //! and a private `/dev/shm` (a tmpfs like `/tmp`: POSIX shared memory needs
 //! it).
 //!
