@@ -773,3 +773,79 @@ fn unix_socket_listener_replays() {
     assert!(!sock.exists(), "socket file left behind");
     let _ = Ordering::SeqCst;
 }
+
+/// A redirect to a presigned URL: the live client follows the real signed
+/// location while recording; the lock keeps the location without the
+/// signature; replay follows that and still hits.
+#[test]
+fn redirect_to_a_presigned_url() {
+    let h = Harness::new();
+    let ca = TestCa::new(h.dir.path());
+    let lock = h.path("fetch.lock");
+    let mut ups = Upstream::https(&ca);
+    let url = format!("https://localhost:{}/presign", ups.port());
+    for mode in [Mode::Record, Mode::Replay] {
+        let p = h.proxy(mode, &lock, Some(&ca.pem_path));
+        let a = p.tcp_addr().unwrap();
+        assert_eq!(
+            curl(a, &h.ca_cert(), &url, &["-L"]),
+            (200, b"signed data\n".to_vec()),
+            "{mode:?}"
+        );
+        assert_eq!(
+            python(a, &h.ca_cert(), &url, &[]),
+            (200, b"signed data\n".to_vec()),
+            "{mode:?}"
+        );
+        p.shutdown().unwrap();
+        ups.stop();
+    }
+    let text = std::fs::read_to_string(&lock).unwrap();
+    assert!(
+        !text.contains(SECRET_SIG) && !text.contains(SECRET_CRED),
+        "{text}"
+    );
+    assert!(
+        text.contains(&format!(
+            "location = \"https://localhost:{}/signed?v=1\"",
+            ups.port()
+        )),
+        "{text}"
+    );
+}
+
+/// Upstream 5xx and an unreachable upstream are not recorded: the client
+/// gets a 502 marked as a proxy error (not a refusal), the lock stays empty.
+#[test]
+fn upstream_failures_are_not_recorded() {
+    let h = Harness::new();
+    let lock = h.path("fetch.lock");
+    let mut up = Upstream::http(0);
+    let closed = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port()
+    };
+    let p = h.proxy(Mode::Record, &lock, None);
+    let a = p.tcp_addr().unwrap();
+    for url in [
+        format!("http://127.0.0.1:{}/error", up.port()),
+        format!("http://127.0.0.1:{closed}/x"),
+    ] {
+        let r = raw_get(a, &url, "");
+        assert_eq!(r.status, 502, "{url}");
+        assert_eq!(r.header("x-fhsx-error"), Some("1"));
+        assert_eq!(r.header("x-fhsx-refused"), None);
+    }
+    assert!(
+        h.events
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|e| matches!(e, Event::RecordFailed { .. }))
+            .count()
+            == 2
+    );
+    p.shutdown().unwrap();
+    up.stop();
+    assert!(Lock::load_or_empty(&lock).unwrap().is_empty());
+}

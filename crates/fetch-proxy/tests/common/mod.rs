@@ -216,6 +216,17 @@ async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) ->
             }
         }
         "/counter" => full(format!("count {n}\n")),
+        "/error" => {
+            b = b.status(503);
+            full("try later\n")
+        }
+        "/presign" => {
+            b = b.status(302).header(
+                "location",
+                format!("{scheme}://{host}/signed?v=1&X-Amz-Credential={SECRET_CRED}&X-Amz-Date=20260101T000000Z&X-Amz-Signature={SECRET_SIG}"),
+            );
+            full("go sign\n")
+        }
         "/slow" => {
             tokio::time::sleep(Duration::from_millis(400)).await;
             full("slow body\n")
