@@ -19,7 +19,8 @@ ws=$(mktemp -d)
 trap 'rm -rf "$ws"' EXIT
 
 # The bare command: fhsx's own argv minus what only fhsx adds (the RPC
-# socket bind, whose socket exists only during a run, and the supervisor).
+# socket bind, whose socket exists only during a run, the supervisor, the
+# seccomp filter passed on an fd).
 mapfile -t full < <(cd "$ws" && "$FHSX" run --print-argv -- /bin/true)
 bare=()
 i=0
@@ -30,6 +31,9 @@ while (( i < ${#full[@]} )); do
   fi
   if [[ $a == --ro-bind && ${full[$((i + 2))]:-} == /run/fhsx/supervisor ]]; then
     i=$((i + 3)); continue
+  fi
+  if [[ $a == --seccomp ]]; then
+    i=$((i + 2)); continue
   fi
   if [[ $a == --setenv && ${full[$((i + 1))]:-} == WF_RPC_SOCK ]]; then
     i=$((i + 3)); continue
