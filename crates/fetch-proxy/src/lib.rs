@@ -28,6 +28,34 @@ pub use lock::{Entry, Key, Lock, LockDiff, VerifyProblem};
 pub use proxy::{Event, EventSink, Mode, ProxyConfig};
 pub use server::{Listen, ListenAddr, RunningProxy, Stats, Summary};
 
+/// Variables naming the CA bundle, one per client family (OpenSSL, curl,
+/// Python requests, cargo, Node, git).
+pub const CA_BUNDLE_VARS: &[&str] = &[
+    "SSL_CERT_FILE",
+    "CURL_CA_BUNDLE",
+    "REQUESTS_CA_BUNDLE",
+    "CARGO_HTTP_CAINFO",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+];
+
+/// The environment a build inside the sandbox needs to use the proxy:
+/// `http_proxy`/`https_proxy` in both cases pointing at `proxy_url` (inside
+/// the sandbox, `http://127.0.0.1:3128`), every [`CA_BUNDLE_VARS`] entry
+/// pointing at `ca_bundle` (a file holding only the proxy's CA, see
+/// [`CertAuthority::cert_pem`]), and `no_proxy` empty so nothing bypasses it.
+pub fn client_env(proxy_url: &str, ca_bundle: &str) -> Vec<(&'static str, String)> {
+    let mut v: Vec<(&'static str, String)> =
+        ["http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY"]
+            .into_iter()
+            .map(|k| (k, proxy_url.to_string()))
+            .collect();
+    v.push(("no_proxy", String::new()));
+    v.push(("NO_PROXY", String::new()));
+    v.extend(CA_BUNDLE_VARS.iter().map(|k| (*k, ca_bundle.to_string())));
+    v
+}
+
 /// Everything the proxy library can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
