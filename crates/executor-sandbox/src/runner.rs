@@ -158,10 +158,11 @@ fn private_dir(path: &Path) -> Result<(), SandboxError> {
 
 /// Write `data` at `path` with `mode` unless an identical-size file is
 /// there; atomically (temp file + rename), so no reader sees a partial file.
-fn install_file(path: &Path, data: &[u8], mode: u32) -> Result<(), SandboxError> {
+/// Returns whether it had to write the file.
+fn install_file(path: &Path, data: &[u8], mode: u32) -> Result<bool, SandboxError> {
     if let Ok(md) = fs::metadata(path) {
         if md.len() == data.len() as u64 && md.permissions().mode() & 0o777 == mode {
-            return Ok(());
+            return Ok(false);
         }
     }
     let tmp = path.with_extension(format!(
@@ -178,7 +179,33 @@ fn install_file(path: &Path, data: &[u8], mode: u32) -> Result<(), SandboxError>
     f.write_all(data)
         .map_err(|e| path_err("writing", &tmp, e))?;
     drop(f);
-    fs::rename(&tmp, path).map_err(|e| path_err("installing", path, e))
+    fs::rename(&tmp, path).map_err(|e| path_err("installing", path, e))?;
+    Ok(true)
+}
+
+/// After installing a new supervisor: remove other versions not touched
+/// for a day (an older fhsx still running may be using a recent one).
+fn sweep_old_supervisors(base: &Path, current: &Path) {
+    let Ok(rd) = fs::read_dir(base) else {
+        return;
+    };
+    let day = Duration::from_secs(24 * 3600);
+    for e in rd.flatten() {
+        let p = e.path();
+        let is_sup = e
+            .file_name()
+            .to_str()
+            .is_some_and(|n| n.starts_with("supervisor-"));
+        let old = e
+            .metadata()
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > day);
+        if is_sup && p != current && old {
+            let _ = fs::remove_file(p);
+        }
+    }
 }
 
 impl Runtime {
@@ -190,7 +217,9 @@ impl Runtime {
         let base = std::env::temp_dir().join(format!("fhsx-{}", uid()));
         private_dir(&base)?;
         let supervisor = base.join(format!("supervisor-{SUPERVISOR_TAG}"));
-        install_file(&supervisor, SUPERVISOR_BYTES, 0o555)?;
+        if install_file(&supervisor, SUPERVISOR_BYTES, 0o555)? {
+            sweep_old_supervisors(&base, &supervisor);
+        }
         let passwd = base.join("passwd");
         install_file(&passwd, PASSWD.as_bytes(), 0o444)?;
         let group = base.join("group");
@@ -199,6 +228,7 @@ impl Runtime {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
+        sweep_stale_runs(&base);
         let dir = base.join(format!(
             "run-{}-{}-{nanos:x}",
             std::process::id(),
@@ -565,6 +595,27 @@ impl Runtime {
             stdout,
             stderr,
         })
+    }
+}
+
+/// Remove run directories left by processes that no longer exist (killed
+/// before their `Runtime` was dropped). A live process's runs are left
+/// alone: its PID is the second field of the name.
+fn sweep_stale_runs(base: &Path) {
+    let Ok(rd) = fs::read_dir(base) else {
+        return;
+    };
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let Some(rest) = name.to_str().and_then(|n| n.strip_prefix("run-")) else {
+            continue;
+        };
+        let Some(pid) = rest.split('-').next().and_then(|p| p.parse::<u32>().ok()) else {
+            continue;
+        };
+        if !Path::new("/proc").join(pid.to_string()).exists() {
+            let _ = fs::remove_dir_all(e.path());
+        }
     }
 }
 
