@@ -267,19 +267,23 @@ impl Runtime {
         Ok(s)
     }
 
+    /// The host paths a spec for this runtime must carry.
     pub fn paths(&self) -> &RuntimePaths {
         &self.paths
     }
 
+    /// The optional bwrap flags this host's bwrap has.
     pub fn features(&self) -> BwrapFeatures {
         self.features
     }
 
+    /// The bwrap executable in use.
     pub fn bwrap(&self) -> &Path {
         &self.bwrap
     }
 
-    /// Run `command` in the sandbox `spec` describes.
+    /// Run `command` in the sandbox `spec` describes. One run at a time
+    /// per `Runtime` (its RPC socket path is per runtime).
     pub fn run(
         &self,
         spec: &SandboxSpec,
