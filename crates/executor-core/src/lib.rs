@@ -17,3 +17,35 @@ pub mod record;
 pub use action::{Action, ActionError, NetworkMode};
 pub use error::{ExitClass, SandboxError};
 pub use record::{BuildRecord, ExitStatus, ResourceUse, SignedRecord};
+
+/// What a caller hands an executor: the action, and where its fetch lock
+/// lives (read in replay mode, written in record mode).
+#[derive(Debug, Clone)]
+pub struct BuildRequest {
+    pub action: Action,
+    pub lock_path: Option<std::path::PathBuf>,
+    /// Permit `network.mode = "record"`, the one impure mode.
+    pub allow_record: bool,
+}
+
+/// What a finished build returns.
+#[derive(Debug, Clone)]
+pub struct BuildOutcome {
+    /// The stored, signed record's digest.
+    pub record_digest: castore::Digest,
+    pub record: SignedRecord,
+}
+
+/// An executor: `build(atom_closure, toolchain_composition, action_params)
+/// → output tree`, with the proof in the record. The scheduler above holds
+/// no opinion on how an implementation isolates the build.
+pub trait Executor {
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// Run one build; `log` receives its output as it happens.
+    fn build(
+        &self,
+        request: &BuildRequest,
+        log: &mut dyn std::io::Write,
+    ) -> Result<BuildOutcome, Self::Error>;
+}

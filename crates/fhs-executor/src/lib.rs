@@ -11,8 +11,10 @@
 
 mod error;
 pub mod ingest;
+pub mod build;
 pub mod keys;
 pub mod manifest;
 pub mod sign;
 
+pub use build::FhsExecutor;
 pub use error::Error;

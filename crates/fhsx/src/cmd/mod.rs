@@ -1,5 +1,6 @@
 //! Subcommands, one module each. `dispatch` returns the process exit code.
 
+mod build;
 mod closure_bloat;
 mod compose;
 mod key;
@@ -38,6 +39,8 @@ pub enum Command {
     Store(store::StoreCmd),
     /// Merge ordered atoms into one FHS tree.
     Compose(compose::ComposeArgs),
+    /// Run one build action hermetically; print its signed record.
+    Build(build::BuildArgs),
     /// The executor's signing key.
     #[command(subcommand)]
     Key(key::KeyCmd),
@@ -71,6 +74,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
     match cli.command {
         Command::Store(c) => store::run(&g, c),
         Command::Compose(a) => compose::run(&g, a),
+        Command::Build(a) => build::run(&g, a),
         Command::Key(c) => key::run(&g, c),
         Command::Record(c) => record::run(&g, c),
         Command::Run(a) => run::run(&g, a),

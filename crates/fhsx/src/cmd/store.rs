@@ -28,6 +28,8 @@ pub enum StoreCmd {
     },
     /// Write a file of a stored tree to stdout (verified before the first byte).
     Cat { digest: Digest, path: String },
+    /// Write a blob (a build log, a read set, a record) to stdout, verified.
+    Blob { digest: Digest },
     /// Write a stored tree out to a new directory.
     Export { digest: Digest, dest: PathBuf },
     /// Re-hash the whole store, or one tree, and report every corrupt or missing object by path.
@@ -111,6 +113,13 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
             )
             .into()),
         },
+        StoreCmd::Blob { digest } => {
+            let mut r = store.open_blob(&digest)?;
+            let mut out = std::io::stdout().lock();
+            std::io::copy(&mut r, &mut out).context("writing to stdout")?;
+            out.flush()?;
+            Ok(0)
+        }
         StoreCmd::Export { digest, dest } => {
             let bar = Bar::new("exporting");
             let r = castore::export::export(&store, &digest, &dest, &bar);
