@@ -116,7 +116,16 @@ fn unprivileged_user_subset() {
     let c = std::ffi::CString::new(ws.path().to_str().unwrap()).unwrap();
     // SAFETY: valid C string.
     assert_eq!(unsafe { libc::chown(c.as_ptr(), uid, uid) }, 0);
-    let exe = std::env::current_exe().unwrap();
+    // A copy of this test binary the user can surely execute (the checkout
+    // may sit under a directory only root can enter).
+    let bin_dir = tempfile::tempdir().unwrap();
+    let exe = bin_dir.path().join("unprivileged-test");
+    std::fs::copy(std::env::current_exe().unwrap(), &exe).unwrap();
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(bin_dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
     let run = Command::new("runuser")
         .args(["-u", USER, "--", "env"])
         .arg(format!("FHSX_UNPRIV_WS={}", ws.path().display()))
