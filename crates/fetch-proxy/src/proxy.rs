@@ -286,6 +286,7 @@ impl Body for ChanBody {
 }
 
 const CHUNK: usize = 256 * 1024;
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 const SMALL_BODY: u64 = 64 * 1024;
 
 fn file_body(path: PathBuf, start: u64, len: u64) -> RespBody {
@@ -1138,9 +1139,18 @@ async fn fetch_and_store(
         .counters
         .upstream_connects
         .fetch_add(1, Ordering::Relaxed);
-    let tcp = tokio::net::TcpStream::connect((url.host.as_str(), url.port))
-        .await
-        .map_err(|e| fail(format!("connect to {}: {e}", url.authority())))?;
+    let connect = tokio::net::TcpStream::connect((url.host.as_str(), url.port));
+    let tcp = match tokio::time::timeout(CONNECT_TIMEOUT, connect).await {
+        Ok(Ok(t)) => t,
+        Ok(Err(e)) => return Err(fail(format!("connect to {}: {e}", url.authority()))),
+        Err(_) => {
+            return Err(fail(format!(
+                "connect to {}: no answer in {}s",
+                url.authority(),
+                CONNECT_TIMEOUT.as_secs()
+            )))
+        }
+    };
     let _ = tcp.set_nodelay(true);
     let resp = match url.scheme {
         Scheme::Http => send_upstream(tcp, req).await.map_err(&fail)?,
@@ -1264,7 +1274,13 @@ async fn fetch_and_store(
         }
         let mut lock = lk(&s.lock);
         if let Some(old) = lock.get(&e2.key()) {
-            if *old == e2 {
+            // Same answer: keep the recorded entry as it is, even if
+            // validators (etag, last-modified, content-type) drifted.
+            if old.status == e2.status
+                && old.blake3 == e2.blake3
+                && old.size == e2.size
+                && old.headers.get("location") == e2.headers.get("location")
+            {
                 return Ok(());
             }
             let why = format!(

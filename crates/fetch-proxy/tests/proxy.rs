@@ -647,6 +647,25 @@ fn non_deterministic_upstream_aborts_recording() {
     up.stop();
 }
 
+/// Same body with a drifting ETag is the same answer: no abort, and the
+/// lock keeps the first recording byte for byte.
+#[test]
+fn drifting_validators_are_not_non_determinism() {
+    let h = Harness::new();
+    let lock = h.path("fetch.lock");
+    let mut up = Upstream::http(0);
+    let url = format!("http://127.0.0.1:{}/drift", up.port());
+    let p = h.proxy(Mode::Record, &lock, None);
+    let a = p.tcp_addr().unwrap();
+    assert_eq!(raw_get(a, &url, "").status, 200);
+    let first = std::fs::read(&lock).unwrap();
+    assert_eq!(raw_get(a, &url, "").status, 200);
+    p.shutdown().unwrap();
+    up.stop();
+    assert_eq!(up.seen.count("/drift"), 2);
+    assert_eq!(std::fs::read(&lock).unwrap(), first);
+}
+
 /// Plain bytes after CONNECT, a WebSocket upgrade, a TLS ClientHello without
 /// SNI, and a Host header that differs from the CONNECT target: refused,
 /// never tunnelled, no upstream connection.

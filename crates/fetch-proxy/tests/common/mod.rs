@@ -216,6 +216,10 @@ async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) ->
             }
         }
         "/counter" => full(format!("count {n}\n")),
+        "/drift" => {
+            b = b.header("etag", format!("\"e{n}\""));
+            full("same body, new etag\n")
+        }
         "/error" => {
             b = b.status(503);
             full("try later\n")
