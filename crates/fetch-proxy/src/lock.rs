@@ -184,6 +184,12 @@ impl Lock {
         format!("{HEADER}{body}")
     }
 
+    /// BLAKE3 of the canonical text: what a BuildRecord names as the
+    /// fetch-lock digest.
+    pub fn digest(&self) -> Digest {
+        Digest::of(self.to_toml().as_bytes())
+    }
+
     /// Write atomically: temp file, fsync, rename, fsync the directory.
     pub fn save(&self, path: &Path) -> Result<(), Error> {
         let text = self.to_toml();

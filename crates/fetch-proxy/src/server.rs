@@ -74,44 +74,55 @@ impl RunningProxy {
     /// Load the lock, bind, and start serving.
     pub fn start(cfg: ProxyConfig, listen: Listen) -> Result<Self, Error> {
         let shared = Arc::new(Shared::new(cfg)?);
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .thread_name("fetch-proxy")
-            .enable_io()
-            .enable_time()
-            .build()
-            .map_err(Error::Runtime)?;
-        let (listener, addr) = rt.block_on(async {
-            match &listen {
-                Listen::Tcp(a) => {
-                    let l = TcpListener::bind(a).await.map_err(|source| Error::Listen {
-                        addr: a.to_string(),
-                        source,
-                    })?;
-                    let local = l.local_addr().map_err(|source| Error::Listen {
-                        addr: a.to_string(),
-                        source,
-                    })?;
-                    Ok::<_, Error>((Listener::Tcp(l), ListenAddr::Tcp(local)))
-                }
-                Listen::Unix(p) => {
-                    let l = UnixListener::bind(p).map_err(|source| Error::Listen {
-                        addr: p.display().to_string(),
-                        source,
-                    })?;
-                    Ok((Listener::Unix(l), ListenAddr::Unix(p.clone())))
-                }
-            }
-        })?;
+        // Everything async happens on the proxy's own thread, so `start`
+        // works from plain threads and from inside another tokio runtime.
+        let (ready_tx, ready_rx) = std::sync::mpsc::channel::<Result<ListenAddr, Error>>();
         let (stop_tx, stop_rx) = oneshot::channel();
         let s = shared.clone();
         let thread = std::thread::Builder::new()
             .name("fetch-proxy-main".into())
             .spawn(move || {
+                let rt = match tokio::runtime::Builder::new_multi_thread()
+                    .worker_threads(2)
+                    .thread_name("fetch-proxy")
+                    .enable_io()
+                    .enable_time()
+                    .build()
+                {
+                    Ok(rt) => rt,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(Error::Runtime(e)));
+                        return;
+                    }
+                };
+                let bound = rt.block_on(bind(&listen));
+                let listener = match bound {
+                    Ok((l, addr)) => {
+                        let _ = ready_tx.send(Ok(addr));
+                        l
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e));
+                        return;
+                    }
+                };
                 rt.block_on(accept_loop(s, listener, stop_rx));
                 rt.shutdown_timeout(Duration::from_millis(200));
             })
             .map_err(Error::Runtime)?;
+        let addr = match ready_rx.recv() {
+            Ok(Ok(a)) => a,
+            Ok(Err(e)) => {
+                let _ = thread.join();
+                return Err(e);
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(Error::Runtime(std::io::Error::other(
+                    "the proxy thread died while starting",
+                )));
+            }
+        };
         Ok(RunningProxy {
             shared,
             addr,
@@ -178,6 +189,27 @@ impl RunningProxy {
 impl Drop for RunningProxy {
     fn drop(&mut self) {
         self.stop_thread();
+    }
+}
+
+async fn bind(listen: &Listen) -> Result<(Listener, ListenAddr), Error> {
+    match listen {
+        Listen::Tcp(a) => {
+            let err = |source| Error::Listen {
+                addr: a.to_string(),
+                source,
+            };
+            let l = TcpListener::bind(a).await.map_err(err)?;
+            let local = l.local_addr().map_err(err)?;
+            Ok((Listener::Tcp(l), ListenAddr::Tcp(local)))
+        }
+        Listen::Unix(p) => {
+            let l = UnixListener::bind(p).map_err(|source| Error::Listen {
+                addr: p.display().to_string(),
+                source,
+            })?;
+            Ok((Listener::Unix(l), ListenAddr::Unix(p.clone())))
+        }
     }
 }
 

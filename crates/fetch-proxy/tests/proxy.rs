@@ -868,3 +868,25 @@ fn upstream_failures_are_not_recorded() {
     up.stop();
     assert!(Lock::load_or_empty(&lock).unwrap().is_empty());
 }
+
+/// The executor may call `start` from inside its own tokio runtime; a port
+/// already taken is a clean `Listen` error.
+#[test]
+fn starts_inside_a_tokio_runtime_and_reports_busy_ports() {
+    let h = Harness::new();
+    let lock = h.path("fetch.lock");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let p = rt.block_on(async { h.proxy(Mode::Replay, &lock, None) });
+    let a = p.tcp_addr().unwrap();
+    assert_eq!(raw_get(a, "http://127.0.0.1:9/x", "").status, 403);
+    let store = castore::LocalStore::open(&h.store).unwrap();
+    let cfg = fetch_proxy::ProxyConfig::new(Mode::Replay, lock.clone(), store).unwrap();
+    let err = fetch_proxy::RunningProxy::start(cfg, fetch_proxy::Listen::Tcp(a))
+        .err()
+        .expect("second bind on the same port succeeded");
+    assert!(matches!(err, fetch_proxy::Error::Listen { .. }), "{err}");
+    rt.block_on(async { drop(p) });
+}
