@@ -266,14 +266,22 @@ impl MountGuard {
         // With nothing open below it, the detach ends the connection and the
         // threads see ENODEV at once. Something still holding a file keeps it
         // alive: give it a moment, then abort the connection outright.
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while !session.guard.is_finished() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(1));
-        }
-        if !session.guard.is_finished() {
+        let r = if wait_finished(&session.guard, Duration::from_millis(500)) {
+            let _ = session.join();
+            r
+        } else {
             abort_connection(self.conn);
-        }
-        let _ = session.join();
+            if wait_finished(&session.guard, Duration::from_secs(5)) {
+                let _ = session.join();
+                r
+            } else {
+                // Leave the threads to the kernel rather than hang the caller.
+                drop(session);
+                Err(std::io::Error::other(
+                    "the FUSE connection could not be aborted (is fusectl mountable?); its serving threads are left running",
+                ))
+            }
+        };
         if let Some(rec) = self.record.take() {
             let _ = fs::remove_file(rec);
         }
@@ -288,6 +296,17 @@ impl Drop for MountGuard {
     fn drop(&mut self) {
         let _ = self.unmount();
     }
+}
+
+fn wait_finished(t: &std::thread::JoinHandle<std::io::Result<()>>, limit: Duration) -> bool {
+    let deadline = Instant::now() + limit;
+    while !t.is_finished() {
+        if Instant::now() >= deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_micros(200));
+    }
+    true
 }
 
 /// Lazily unmount `path`; "not mounted" is success.

@@ -32,6 +32,20 @@ fn twenty_cycles_leave_no_mount_thread_or_fd() {
         }
         assert!(!is_mounted(&mp), "cycle {i} left a mount");
     }
+    // A file still open at unmount (a build's straggler) keeps the connection
+    // alive after the detach: finish must still return and take every thread.
+    for passthrough in [true, false] {
+        let opts = castore_fuse::MountOptions {
+            passthrough,
+            ..fx.opts()
+        };
+        let g = castore_fuse::mount(&fx.store, &fx.root, &fx.mountpoint("held"), &opts).unwrap();
+        let held = fs::File::open(g.mountpoint().join("README")).unwrap();
+        let mp = g.mountpoint().to_path_buf();
+        g.finish(&fx.store).unwrap();
+        assert!(!is_mounted(&mp));
+        drop(held);
+    }
     assert_eq!(count("/proc/self/task"), threads, "threads left behind");
     assert_eq!(count("/proc/self/fd"), fds, "file descriptors left behind");
     assert_eq!(
