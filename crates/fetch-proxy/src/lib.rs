@@ -13,7 +13,29 @@
 //! (`executor-sandbox` / `fhs-executor`), or the command line (`fhsx`).
 //!
 //! Entry points: [`ProxyConfig`] + [`RunningProxy::start`] (TCP or UNIX
-//! listener, own runtime thread), [`Lock`] for `fhsx lock verify|diff`.
+//! listener, own runtime thread), [`client_env`] for the sandbox's
+//! environment, [`Lock`] for `fhsx lock verify|diff`.
+//!
+//! Behaviour worth knowing (see also DESIGN.md, "The fetch proxy"):
+//! - Record mode serves every response from the CAS after the blob is
+//!   committed and the lock entry written, exactly as replay would serve it
+//!   (Content-Length always, allow-listed headers only). The one difference:
+//!   a `Location` holding secrets goes to the live client as the upstream
+//!   sent it, and to the lock sanitised.
+//! - Only `GET` (and `HEAD`, recorded as `GET`) is recorded; other methods
+//!   are refused with 403 in both modes.
+//! - An upstream `Content-Encoding: gzip`/`deflate` body is stored decoded
+//!   (stable digest whatever the upstream's gzip settings), unless the
+//!   resource is itself a gzip file (`.gz`/`.tgz` path or gzip content type),
+//!   which is stored as sent. Any other encoding is stored as sent and its
+//!   `content-encoding` kept in the entry.
+//! - Upstream 5xx and connection failures are not recorded: the client gets
+//!   `502` with `x-fhsx-error: 1`. Refusals are always `403` with
+//!   `x-fhsx-refused: <reason>`.
+//! - A key answered with a different status, body or `Location` aborts the
+//!   recording (every later request is refused, [`RunningProxy::shutdown`]
+//!   returns [`Error::NonDeterministic`]); a drifting ETag or Last-Modified
+//!   with the same body keeps the recorded entry untouched.
 
 pub mod ca;
 pub mod lock;

@@ -45,6 +45,9 @@ fn record_then_replay_with_curl_and_python_over_http_and_https() {
         assert_eq!(pbody, body, "python record body {u}");
         recorded.push(body);
     }
+    // HTTP/2 to the proxy inside the tunnel while recording, too.
+    let (c, body) = curl(addr, &h.ca_cert(), &urls[2], &["--http2"]);
+    assert_eq!((c, body), (200, HELLO.to_vec()));
     let stats = p.shutdown().unwrap().stats;
     assert!(stats.upstream_connects >= 4);
     up.stop();
