@@ -162,6 +162,12 @@ fn lk<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl Shared {
     pub(crate) fn new(cfg: ProxyConfig) -> Result<Self, Error> {
         let lock = crate::Lock::load_or_empty(&cfg.lock_path)?;
+        if cfg.mode == Mode::Record {
+            // Fail now, not at the first response, if the lock is not
+            // writable; and a session that fetched nothing still leaves a
+            // (canonical, empty) lock behind.
+            lock.save(&cfg.lock_path)?;
+        }
         let upstream = match cfg.mode {
             Mode::Replay => None,
             Mode::Record => Some(Arc::new(client_config(
