@@ -4,6 +4,11 @@
 //! The tree is written into a hidden sibling of the destination and renamed
 //! into place at the end, so a failed export (a corrupt blob, a full disk)
 //! leaves no partial tree at the destination.
+//!
+//! Trees carry no times, so every exported file and directory gets the same
+//! one, [`EXPORT_MTIME`] (as in Nix's store): equal times make `make`
+//! consider nothing out of date, where creation order would otherwise make
+//! generated files (`configure`, `aclocal.m4`) look stale.
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -15,6 +20,16 @@ use rayon::prelude::*;
 use crate::error::io;
 use crate::store::{DirectoryStore, LocalStore, ObjectKind};
 use crate::{Digest, Error, Node, Progress, Result};
+
+/// The modification time of everything exported: one second after the epoch.
+pub const EXPORT_MTIME: std::time::Duration = std::time::Duration::from_secs(1);
+
+fn set_mtime(p: &Path) -> Result<()> {
+    let t = std::time::UNIX_EPOCH + EXPORT_MTIME;
+    let f = File::open(p).map_err(io("open", p))?;
+    f.set_times(fs::FileTimes::new().set_modified(t).set_accessed(t))
+        .map_err(io("set times of", p))
+}
 
 /// Export the directory tree `root` to `dest`, which must not exist or be an
 /// empty directory.
@@ -47,6 +62,7 @@ pub fn export(
     let result = (|| {
         fs::create_dir(&staging).map_err(io("create", &staging))?;
         write_dir(store, root, &staging, "", progress)?;
+        set_mtime(&staging)?;
         if dest.is_dir() {
             fs::remove_dir(dest).map_err(io("replace empty directory", dest))?;
         }
@@ -80,7 +96,8 @@ fn write_dir(
             Node::Directory { digest, .. } => {
                 fs::create_dir(&p).map_err(io("create", &p))?;
                 write_dir(store, digest, &p, &tp, progress)?;
-                fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).map_err(io("chmod", &p))
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).map_err(io("chmod", &p))?;
+                set_mtime(&p)
             }
             Node::File {
                 digest,
@@ -91,6 +108,7 @@ fn write_dir(
                 let mode = if *executable { 0o755 } else { 0o644 };
                 fs::set_permissions(&p, fs::Permissions::from_mode(mode))
                     .map_err(io("chmod", &p))?;
+                set_mtime(&p)?;
                 progress.advance(1, *size);
                 Ok(())
             }

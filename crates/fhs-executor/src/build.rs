@@ -40,7 +40,6 @@ const BASE_ENV: &[(&str, &str)] = &[
     ("TMPDIR", "/tmp"),
     ("SOURCE_DATE_EPOCH", "0"),
     ("LANG", "C.UTF-8"),
-    ("LC_ALL", "C.UTF-8"),
     ("TZ", "UTC"),
     ("USER", "build"),
     ("out", "/build/out"),
