@@ -492,6 +492,9 @@ impl Runtime {
         let mut phase = Phase::Running;
         let mut deadline = opts.timeout.map(|t| started + t);
         let mut wait_failure = None;
+        // The supervisor (bwrap's child, PID 1 inside), held by a pidfd:
+        // its end means the whole PID namespace is gone.
+        let mut supervisor: Option<OwnedFd> = None;
         loop {
             let wait_ms = match deadline {
                 None => -1,
@@ -519,6 +522,9 @@ impl Runtime {
             }
             if ready[1] {
                 ctl_open = drain(&mut ctl, &mut ctl_buf);
+                if supervisor.is_none() && ctl_buf.starts_with(b"START\n") {
+                    supervisor = sys::child_pidfd(pid);
+                }
             }
             if ready[0] {
                 break;
@@ -546,6 +552,12 @@ impl Runtime {
             if r >= 0 || std::io::Error::last_os_error().kind() != std::io::ErrorKind::Interrupted {
                 break;
             }
+        }
+        // PID 1 of a namespace finishes exiting only once every other
+        // process in it is gone: wait for that, so nothing of the run is
+        // left when we return (cgroup mode also checks its cgroup).
+        if let Some(sup) = &supervisor {
+            let _ = sys::poll_in(&[sup.as_raw_fd()], 10_000);
         }
         // bwrap is gone, so is everything inside: read what is left.
         let _ = sys::set_nonblocking(ctl.as_raw_fd(), false);

@@ -308,3 +308,26 @@ pub(crate) unsafe fn clone3_vfork(
 ) -> io::Result<(libc::pid_t, OwnedFd)> {
     Err(io::Error::from(io::ErrorKind::Unsupported))
 }
+
+/// A pidfd on the only child of our own child `parent` (bwrap's child, the
+/// supervisor), proven: it is listed as `parent`'s child both before and
+/// after the pidfd is opened, and `parent` (unreaped, so its PID is ours)
+/// is still running, so the list is current.
+pub(crate) fn child_pidfd(parent: libc::pid_t) -> Option<OwnedFd> {
+    let list = || -> Option<Vec<libc::pid_t>> {
+        let path = format!("/proc/{parent}/task/{parent}/children");
+        let text = std::fs::read_to_string(path).ok()?;
+        Some(
+            text.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect(),
+        )
+    };
+    let before = list()?;
+    let [child] = before.as_slice() else {
+        return None;
+    };
+    let fd = pidfd_open(*child).ok()?;
+    let after = list()?;
+    (after.contains(child) && !pidfd_exited(&fd)).then_some(fd)
+}

@@ -15,8 +15,9 @@
 //! (128+signal if CMD was killed by a signal).
 //!
 //! Control protocol (lines on the control fd, a stream socket):
-//! host -> supervisor: `TERM`; supervisor -> host: `EXIT <code>` or
-//! `SIGNAL <n>` or `NOEXEC <errno>`, then `LINGER <count>`.
+//! host -> supervisor: `TERM`; supervisor -> host: `START` once running,
+//! then `EXIT <code>` or `SIGNAL <n>` or `NOEXEC <errno>`, then
+//! `LINGER <count>`.
 
 use std::ffi::OsString;
 use std::io::Write;
@@ -263,6 +264,10 @@ fn main() {
     // when the caller is root, the sandbox uid would own) stay out of reach.
     // SAFETY: keyctl with a null name creates and joins an anonymous keyring.
     unsafe { syscall(SYS_KEYCTL, KEYCTL_JOIN_SESSION_KEYRING, 0i64) };
+
+    // Tell the host we exist: while bwrap lives, it can find and hold us by
+    // a pidfd, and later wait for this namespace to be empty.
+    control.send("START");
 
     let handled = sigset(&[SIGTERM, SIGINT, SIGHUP, SIGCHLD]);
     // SAFETY: valid sigset pointers; blocking before the signalfd exists

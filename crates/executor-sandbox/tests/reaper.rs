@@ -142,6 +142,29 @@ fn reaper_ends_a_fork_bomb_at_the_timeout_with_nothing_left() {
 }
 
 #[test]
+fn reaper_pidfd_fallback_ends_a_fork_bomb_with_nothing_left() {
+    // Without a cgroup the run returns only once PID 1 inside has finished
+    // exiting, which the kernel allows only when its namespace is empty.
+    let ws = workspace();
+    let r = sh_with(
+        ws.path(),
+        "trap '' TERM; while :; do sleep 987654 & done",
+        &HostEnv::new(),
+        RunOptions {
+            reaper: ReaperPreference::PidfdOnly,
+            ..timed(700, 200)
+        },
+    );
+    assert_eq!(r.reaper, ReaperMode::Pidfd);
+    assert!(
+        matches!(r.outcome, Outcome::TimedOut { .. }),
+        "{:?}",
+        r.outcome
+    );
+    assert_none_left("987654");
+}
+
+#[test]
 fn exit_status_tells_exit_from_signal() {
     let ws = workspace();
     assert_eq!(sh_in(ws.path(), "exit 7").outcome, Outcome::Exited(7));
