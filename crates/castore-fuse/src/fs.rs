@@ -515,17 +515,6 @@ impl Filesystem for ViewFs {
         reply.data(&buf[..n]);
     }
 
-    fn flush(
-        &self,
-        _req: &Request,
-        _ino: INodeNo,
-        _fh: FileHandle,
-        _lo: LockOwner,
-        reply: ReplyEmpty,
-    ) {
-        reply.ok();
-    }
-
     fn release(
         &self,
         _req: &Request,

@@ -12,8 +12,11 @@
 //!   (absences too), the page cache is kept across opens, several threads
 //!   serve, each on its own `/dev/fuse` clone, and reads are as large as the
 //!   kernel allows. With FUSE passthrough (Linux ≥ 6.9, root) an opened file
-//!   is handed to the kernel, which reads the blob file directly; the open
-//!   itself still comes to the daemon, so it is still verified and logged.
+//!   is handed to the kernel, which reads the blob file directly (one backing
+//!   file per inode, kept for the mount's life); the open itself still comes
+//!   to the daemon, so it is still verified and logged. `flush` is left
+//!   unimplemented on purpose: the kernel then stops sending it, saving a
+//!   round trip per `close`.
 //!   Files are `0444` (`0555` if executable), directories `0555`, owned by
 //!   root, all times 1970-01-01T00:00:01Z.
 //! - **Verification**: the first open of a blob in a mount hashes the whole
@@ -27,7 +30,9 @@
 //!   readdir and readlink. [`MountGuard::finish`] unmounts, de-duplicates and
 //!   sorts, stores the encoding as a CAS blob and returns its digest.
 //! - **Lifecycle** ([`MountGuard`]): one fresh mount per use; dropping the
-//!   guard detaches the mount (`MNT_DETACH`) and joins every serving thread.
+//!   guard detaches the mount (`MNT_DETACH`) and joins every serving thread
+//!   (if a straggler still holds a file open 500 ms later, the connection is
+//!   aborted through fusectl, so neither drop nor finish can hang).
 //!   Each live mount is registered with its owner's pid and start time;
 //!   [`cleanup_stale_mounts`] (run by every [`mount`]) detaches those whose
 //!   owner died.
