@@ -1,0 +1,212 @@
+//! `fhsx build` end to end: real bwrap, real FUSE, real Debian packages.
+//!
+//! The toolchain is the hello example's (examples/hello/toolchain.txt), its
+//! .debs fetched once with `apt-get download` into the target directory.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::sync::OnceLock;
+
+fn fhsx(store: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fhsx"));
+    c.arg("--store").arg(store);
+    // Builds keep their scratch next to the store, so leftovers are visible per test.
+    if let Some(parent) = store.parent() {
+        c.env("TMPDIR", parent);
+    }
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+/// The example's inputs (.debs and hello's tarball), fetched once per target dir.
+fn inputs() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hello-inputs");
+        let o = Command::new(repo().join("examples/hello/fetch-inputs.sh"))
+            .arg(&dir)
+            .output()
+            .expect("run examples/hello/fetch-inputs.sh");
+        assert!(
+            o.status.success(),
+            "fetching the example's Debian packages failed (needs apt-get and `apt-get update`): {}",
+            text(&o)
+        );
+        dir
+    })
+}
+
+fn import(store: &Path, p: &Path) -> String {
+    let o = fhsx(store).args(["store", "import"]).arg(p).output().unwrap();
+    assert!(o.status.success(), "import {}: {}", p.display(), text(&o));
+    String::from_utf8_lossy(&o.stdout).split('\t').next().unwrap().to_owned()
+}
+
+/// Import every toolchain .deb; returns (package name, atom digest).
+fn toolchain(store: &Path) -> Vec<(String, String)> {
+    let debs = inputs().join("debs");
+    let mut files: Vec<_> = fs::read_dir(&debs).unwrap().flatten().map(|e| e.path()).collect();
+    files.sort();
+    let o = fhsx(store).args(["--json", "store", "import"]).args(&files).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v.as_array()
+        .unwrap()
+        .iter()
+        .map(|e| {
+            let path = e["path"].as_str().unwrap();
+            let name = Path::new(path).file_name().unwrap().to_string_lossy();
+            (name.split('_').next().unwrap().to_owned(), e["root"].as_str().unwrap().to_owned())
+        })
+        .collect()
+}
+
+fn quoted(list: &[String]) -> String {
+    list.iter().map(|d| format!("\"{d}\"")).collect::<Vec<_>>().join(", ")
+}
+
+fn write_action(dir: &Path, name: &str, body: &str) -> PathBuf {
+    let p = dir.join(name);
+    fs::write(&p, body).unwrap();
+    p
+}
+
+fn build(store: &Path, action: &Path) -> (Output, Option<serde_json::Value>) {
+    let o = fhsx(store).args(["--json", "build"]).arg(action).output().unwrap();
+    let v = serde_json::from_slice(&o.stdout).ok();
+    (o, v)
+}
+
+/// No mount and no build directory left behind in `dir`, where this test's
+/// builds keep their scratch (`TMPDIR`). Tests run in parallel, so other
+/// tests' live mounts elsewhere are not ours to judge.
+fn no_leftovers(dir: &Path) {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let d = dir.to_string_lossy();
+    assert!(!mounts.contains(d.as_ref()), "a mount is left under {d}:\n{mounts}");
+    let left: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("fhsx-build-"))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "build directories left behind: {left:?}");
+}
+
+fn hello_action(tc: &[String], src: &str) -> String {
+    format!(
+        r#"[inputs]
+toolchain = [{}]
+source = "{src}"
+[run]
+command = ["/bin/sh", "-c", "cd hello-2.10 && ./configure --prefix=/usr && make -j2 && make install DESTDIR=$out"]
+workdir = "/build/src"
+timeout = "15m"
+"#,
+        quoted(tc)
+    )
+}
+
+#[test]
+fn hello_builds_reproducibly_with_a_proven_read_set() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let atoms = toolchain(&store);
+    // One atom the build never touches: it must show up as bloat and not in the read set.
+    let unused_dir = t.path().join("unused");
+    fs::create_dir_all(unused_dir.join("opt/unused")).unwrap();
+    fs::write(unused_dir.join("opt/unused/never-read.txt"), b"nobody reads me").unwrap();
+    let unused = import(&store, &unused_dir);
+    let mut tc: Vec<String> = atoms.iter().map(|a| a.1.clone()).collect();
+    tc.push(unused.clone());
+    let src = import(&store, &inputs().join("src/hello_2.10.orig.tar.gz"));
+    let action = write_action(t.path(), "hello.toml", &hello_action(&tc, &src));
+
+    let (o1, v1) = build(&store, &action);
+    assert!(o1.status.success(), "hello build failed: {}", text(&o1));
+    no_leftovers(t.path());
+    let v1 = v1.unwrap();
+    let (o2, v2) = build(&store, &action);
+    assert!(o2.status.success(), "{}", text(&o2));
+    let v2 = v2.unwrap();
+    assert_eq!(v1["output"], v2["output"], "output differs between two builds");
+    assert_eq!(v1["read_set"], v2["read_set"], "read set differs between two builds");
+
+    // The output has a working hello.
+    let out = t.path().join("out");
+    let o = fhsx(&store)
+        .args(["store", "export", v1["output"].as_str().unwrap()])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let hello = Command::new(out.join("out/usr/bin/hello")).output().unwrap();
+    assert_eq!(hello.stdout, b"Hello, world!\n");
+
+    // The record verifies, against the store's own key.
+    let record = v1["record"].as_str().unwrap();
+    let key = fhsx(&store).args(["key", "show"]).output().unwrap();
+    let key = String::from_utf8_lossy(&key.stdout).trim().to_owned();
+    let o = fhsx(&store).args(["record", "verify", record, "--trust", &key]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let other = format!("ed25519:{}", "11".repeat(32));
+    let o = fhsx(&store).args(["record", "verify", record, "--trust", &other]).output().unwrap();
+    assert_eq!(o.status.code(), Some(3), "an untrusted signer was accepted: {}", text(&o));
+
+    // The read set names the compiler and the headers it used, not the unused atom.
+    let rs = fhsx(&store)
+        .args(["store", "blob", v1["read_set"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    let rs = String::from_utf8_lossy(&rs.stdout);
+    for needle in ["/usr/bin/gcc-12", "/usr/include/stdio.h", "/usr/lib/gcc/x86_64-linux-gnu/12/cc1"] {
+        assert!(rs.contains(needle), "read set lacks {needle}");
+    }
+    assert!(!rs.contains("/opt/unused"), "read set names a path never touched");
+
+    let o = fhsx(&store).args(["--json", "closure-bloat", v1["read_set"].as_str().unwrap()]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let unread: Vec<String> = report["atoms"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|a| a["observed_entries"].as_u64() == Some(0))
+        .map(|a| a["atom"].as_str().unwrap().to_owned())
+        .collect();
+    assert!(unread.contains(&unused), "closure-bloat does not name the unused atom: {report}");
+}
+
+#[test]
+fn reading_an_undeclared_toolchain_file_fails_and_names_the_path() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let atoms = toolchain(&store);
+    // Compose without make: the build's `make` is not in the declared closure.
+    let tc: Vec<String> = atoms.iter().filter(|a| a.0 != "make").map(|a| a.1.clone()).collect();
+    let src = import(&store, &inputs().join("src/hello_2.10.orig.tar.gz"));
+    let action = write_action(
+        t.path(),
+        "a.toml",
+        &format!(
+            "[inputs]\ntoolchain = [{}]\nsource = \"{src}\"\n[run]\ncommand = [\"/bin/sh\", \"-c\", \"cat /usr/bin/make > /dev/null\"]\n",
+            quoted(&tc)
+        ),
+    );
+    let (o, v) = build(&store, &action);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    no_leftovers(t.path());
+    let log = fhsx(&store)
+        .args(["store", "blob", v.unwrap()["log"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&log.stdout).contains("/usr/bin/make"));
+}
