@@ -263,19 +263,29 @@ impl Shared {
         }
     }
 
-    /// Check a blob against its digest, once per mount.
-    fn verify(&self, path: &str, digest: &Digest) -> bool {
+    /// Open a blob's file, checked against its digest once per mount. The
+    /// first open hashes the very file it returns, so what the kernel is then
+    /// handed (or what the daemon serves) is the inode that was verified.
+    /// `None` (with the failure recorded) if it is missing or corrupt.
+    fn verified_file(&self, path: &str, digest: &Digest) -> Option<File> {
+        let file = match self.open_blob_file(digest) {
+            Ok(f) => f,
+            Err(_) => {
+                self.fail(path, *digest, None);
+                return None;
+            }
+        };
         let cell = lock(&self.verified).entry(*digest).or_default().clone();
-        let verdict = cell.get_or_init(|| match self.store.open_blob(digest) {
-            Ok(_) => Ok(()),
-            Err(castore::Error::Corrupt { actual, .. }) => Err(Some(actual)),
+        let verdict = cell.get_or_init(|| match hash_file(&file) {
+            Ok(actual) if actual == *digest => Ok(()),
+            Ok(actual) => Err(Some(actual)),
             Err(_) => Err(None),
         });
         match verdict {
-            Ok(()) => true,
+            Ok(()) => Some(file),
             Err(actual) => {
                 self.fail(path, *digest, *actual);
-                false
+                None
             }
         }
     }
@@ -291,11 +301,6 @@ impl Shared {
             .open(Path::new(&path))
     }
 
-    fn open_failed(&self, path: &str, digest: &Digest, e: std::io::Error, reply: ReplyOpen) {
-        self.fail(path, *digest, None);
-        reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)))
-    }
-
     fn child_path(parent: &Inode, name: &OsStr) -> String {
         let esc = escape_name(name.as_bytes());
         if parent.path.len() == 1 {
@@ -304,6 +309,30 @@ impl Shared {
             format!("{}/{esc}", parent.path)
         }
     }
+}
+
+/// BLAKE3 of a whole file, read through the given descriptor; large reads
+/// are hashed on all cores.
+fn hash_file(f: &File) -> std::io::Result<Digest> {
+    let len = f.metadata()?.len();
+    let mut buf = vec![0u8; len.clamp(1, 1 << 20) as usize];
+    let mut h = blake3::Hasher::new();
+    let mut off = 0u64;
+    loop {
+        let n = match f.read_at(&mut buf, off) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(e) => return Err(e),
+        };
+        if n >= 256 * 1024 {
+            h.update_rayon(&buf[..n]);
+        } else {
+            h.update(&buf[..n]);
+        }
+        off += n as u64;
+    }
+    Ok(h.finalize().into())
 }
 
 fn file_type(node: &Node) -> FileType {
@@ -445,20 +474,18 @@ impl Filesystem for ViewFs {
             return reply.error(Errno::EISDIR);
         };
         inode.mark(MARK_READ);
-        if !s.verify(&inode.path, digest) {
-            return reply.error(Errno::EIO);
-        }
         if s.passthrough.load(Ordering::Relaxed) {
-            // One backing file per inode for the whole mount: the kernel holds
-            // the file, not our fd table, and a re-open costs no syscall here.
+            // One backing file per inode for the whole mount (it exists only
+            // once verified): the kernel holds the file, not our fd table.
             let known = lock(&s.backing).get(&ino.0).cloned();
             if let Some(id) = known {
                 return reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), &id);
             }
-            let file = match s.open_blob_file(digest) {
-                Ok(f) => f,
-                Err(e) => return s.open_failed(&inode.path, digest, e, reply),
-            };
+        }
+        let Some(file) = s.verified_file(&inode.path, digest) else {
+            return reply.error(Errno::EIO);
+        };
+        if s.passthrough.load(Ordering::Relaxed) {
             match reply.open_backing(&file) {
                 Ok(id) => {
                     // Two first opens may race: the inode keeps one backing
@@ -477,10 +504,6 @@ impl Filesystem for ViewFs {
                 }
             }
         }
-        let file = match s.open_blob_file(digest) {
-            Ok(f) => f,
-            Err(e) => return s.open_failed(&inode.path, digest, e, reply),
-        };
         let fh = s.next_fh.fetch_add(1, Ordering::Relaxed);
         lock(&s.handles).insert(fh, Arc::new(file));
         reply.opened(FileHandle(fh), FopenFlags::FOPEN_KEEP_CACHE);
