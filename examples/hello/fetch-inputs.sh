@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
 # Download the hello example's inputs into DIR (default: examples/hello/inputs):
-# the toolchain's .debs (toolchain.txt) with `apt-get download`, and GNU
+# the toolchain's .debs (toolchain.txt) with `apt-get download`, the fetch
+# action's tool (busybox-static, for its wget), and GNU
 # hello's pristine upstream tarball from Debian's source package `hello`,
 # through a private apt configuration (the system's sources are not touched).
 # Idempotent: what is already there is not fetched again.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dir=${1:-$here/inputs}
-mkdir -p "$dir/debs" "$dir/src"
+mkdir -p "$dir/debs" "$dir/src" "$dir/fetch-debs"
+(cd "$dir/fetch-debs" && { compgen -G "busybox-static_*.deb" >/dev/null ||
+  apt-get download busybox-static 2> >(grep -v 'Download is performed unsandboxed' >&2); })
 cd "$dir/debs"
 missing=()
 while read -r pkg; do

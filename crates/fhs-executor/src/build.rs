@@ -72,14 +72,11 @@ impl FhsExecutor {
         keys::public_key_string(&self.key.verifying_key())
     }
 
-    fn check_present(&self, what: &str, d: &Digest) -> Result<(), Error> {
+    fn check_present(&self, what: &'static str, d: &Digest) -> Result<(), Error> {
         if self.store.has_directory(d)? {
             Ok(())
         } else {
-            Err(Error::Store(castore::Error::Missing {
-                digest: *d,
-                path: Some(format!("(action {what})")),
-            }))
+            Err(Error::MissingInput { what, digest: *d })
         }
     }
 
@@ -122,19 +119,10 @@ impl FhsExecutor {
     fn build_inner(&self, req: &BuildRequest, log: &mut dyn Write) -> Result<BuildOutcome, Error> {
         let action = &req.action;
         let started = Instant::now();
-        for d in &action.inputs.closure {
-            self.check_present("closure", d)?;
-        }
-        for d in &action.inputs.toolchain {
-            self.check_present("toolchain", d)?;
-        }
-        if let Some(s) = &action.inputs.source {
-            self.check_present("source", s)?;
-        }
         let (lock_digest, lock_bytes) = match action.network.mode {
             NetworkMode::None => (None, None),
             NetworkMode::Record if !req.allow_record => {
-                return Err(Error::Other(
+                return Err(Error::Usage(
                     "the action asks for network mode \"record\", the one impure mode: pass --record to allow it".into(),
                 ))
             }
@@ -156,6 +144,15 @@ impl FhsExecutor {
             ));
         }
         let _ = lock_bytes;
+        for d in &action.inputs.closure {
+            self.check_present("closure", d)?;
+        }
+        for d in &action.inputs.toolchain {
+            self.check_present("toolchain", d)?;
+        }
+        if let Some(s) = &action.inputs.source {
+            self.check_present("source", s)?;
+        }
         let action_digest = action.digest(lock_digest.as_ref());
 
         let mut atoms = action.inputs.closure.clone();

@@ -12,6 +12,14 @@ pub enum Error {
     Action(#[from] executor_core::ActionError),
     #[error(transparent)]
     Sandbox(#[from] executor_core::SandboxError),
+    #[error("the action's {what} names {digest}, which is not in the store; import it first (`fhsx store import`)")]
+    MissingInput {
+        what: &'static str,
+        digest: castore::Digest,
+    },
+    /// The request is well-formed but not allowed as given.
+    #[error("{0}")]
+    Usage(String),
     #[error("bad key: {0}")]
     BadKey(String),
     #[error("bad record: {0}")]
@@ -47,7 +55,9 @@ impl Error {
                 castore::ErrorKind::Input => ExitClass::Usage,
                 castore::ErrorKind::Io => ExitClass::BuildFailed,
             },
-            Error::Action(_) | Error::BadKey(_) => ExitClass::Usage,
+            Error::Action(_) | Error::BadKey(_) | Error::MissingInput { .. } | Error::Usage(_) => {
+                ExitClass::Usage
+            }
             Error::Sandbox(e) => e.exit_class(),
             Error::BadRecord(_) | Error::Containment(_) => ExitClass::Integrity,
             Error::BadOutput { .. } | Error::Io { .. } | Error::Other(_) => ExitClass::BuildFailed,

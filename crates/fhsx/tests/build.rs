@@ -210,3 +210,136 @@ fn reading_an_undeclared_toolchain_file_fails_and_names_the_path() {
         .unwrap();
     assert!(String::from_utf8_lossy(&log.stdout).contains("/usr/bin/make"));
 }
+
+/// A closure of one real Debian package: busybox-static.
+fn busybox(store: &Path) -> String {
+    let debs = inputs().join("fetch-debs");
+    let deb = fs::read_dir(&debs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("busybox-static"))
+        .expect("busybox-static .deb (examples/hello/fetch-inputs.sh fetches it)");
+    import(store, &deb)
+}
+
+fn sh_action(closure: &str, script: &str, extra: &str) -> String {
+    format!(
+        "[inputs]\nclosure = [\"{closure}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {script:?}]\ntimeout = \"60s\"\n{extra}"
+    )
+}
+
+#[test]
+fn writes_outside_scratch_fail_and_change_nothing() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let before = fs::read_dir(store.join("blobs/00")).unwrap().count();
+    // Each attempt must fail inside; the script records which succeeded.
+    let script = r#"
+        for p in /etc/evil /bin/evil /usr/evil /evil /proc/evil /run/evil /build/../evil; do
+          if echo x > "$p" 2>/dev/null; then echo "WROTE $p"; fi
+        done
+        if busybox mkdir /newdir 2>/dev/null; then echo "WROTE /newdir"; fi
+        if busybox mount -t tmpfs none /etc 2>/dev/null; then echo "MOUNTED"; fi
+        echo ok > /tmp/fine && echo ok > $out/fine
+    "#;
+    let action = write_action(t.path(), "w.toml", &sh_action(&bb, script, ""));
+    let (o, v) = build(&store, &action);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = v.unwrap();
+    let log = fhsx(&store).args(["store", "blob", v["log"].as_str().unwrap()]).output().unwrap();
+    let log = String::from_utf8_lossy(&log.stdout);
+    assert!(!log.contains("WROTE") && !log.contains("MOUNTED"), "a write escaped scratch:\n{log}");
+    // The store's own objects were not touched from inside (only new ones added).
+    assert!(fs::read_dir(store.join("blobs/00")).unwrap().count() >= before);
+    let o = fhsx(&store).args(["store", "verify"]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    no_leftovers(t.path());
+}
+
+#[test]
+fn corrupt_blob_in_the_closure_is_an_integrity_error_naming_the_path() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let extra = t.path().join("extra");
+    fs::create_dir_all(extra.join("usr/share/data")).unwrap();
+    fs::write(extra.join("usr/share/data/payload.txt"), b"payload bytes").unwrap();
+    let extra = import(&store, &extra);
+    let blob = fhsx(&store)
+        .args(["--json", "store", "ls", &extra, "usr/share/data/payload.txt"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&blob.stdout).unwrap();
+    let hex = v[0]["digest"].as_str().unwrap().trim_start_matches("b3:").to_owned();
+    let p = store.join("blobs").join(&hex[..2]).join(&hex);
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(&p, b"PAYLOAD BYTES").unwrap();
+    let action = write_action(
+        t.path(),
+        "c.toml",
+        &format!(
+            "[inputs]\nclosure = [\"{bb}\", \"{extra}\"]\n[run]\ncommand = [\"/bin/busybox\", \"cat\", \"/usr/share/data/payload.txt\"]\n"
+        ),
+    );
+    let (o, _) = build(&store, &action);
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(text(&o).contains("usr/share/data/payload.txt"), "the error does not name the path: {}", text(&o));
+    assert!(!String::from_utf8_lossy(&o.stdout).contains("PAYLOAD"), "corrupt bytes reached the build");
+    no_leftovers(t.path());
+}
+
+#[test]
+fn failing_and_timed_out_builds_leave_nothing_behind() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let fail = write_action(t.path(), "f.toml", &sh_action(&bb, "echo partial > $out/x; exit 7", ""));
+    let (o, v) = build(&store, &fail);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let v = v.unwrap();
+    assert!(v["output"].is_null(), "a failed build produced an output: {v}");
+    assert_eq!(v["exit"]["code"], 7);
+    no_leftovers(t.path());
+
+    let slow = write_action(
+        t.path(),
+        "s.toml",
+        &sh_action(&bb, "trap '' TERM; busybox sleep 600 & busybox sleep 600", "").replace("\"60s\"", "\"2s\""),
+    );
+    let started = std::time::Instant::now();
+    let (o, v) = build(&store, &slow);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert_eq!(v.unwrap()["exit"]["kind"], "timed_out");
+    assert!(started.elapsed() < std::time::Duration::from_secs(60));
+    no_leftovers(t.path());
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&ps.stdout).contains("busybox sleep 600"), "a build process survived");
+}
+
+#[test]
+fn bad_action_files_exit_2_with_a_clear_error() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let good = format!("b3:{}", "ab".repeat(32));
+    let cases = [
+        ("syntax", "[inputs\n".to_owned(), "line 1"),
+        ("unknown key", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = [\"x\"]\nfrobnicate = 1\n"), "frobnicate"),
+        ("bad digest", "[inputs]\nclosure = [\"sha256:abc\"]\n[run]\ncommand = [\"x\"]\n".to_owned(), "invalid digest"),
+        ("missing object", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = [\"x\"]\n"), "not in the store"),
+        ("empty command", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = []\n"), "command is empty"),
+        ("bad timeout", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = [\"x\"]\ntimeout = \"soon\"\n"), "bad duration"),
+        ("escaping output", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = [\"x\"]\n[outputs]\npaths = [\"../etc\"]\n"), "outputs"),
+        ("record without flag", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = [\"x\"]\n[network]\nmode = \"record\"\nlock = \"f.lock\"\n"), "--record"),
+    ];
+    for (name, body, needle) in cases {
+        let p = write_action(t.path(), &format!("{}.toml", name.replace(' ', "-")), &body);
+        let o = fhsx(&store).arg("build").arg(&p).output().unwrap();
+        assert_eq!(o.status.code(), Some(2), "{name}: {}", text(&o));
+        assert!(text(&o).contains(needle), "{name}: error lacks {needle:?}: {}", text(&o));
+    }
+    let o = fhsx(&store).arg("build").arg(t.path().join("absent.toml")).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+}
