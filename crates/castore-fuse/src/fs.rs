@@ -389,8 +389,9 @@ impl ViewFs {
 impl Filesystem for ViewFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         for flag in [
+            // Always plus (not READDIRPLUS_AUTO): attributes cost nothing
+            // here, and a listing then saves a lookup per child stat.
             InitFlags::FUSE_DO_READDIRPLUS,
-            InitFlags::FUSE_READDIRPLUS_AUTO,
             InitFlags::FUSE_PARALLEL_DIROPS,
             InitFlags::FUSE_CACHE_SYMLINKS,
         ] {
