@@ -96,6 +96,34 @@ impl ReadSetEntry {
     pub fn map_path(&self) -> &str {
         self.path.trim_start_matches('/')
     }
+
+    /// The path's real bytes (escapes undone), without the leading slash:
+    /// what to resolve in the tree, e.g. with `castore::walk::lookup` when it
+    /// is UTF-8.
+    pub fn raw_path(&self) -> Vec<u8> {
+        unescape_path(self.map_path())
+    }
+}
+
+/// Undo [`castore::compose::escape_name`] over a whole path: every `%XX` is
+/// the byte `0xXX` (a literal `%` is always escaped, so there is no ambiguity).
+pub fn unescape_path(p: &str) -> Vec<u8> {
+    let b = p.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' && i + 2 < b.len() {
+            let hex = |c: u8| (c as char).to_digit(16);
+            if let (Some(h), Some(l)) = (hex(b[i + 1]), hex(b[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(b[i]);
+        i += 1;
+    }
+    out
 }
 
 /// A de-duplicated, sorted read set of one view.
@@ -245,6 +273,26 @@ mod tests {
             "{text}"
         );
         assert_eq!(ReadSet::decode(&a.encode()).unwrap(), a);
+    }
+
+    #[test]
+    fn unescape_inverts_escape_name() {
+        for name in [
+            &b"plain"[..],
+            b"100%.txt",
+            b"ctl\x01\x7f",
+            b"bad\xff\xfeutf8",
+            b"\xc3\xbc ok",
+        ] {
+            let e = castore::compose::escape_name(name);
+            assert_eq!(unescape_path(&e), name, "{e}");
+            let entry = ReadSetEntry::absent(format!("/dir/{e}"));
+            let mut want = b"dir/".to_vec();
+            want.extend_from_slice(name);
+            assert_eq!(entry.raw_path(), want);
+        }
+        // Not from escape_name, but must not panic either.
+        assert_eq!(unescape_path("%ü%"), "%ü%".as_bytes());
     }
 
     #[test]
