@@ -57,6 +57,8 @@ pub enum SandboxError {
     Timeout(Duration),
     #[error("the command was killed by signal {0}")]
     KilledBySignal(i32),
+    #[error("the run was cancelled (interrupted, or its client went away) and stopped{}; nothing of it is kept — start it again to retry", if *.killed { " (it ignored SIGTERM and was killed after the grace period)" } else { "" })]
+    Cancelled { killed: bool },
     #[error("RPC frame of {len} bytes exceeds the {max}-byte limit; send smaller messages")]
     FrameTooLarge { len: u64, max: u64 },
     #[error("RPC protocol error: {0}")]
@@ -82,7 +84,9 @@ impl SandboxError {
             SandboxError::BwrapMissing
             | SandboxError::BadPath { .. }
             | SandboxError::MountProbe { .. } => ExitClass::Usage,
-            SandboxError::Timeout(_) | SandboxError::KilledBySignal(_) => ExitClass::BuildFailed,
+            SandboxError::Timeout(_)
+            | SandboxError::KilledBySignal(_)
+            | SandboxError::Cancelled { .. } => ExitClass::BuildFailed,
             SandboxError::FrameTooLarge { .. } | SandboxError::Protocol(_) => ExitClass::Integrity,
             SandboxError::BadEnv { .. } => ExitClass::Usage,
             SandboxError::Spawn { .. }

@@ -54,5 +54,5 @@ pub use executor_core::SandboxError;
 pub use probe::{BwrapFeatures, FileKind, HostFs, MemFs, RealFs};
 pub use reaper::{ReaperMode, ReaperPreference, GRACE_PERIOD};
 pub use rpc::{Request, Response, RpcHandler, MAX_FRAME};
-pub use runner::{Outcome, RunOptions, RunReport, Runtime, Stdin};
+pub use runner::{Outcome, Output, RunOptions, RunReport, Runtime, Stdin};
 pub use spec::*;

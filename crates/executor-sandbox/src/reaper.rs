@@ -186,6 +186,29 @@ impl Reaper {
         self.cgroup.as_ref().map(|c| c.dir_fd.as_raw_fd())
     }
 
+    /// Limit the run's memory by its cgroup (`memory.max`, and
+    /// `memory.swap.max` 0 where swap accounting exists). False when the
+    /// run has no cgroup or the memory controller is not enabled for it.
+    pub(crate) fn set_memory_max(&self, bytes: u64) -> bool {
+        let Some(cg) = &self.cgroup else {
+            return false;
+        };
+        let write = |name: &str, v: &str| {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(cg.dir.join(name))
+                .and_then(|mut f| f.write_all(v.as_bytes()))
+                .is_ok()
+        };
+        if !write("memory.max", &bytes.to_string()) {
+            return false;
+        }
+        if cg.dir.join("memory.swap.max").exists() {
+            let _ = write("memory.swap.max", "0");
+        }
+        true
+    }
+
     /// Register a child we forked ourselves, by its pidfd.
     pub fn record(&mut self, pid: i32, pidfd: OwnedFd) {
         self.owned.push((pid, pidfd));

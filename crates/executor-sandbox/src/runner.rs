@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -37,6 +37,25 @@ pub enum Stdin {
     Fd(OwnedFd),
 }
 
+/// Where the command's stdout and stderr go.
+#[derive(Debug, Default)]
+pub enum Output {
+    /// The caller's own stdout and stderr — or, if
+    /// [`RunOptions::capture_output`] is set, captured into the report.
+    #[default]
+    Inherit,
+    /// Captured into [`RunReport::stdout`] and [`RunReport::stderr`] (the
+    /// same as `capture_output: true`; the two streams' relative order is
+    /// lost).
+    Capture,
+    /// Both streams into this one descriptor (a pipe, a file, a terminal),
+    /// in the order they were written: for teeing a log live. bwrap's and
+    /// the supervisor's own messages go there too. The report's
+    /// `stdout`/`stderr` stay empty. A pipe must be read while the run
+    /// goes on, or the command blocks once it is full.
+    Fd(OwnedFd),
+}
+
 /// How to run one spec.
 pub struct RunOptions {
     /// Wall-clock limit; `None` runs until the command ends.
@@ -44,8 +63,18 @@ pub struct RunOptions {
     /// Between SIGTERM and SIGKILL at a timeout ([`GRACE_PERIOD`]).
     pub grace: Duration,
     pub stdin: Stdin,
-    /// Collect stdout and stderr into the report instead of inheriting.
+    /// Collect stdout and stderr into the report instead of inheriting
+    /// (ignored when [`output`](RunOptions::output) is [`Output::Fd`]).
     pub capture_output: bool,
+    /// Where stdout and stderr go (see [`Output`]).
+    pub output: Output,
+    /// Set to `true` (from anywhere, e.g. a SIGINT handler or a worker
+    /// noticing its client left) to stop the run: it ends like a timeout
+    /// (SIGTERM to proven processes, [`grace`](RunOptions::grace), then
+    /// SIGKILL) and [`Runtime::run`] returns
+    /// [`SandboxError::Cancelled`]. Checked at least every 50 ms; already
+    /// `true` at the start means nothing is started.
+    pub cancel: Option<Arc<AtomicBool>>,
     pub reaper: ReaperPreference,
     /// Answers the sandbox's RPC requests (default: [`BasicHandler`]).
     pub handler: Option<Arc<dyn RpcHandler>>,
@@ -59,6 +88,8 @@ impl Default for RunOptions {
             grace: GRACE_PERIOD,
             stdin: Stdin::Inherit,
             capture_output: false,
+            output: Output::Inherit,
+            cancel: None,
             reaper: ReaperPreference::Auto,
             handler: None,
             rpc_limits: RpcLimits::default(),
@@ -111,7 +142,8 @@ pub struct RunReport {
     pub cgroup_leftovers: bool,
     pub reaper: ReaperMode,
     pub elapsed: Duration,
-    /// Captured output (empty unless `capture_output`).
+    /// Captured output (empty unless `capture_output` or
+    /// [`Output::Capture`]).
     pub stdout: Vec<u8>,
     pub stderr: Vec<u8>,
 }
@@ -299,8 +331,17 @@ impl Runtime {
                 "the spec was built for another Runtime's paths; build it with this Runtime's paths()".into(),
             ));
         }
+        let cancelled =
+            |c: &Option<Arc<AtomicBool>>| c.as_ref().is_some_and(|c| c.load(Ordering::SeqCst));
+        if cancelled(&opts.cancel) {
+            return Err(SandboxError::Cancelled { killed: false });
+        }
         let started = Instant::now();
-        let (argv, split) = spec.argv_parts(host_env, command);
+        let mut reaper = Reaper::new(opts.reaper);
+        // Memory: the run cgroup's memory.max if it has the controller,
+        // else RLIMIT_AS set by the supervisor.
+        let memory_in_cgroup = spec.limits.memory.is_some_and(|m| reaper.set_memory_max(m));
+        let (argv, split) = spec.argv_parts_with(host_env, command, memory_in_cgroup);
         // bwrap reads NUL-separated options: a NUL inside one (a path built
         // in Rust can hold one) would smuggle in options of its own.
         if let Some(bad) = argv[..split].iter().find(|a| a.as_bytes().contains(&0)) {
@@ -330,7 +371,6 @@ impl Runtime {
             .clone()
             .unwrap_or_else(|| Arc::new(BasicHandler::new(format!("run-{}", std::process::id()))));
         let server = RpcServer::bind_polled(&self.paths.rpc_socket, handler, opts.rpc_limits)?;
-        let mut reaper = Reaper::new(opts.reaper);
 
         let stdin_fd: Option<OwnedFd> = match opts.stdin {
             Stdin::Inherit => None,
@@ -341,7 +381,12 @@ impl Runtime {
             ),
             Stdin::Fd(fd) => Some(fd),
         };
-        let (out_pipe, err_pipe) = if opts.capture_output {
+        let (capture, combined) = match opts.output {
+            Output::Fd(fd) => (false, Some(fd)),
+            Output::Capture => (true, None),
+            Output::Inherit => (opts.capture_output, None),
+        };
+        let (out_pipe, err_pipe) = if capture {
             (Some(sys::pipe()?), Some(sys::pipe()?))
         } else {
             (None, None)
@@ -359,14 +404,16 @@ impl Runtime {
             .as_ref()
             .map(|f| sys::dup_at_least(f.as_raw_fd(), 10))
             .transpose()?;
-        let out_hi = out_pipe
-            .as_ref()
-            .map(|p| sys::dup_at_least(p.1.as_raw_fd(), 10))
-            .transpose()?;
-        let err_hi = err_pipe
-            .as_ref()
-            .map(|p| sys::dup_at_least(p.1.as_raw_fd(), 10))
-            .transpose()?;
+        let out_hi = match (&out_pipe, &combined) {
+            (Some(p), _) => Some(sys::dup_at_least(p.1.as_raw_fd(), 10)?),
+            (None, Some(fd)) => Some(sys::dup_at_least(fd.as_raw_fd(), 10)?),
+            (None, None) => None,
+        };
+        let err_hi = match (&err_pipe, &combined) {
+            (Some(p), _) => Some(sys::dup_at_least(p.1.as_raw_fd(), 10)?),
+            (None, Some(fd)) => Some(sys::dup_at_least(fd.as_raw_fd(), 10)?),
+            (None, None) => None,
+        };
         let bad = |_| {
             io_err(
                 "preparing bwrap's path",
@@ -458,6 +505,7 @@ impl Runtime {
         drop((
             ctl_child, ctl_hi, args_hi, args_fd, in_hi, out_hi, err_hi, stdin_fd,
         ));
+        drop(combined);
         drop((seccomp_fd, seccomp_hi));
         let pidfd = match early_pidfd.map(Ok).unwrap_or_else(|| sys::pidfd_open(pid)) {
             Ok(fd) => fd,
@@ -490,19 +538,27 @@ impl Runtime {
         let mut ctl_buf = Vec::new();
         let mut ctl_open = true;
         let mut phase = Phase::Running;
+        let mut cause = Stop::Timeout;
         let mut deadline = opts.timeout.map(|t| started + t);
         let mut wait_failure = None;
         // The supervisor (bwrap's child, PID 1 inside), held by a pidfd:
         // its end means the whole PID namespace is gone.
         let mut supervisor: Option<OwnedFd> = None;
         loop {
-            let wait_ms = match deadline {
+            let mut wait_ms = match deadline {
                 None => -1,
                 Some(d) => d
                     .saturating_duration_since(Instant::now())
                     .as_millis()
                     .min(i32::MAX as u128) as i32,
             };
+            if phase == Phase::Running && opts.cancel.is_some() {
+                wait_ms = if wait_ms < 0 {
+                    CANCEL_POLL_MS
+                } else {
+                    wait_ms.min(CANCEL_POLL_MS)
+                };
+            }
             let fds = [
                 pidfd_raw,
                 if ctl_open { ctl.as_raw_fd() } else { -1 },
@@ -528,6 +584,11 @@ impl Runtime {
             }
             if ready[0] {
                 break;
+            }
+            if phase == Phase::Running && cancelled(&opts.cancel) {
+                // Ends like a timeout, now.
+                cause = Stop::Cancel;
+                deadline = Some(Instant::now());
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
                 match phase {
@@ -579,6 +640,11 @@ impl Runtime {
             return Err(io_err("waiting for bwrap (the sandbox was killed)", e));
         }
         let report = parse_control(&ctl_buf);
+        if cause == Stop::Cancel && phase != Phase::Running {
+            return Err(SandboxError::Cancelled {
+                killed: phase == Phase::Killed,
+            });
+        }
         let outcome = match (phase, report.end) {
             (Phase::Terminating, _) => Outcome::TimedOut { killed: false },
             (Phase::Killed, _) => Outcome::TimedOut { killed: true },
@@ -589,7 +655,7 @@ impl Runtime {
                 return Err(if libc::WIFEXITED(status) {
                     SandboxError::BwrapFailed {
                         status: libc::WEXITSTATUS(status),
-                        message: if opts.capture_output {
+                        message: if capture {
                             String::from_utf8_lossy(&stderr).trim().to_string()
                         } else {
                             "see its message above".to_string()
@@ -639,6 +705,16 @@ impl Drop for Runtime {
     fn drop(&mut self) {
         let _ = fs::remove_dir_all(&self.dir);
     }
+}
+
+/// How often a run with a cancel flag looks at it.
+const CANCEL_POLL_MS: i32 = 50;
+
+/// Why a run is being stopped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stop {
+    Timeout,
+    Cancel,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -31,6 +31,29 @@ pub const SUPERVISOR_PATH: &str = "/run/fhsx/supervisor";
 pub const CONTROL_FD: i32 = 3;
 /// The fd bwrap reads the seccomp filter from (`--seccomp 5`).
 pub const SECCOMP_FD: i32 = 5;
+/// The sandbox's own directory inside (supervisor, proxy socket, extra
+/// files); not part of any view, so [`SandboxSpec::ro_bind_file`] may only
+/// place files below it.
+pub const FHSX_RUN_DIR: &str = "/run/fhsx";
+/// Where the fetch proxy's host socket appears inside
+/// ([`SandboxSpec::proxy`]); the supervisor connects to it.
+pub const PROXY_SOCKET_PATH: &str = "/run/fhsx/proxy.sock";
+/// The port the supervisor's proxy forwarder listens on by default
+/// (`127.0.0.1:3128` inside the sandbox's own network namespace).
+pub const DEFAULT_PROXY_PORT: u16 = 3128;
+/// Where a CA bundle for the proxy conventionally goes
+/// ([`SandboxSpec::ro_bind_file`]).
+pub const PROXY_CA_PATH: &str = "/run/fhsx/ca.pem";
+/// The variables tools read a CA bundle path from (DESIGN.md, "The fetch
+/// proxy"); the caller sets them to [`PROXY_CA_PATH`] when it binds one.
+pub const CA_BUNDLE_ENV: &[&str] = &[
+    "SSL_CERT_FILE",
+    "CURL_CA_BUNDLE",
+    "REQUESTS_CA_BUNDLE",
+    "CARGO_HTTP_CAINFO",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+];
 /// Names of state directories masked under the work directory by default.
 pub const DEFAULT_MASK_NAMES: &[&str] = &[".dsh-run"];
 /// The variable naming the tool's home: masked and never passed on.
@@ -133,6 +156,29 @@ pub struct EnvPolicy {
     pub set: BTreeMap<String, OsString>,
 }
 
+/// The fetch proxy forwarder: the supervisor listens on
+/// `127.0.0.1:port` inside and forwards each connection to `socket`, the
+/// proxy's host UNIX socket bound at [`PROXY_SOCKET_PATH`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProxyForward {
+    pub socket: PathBuf,
+    pub port: u16,
+}
+
+/// Resource limits of the command (an action's `[limits]`). `None` leaves
+/// a resource as the caller has it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Limits {
+    /// Memory in bytes: the run cgroup's `memory.max` when the run has a
+    /// cgroup with the memory controller, else `RLIMIT_AS` of the command.
+    pub memory: Option<u64>,
+    /// The largest file the command may write, in bytes (`RLIMIT_FSIZE`;
+    /// a write past it fails with `EFBIG` or `SIGXFSZ`).
+    pub file_size: Option<u64>,
+    /// Open file descriptors per process (`RLIMIT_NOFILE`).
+    pub open_files: Option<u64>,
+}
+
 /// One sandboxed run's full description. Build it with [`SandboxSpec::host`]
 /// or [`SandboxSpec::view`], adjust it, then call
 /// [`bwrap_argv`](SandboxSpec::bwrap_argv).
@@ -146,6 +192,9 @@ pub struct SandboxSpec {
     pub(crate) gid: u32,
     pub(crate) chdir: Option<PathBuf>,
     pub(crate) nproc: Option<u64>,
+    pub(crate) limits: Limits,
+    pub(crate) proxy: Option<ProxyForward>,
+    pub(crate) files: Vec<(PathBuf, PathBuf)>,
     pub(crate) features: BwrapFeatures,
     pub(crate) seccomp: bool,
     pub(crate) runtime: RuntimePaths,
@@ -171,6 +220,9 @@ impl SandboxSpec {
             gid: SANDBOX_GID,
             chdir: None,
             nproc: None,
+            limits: Limits::default(),
+            proxy: None,
+            files: Vec::new(),
             features: BwrapFeatures::ALL,
             seccomp: crate::seccomp::filter_bytes().is_some(),
             runtime,
@@ -330,6 +382,101 @@ impl SandboxSpec {
         self
     }
 
+    /// Resource limits of the command (see [`Limits`]); the process count
+    /// is [`nproc`](SandboxSpec::nproc).
+    pub fn limits(&mut self, limits: Limits) -> &mut Self {
+        self.limits = limits;
+        self
+    }
+
+    /// The resource limits set.
+    pub fn resource_limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Give the sandbox its one network path: bind the fetch proxy's host
+    /// UNIX socket at [`PROXY_SOCKET_PATH`] and have the supervisor listen
+    /// on `127.0.0.1:port` ([`DEFAULT_PROXY_PORT`]) inside the sandbox's
+    /// network namespace, forwarding every connection to it. The listener
+    /// is up before the command starts. The environment (`http_proxy`, ...)
+    /// is the caller's to set.
+    pub fn proxy(&mut self, host_socket: &Path, port: u16) -> Result<&mut Self, SandboxError> {
+        if port < 1024 {
+            return Err(SandboxError::Protocol(format!(
+                "proxy port {port} is privileged (the sandbox has no capabilities); use a port of 1024 or more, e.g. {DEFAULT_PROXY_PORT}"
+            )));
+        }
+        let c = self.fs.canonicalize(host_socket).ok_or_else(|| {
+            bad_path(
+                host_socket,
+                "the fetch proxy socket",
+                "it does not exist; start the proxy first",
+            )
+        })?;
+        if self.fs.kind(&c) != Some(FileKind::Other) {
+            return Err(bad_path(
+                host_socket,
+                "the fetch proxy socket",
+                "it is not a UNIX socket",
+            ));
+        }
+        self.proxy = Some(ProxyForward { socket: c, port });
+        Ok(self)
+    }
+
+    /// The proxy forwarder, if set.
+    pub fn proxy_forward(&self) -> Option<&ProxyForward> {
+        self.proxy.as_ref()
+    }
+
+    /// Bind one host file read-only at `dest` inside (e.g. the proxy's CA
+    /// bundle at [`PROXY_CA_PATH`]). `dest` must be a plain absolute path
+    /// below [`FHSX_RUN_DIR`], which no view provides, and not one the
+    /// sandbox uses itself (the supervisor, the proxy socket).
+    pub fn ro_bind_file(
+        &mut self,
+        host: &Path,
+        dest: impl AsRef<Path>,
+    ) -> Result<&mut Self, SandboxError> {
+        let dest = dest.as_ref();
+        let src = self
+            .fs
+            .canonicalize(host)
+            .ok_or_else(|| bad_path(host, "a file to bind", "it does not exist"))?;
+        if self.fs.kind(&src) != Some(FileKind::File) {
+            return Err(bad_path(host, "a file to bind", "it is not a regular file"));
+        }
+        let plain = dest.is_absolute()
+            && dest
+                .components()
+                .skip(1)
+                .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain || !dest.starts_with(FHSX_RUN_DIR) || dest == Path::new(FHSX_RUN_DIR) {
+            return Err(bad_path(
+                dest,
+                "a file's place inside",
+                format!("it must be a plain absolute path below {FHSX_RUN_DIR} (no `.`/`..`), e.g. {PROXY_CA_PATH}"),
+            ));
+        }
+        let taken = [Path::new(SUPERVISOR_PATH), Path::new(PROXY_SOCKET_PATH)];
+        if taken
+            .iter()
+            .any(|t| t.starts_with(dest) || dest.starts_with(t))
+            || self
+                .files
+                .iter()
+                .any(|(_, d)| d.starts_with(dest) || dest.starts_with(d))
+        {
+            return Err(bad_path(
+                dest,
+                "a file's place inside",
+                "that place is already taken (the supervisor, the proxy socket or another file); pick another name",
+            ));
+        }
+        self.files.push((src, dest.to_path_buf()));
+        Ok(self)
+    }
+
     /// Install the no-setuid-bits seccomp filter (see [`crate::seccomp`]);
     /// on by default where this crate has a filter for the architecture.
     pub fn seccomp(&mut self, on: bool) -> &mut Self {
@@ -369,6 +516,18 @@ impl SandboxSpec {
         host_env: &HostEnv,
         command: &[OsString],
     ) -> (Vec<OsString>, usize) {
+        self.argv_parts_with(host_env, command, false)
+    }
+
+    /// [`argv_parts`](Self::argv_parts); `memory_in_cgroup`: the run's
+    /// cgroup enforces the memory limit, so the supervisor sets no
+    /// `RLIMIT_AS`.
+    pub(crate) fn argv_parts_with(
+        &self,
+        host_env: &HostEnv,
+        command: &[OsString],
+        memory_in_cgroup: bool,
+    ) -> (Vec<OsString>, usize) {
         let mut a = Argv::default();
         layers::namespaces::emit(self, &mut a);
         layers::isolation::emit(self, &mut a);
@@ -384,6 +543,24 @@ impl SandboxSpec {
         if let Some(n) = self.nproc {
             a.push("--nproc");
             a.push(n.to_string());
+        }
+        let l = &self.limits;
+        let rlimits = [
+            ("--rlimit-fsize", l.file_size),
+            ("--rlimit-nofile", l.open_files),
+            ("--rlimit-as", l.memory.filter(|_| !memory_in_cgroup)),
+        ];
+        for (flag, v) in rlimits {
+            if let Some(v) = v {
+                a.push(flag);
+                a.push(v.to_string());
+            }
+        }
+        if let Some(p) = &self.proxy {
+            a.push("--proxy-port");
+            a.push(p.port.to_string());
+            a.push("--proxy-socket");
+            a.push(PROXY_SOCKET_PATH);
         }
         a.push("--");
         for c in command {

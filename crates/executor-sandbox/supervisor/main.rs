@@ -4,7 +4,19 @@
 //! root may hold no libc of the host), so it uses only `std` plus a few
 //! hand-declared libc functions: no crates.
 //!
-//! Usage: `fhsx-supervisor [--control-fd N] [--nproc N] -- CMD [ARGS...]`
+//! Usage: `fhsx-supervisor [--control-fd N] [--nproc N] [--rlimit-fsize N]
+//! [--rlimit-nofile N] [--rlimit-as N] [--proxy-port P --proxy-socket PATH]
+//! -- CMD [ARGS...]`
+//!
+//! The `--rlimit-*` limits (and `--nproc`) are set on CMD only, just before
+//! it execs; a value above the current hard limit is clamped to it.
+//!
+//! With `--proxy-port`, before CMD starts it listens on `127.0.0.1:P` (the
+//! sandbox's own network namespace, where only `lo` exists) and forwards
+//! every accepted connection to the UNIX socket PATH, both ways, one thread
+//! per connection and at most [`MAX_PROXY_CONNS`] at a time (more wait in
+//! the listen backlog); an EOF from either side is passed on as a
+//! half-close (`shutdown(Write)`), so HTTP clients see the response end.
 //!
 //! It closes every inherited fd but 0-2 and the control fd, blocks the
 //! terminating signals and reads them from a signalfd, starts CMD, reaps
@@ -20,10 +32,14 @@
 //! `LINGER <count>`.
 
 use std::ffi::OsString;
-use std::io::Write;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::os::raw::{c_int, c_uint, c_void};
+use std::os::unix::net::UnixStream;
 use std::os::unix::process::CommandExt;
 use std::process::Command;
+use std::sync::{Arc, Condvar, Mutex};
 
 #[repr(C)]
 struct SigSet {
@@ -57,6 +73,7 @@ extern "C" {
     fn close(fd: c_int) -> c_int;
     fn close_range(first: c_uint, last: c_uint, flags: c_int) -> c_int;
     fn setrlimit(resource: c_int, rlim: *const RLimit) -> c_int;
+    fn getrlimit(resource: c_int, rlim: *mut RLimit) -> c_int;
     fn fcntl(fd: c_int, cmd: c_int, arg: c_int) -> c_int;
     fn getpid() -> c_int;
     fn __errno_location() -> *mut c_int;
@@ -89,6 +106,13 @@ const POLLIN: i16 = 1;
 const POLLHUP: i16 = 0x10;
 const POLLERR: i16 = 0x8;
 const RLIMIT_NPROC: c_int = 6;
+const RLIMIT_FSIZE: c_int = 1;
+const RLIMIT_NOFILE: c_int = 7;
+const RLIMIT_AS: c_int = 9;
+const POLLOUT: i16 = 4;
+
+/// Proxy connections forwarded at once; further ones wait to be accepted.
+const MAX_PROXY_CONNS: usize = 64;
 const F_SETFD: c_int = 2;
 const FD_CLOEXEC: c_int = 1;
 const EINTR: c_int = 4;
@@ -107,35 +131,75 @@ fn die(msg: &str) -> ! {
 struct Args {
     control_fd: Option<c_int>,
     nproc: Option<u64>,
+    /// (resource, value) pairs set on the command before it execs.
+    rlimits: Vec<(c_int, u64)>,
+    proxy_port: Option<u16>,
+    proxy_socket: Option<OsString>,
     command: Vec<OsString>,
 }
+
+const USAGE: &str = "usage: fhsx-supervisor [--control-fd N] [--nproc N] [--rlimit-fsize N] [--rlimit-nofile N] [--rlimit-as N] [--proxy-port P --proxy-socket PATH] -- CMD [ARGS...]";
 
 fn parse_args() -> Args {
     let mut it = std::env::args_os().skip(1);
     let mut a = Args {
         control_fd: None,
         nproc: None,
+        rlimits: Vec::new(),
+        proxy_port: None,
+        proxy_socket: None,
         command: Vec::new(),
     };
     while let Some(arg) = it.next() {
         match arg.to_str() {
             Some("--control-fd") => {
-                let v = it.next().and_then(|v| v.to_str().and_then(|s| s.parse().ok()));
+                let v = it
+                    .next()
+                    .and_then(|v| v.to_str().and_then(|s| s.parse().ok()));
                 a.control_fd = Some(v.unwrap_or_else(|| die("--control-fd needs a number")));
             }
             Some("--nproc") => {
-                let v = it.next().and_then(|v| v.to_str().and_then(|s| s.parse().ok()));
+                let v = it
+                    .next()
+                    .and_then(|v| v.to_str().and_then(|s| s.parse().ok()));
                 a.nproc = Some(v.unwrap_or_else(|| die("--nproc needs a number")));
+            }
+            Some(flag @ ("--rlimit-fsize" | "--rlimit-nofile" | "--rlimit-as")) => {
+                let res = match flag {
+                    "--rlimit-fsize" => RLIMIT_FSIZE,
+                    "--rlimit-nofile" => RLIMIT_NOFILE,
+                    _ => RLIMIT_AS,
+                };
+                let v = it
+                    .next()
+                    .and_then(|v| v.to_str().and_then(|s| s.parse().ok()));
+                let v = v.unwrap_or_else(|| die(&format!("{flag} needs a number")));
+                a.rlimits.push((res, v));
+            }
+            Some("--proxy-port") => {
+                let v = it
+                    .next()
+                    .and_then(|v| v.to_str().and_then(|s| s.parse().ok()));
+                a.proxy_port = Some(v.unwrap_or_else(|| die("--proxy-port needs a port number")));
+            }
+            Some("--proxy-socket") => {
+                a.proxy_socket = Some(
+                    it.next()
+                        .unwrap_or_else(|| die("--proxy-socket needs a path")),
+                );
             }
             Some("--") => {
                 a.command = it.collect();
                 break;
             }
-            _ => die("usage: fhsx-supervisor [--control-fd N] [--nproc N] -- CMD [ARGS...]"),
+            _ => die(USAGE),
         }
     }
     if a.command.is_empty() {
         die("no command given after --");
+    }
+    if a.proxy_port.is_some() != a.proxy_socket.is_some() {
+        die("--proxy-port and --proxy-socket go together");
     }
     a
 }
@@ -280,6 +344,32 @@ fn main() {
         die(&format!("signalfd failed (errno {})", errno()));
     }
 
+    // The forwarder's threads start after the signals are blocked, so they
+    // inherit the mask and every signal goes to the signalfd.
+    if let (Some(port), Some(socket)) = (args.proxy_port, args.proxy_socket.clone()) {
+        start_proxy(port, socket);
+    }
+
+    // Limits are computed here (no allocation after fork): a value above
+    // the hard limit cannot be set without privilege, so it is clamped.
+    let mut limits = [
+        (0 as c_int, RLimit { cur: 0, max: 0 }),
+        (0, RLimit { cur: 0, max: 0 }),
+        (0, RLimit { cur: 0, max: 0 }),
+    ];
+    let mut n_limits = 0;
+    for &(res, v) in args.rlimits.iter().take(limits.len()) {
+        let mut cur = RLimit { cur: 0, max: 0 };
+        // SAFETY: cur is a valid out-pointer.
+        let v = if unsafe { getrlimit(res, &mut cur) } == 0 {
+            v.min(cur.max)
+        } else {
+            v
+        };
+        limits[n_limits] = (res, RLimit { cur: v, max: v });
+        n_limits += 1;
+    }
+
     let nproc = args.nproc;
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
@@ -295,6 +385,11 @@ fn main() {
             if let Some(n) = nproc {
                 let lim = RLimit { cur: n, max: n };
                 setrlimit(RLIMIT_NPROC, &lim);
+            }
+            for (res, lim) in &limits[..n_limits] {
+                if setrlimit(*res, lim) != 0 {
+                    return Err(std::io::Error::from_raw_os_error(errno()));
+                }
             }
             Ok(())
         });
@@ -324,7 +419,11 @@ fn main() {
                 revents: 0,
             },
             PollFd {
-                fd: if control_open { control.0.unwrap_or(-1) } else { -1 },
+                fd: if control_open {
+                    control.0.unwrap_or(-1)
+                } else {
+                    -1
+                },
                 events: POLLIN,
                 revents: 0,
             },
@@ -391,4 +490,202 @@ fn main() {
         unsafe { close(fd) };
     }
     std::process::exit(code);
+}
+
+/// Listen on `127.0.0.1:port` now (the command must find it up) and
+/// forward each connection to the UNIX socket `socket` from a thread.
+fn start_proxy(port: u16, socket: OsString) {
+    let listener = TcpListener::bind(("127.0.0.1", port)).unwrap_or_else(|e| {
+        die(&format!(
+            "cannot listen on 127.0.0.1:{port} for the fetch proxy: {e}"
+        ))
+    });
+    let slots = Arc::new((Mutex::new(0usize), Condvar::new()));
+    let spawned = std::thread::Builder::new()
+        .name("proxy-accept".into())
+        .stack_size(64 * 1024)
+        .spawn(move || accept_loop(listener, socket, slots));
+    if let Err(e) = spawned {
+        die(&format!("cannot start the fetch proxy forwarder: {e}"));
+    }
+}
+
+/// Frees a connection slot when the connection's thread ends.
+struct Slot(Arc<(Mutex<usize>, Condvar)>);
+
+impl Drop for Slot {
+    fn drop(&mut self) {
+        let (m, cv) = &*self.0;
+        if let Ok(mut n) = m.lock() {
+            *n -= 1;
+        }
+        cv.notify_one();
+    }
+}
+
+fn accept_loop(listener: TcpListener, socket: OsString, slots: Arc<(Mutex<usize>, Condvar)>) {
+    loop {
+        {
+            let (m, cv) = &*slots;
+            let Ok(mut n) = m.lock() else { return };
+            while *n >= MAX_PROXY_CONNS {
+                n = match cv.wait(n) {
+                    Ok(n) => n,
+                    Err(_) => return,
+                };
+            }
+            *n += 1;
+        }
+        let slot = Slot(slots.clone());
+        let tcp = match listener.accept() {
+            Ok((tcp, _)) => tcp,
+            Err(_) => {
+                // EMFILE and the like: back off, do not spin.
+                drop(slot);
+                std::thread::sleep(std::time::Duration::from_millis(50));
+                continue;
+            }
+        };
+        let socket = socket.clone();
+        let started = std::thread::Builder::new()
+            .name("proxy-conn".into())
+            .stack_size(64 * 1024)
+            .spawn(move || {
+                let _slot = slot;
+                if let Ok(unix) = UnixStream::connect(&socket) {
+                    forward(tcp, unix);
+                } else {
+                    let _ = writeln!(
+                        std::io::stderr(),
+                        "fhsx-supervisor: cannot reach the fetch proxy at {}",
+                        std::path::Path::new(&socket).display()
+                    );
+                }
+            });
+        // On failure the closure (tcp and slot with it) is dropped.
+        drop(started);
+    }
+}
+
+/// One direction of a forwarded connection.
+struct Pipe {
+    buf: Vec<u8>,
+    start: usize,
+    end: usize,
+    /// The source said EOF.
+    eof: bool,
+    /// The EOF was passed on (shutdown(Write) of the destination).
+    done: bool,
+}
+
+impl Pipe {
+    fn new() -> Pipe {
+        Pipe {
+            buf: vec![0; 32 * 1024],
+            start: 0,
+            end: 0,
+            eof: false,
+            done: false,
+        }
+    }
+    fn wants_read(&self) -> bool {
+        !self.eof && self.start == self.end
+    }
+    fn wants_write(&self) -> bool {
+        self.start < self.end
+    }
+}
+
+/// Copy both ways between `tcp` and `unix` (non-blocking, one thread,
+/// poll) until both directions have ended; an error on either side ends
+/// the connection (both closed).
+fn forward(tcp: TcpStream, unix: UnixStream) {
+    if tcp.set_nonblocking(true).is_err() || unix.set_nonblocking(true).is_err() {
+        return;
+    }
+    let mut tcp = tcp;
+    let mut unix = unix;
+    // [0]: tcp -> unix, [1]: unix -> tcp
+    let mut p = [Pipe::new(), Pipe::new()];
+    loop {
+        if p[0].done && p[1].done {
+            return;
+        }
+        let ev_tcp = if p[0].wants_read() { POLLIN } else { 0 }
+            | if p[1].wants_write() { POLLOUT } else { 0 };
+        let ev_unix = if p[1].wants_read() { POLLIN } else { 0 }
+            | if p[0].wants_write() { POLLOUT } else { 0 };
+        let mut fds = [
+            PollFd {
+                fd: if ev_tcp != 0 { tcp.as_raw_fd() } else { -1 },
+                events: ev_tcp,
+                revents: 0,
+            },
+            PollFd {
+                fd: if ev_unix != 0 { unix.as_raw_fd() } else { -1 },
+                events: ev_unix,
+                revents: 0,
+            },
+        ];
+        // SAFETY: fds is a valid array of two pollfd structs.
+        let n = unsafe { poll(fds.as_mut_ptr(), 2, -1) };
+        if n < 0 {
+            if errno() == EINTR {
+                continue;
+            }
+            return;
+        }
+        let [a, b] = &mut p;
+        if step(a, &mut tcp, &mut unix, |s| s.shutdown(Shutdown::Write)).is_err()
+            || step(b, &mut unix, &mut tcp, |s| s.shutdown(Shutdown::Write)).is_err()
+        {
+            return;
+        }
+    }
+}
+
+/// Move what can move without blocking in one direction.
+fn step<R: Read, W: Write>(
+    p: &mut Pipe,
+    from: &mut R,
+    to: &mut W,
+    half_close: impl Fn(&mut W) -> std::io::Result<()>,
+) -> Result<(), ()> {
+    use std::io::ErrorKind::{Interrupted, WouldBlock};
+    loop {
+        if p.wants_write() {
+            match to.write(&p.buf[p.start..p.end]) {
+                Ok(0) => return Err(()),
+                Ok(n) => {
+                    p.start += n;
+                    if p.start == p.end {
+                        p.start = 0;
+                        p.end = 0;
+                    }
+                    continue;
+                }
+                Err(e) if e.kind() == WouldBlock => return Ok(()),
+                Err(e) if e.kind() == Interrupted => continue,
+                Err(_) => return Err(()),
+            }
+        }
+        if p.eof {
+            if !p.done {
+                p.done = true;
+                // The peer may already be gone: nothing left to tell it.
+                let _ = half_close(to);
+            }
+            return Ok(());
+        }
+        match from.read(&mut p.buf) {
+            Ok(0) => p.eof = true,
+            Ok(n) => {
+                p.start = 0;
+                p.end = n;
+            }
+            Err(e) if e.kind() == WouldBlock => return Ok(()),
+            Err(e) if e.kind() == Interrupted => {}
+            Err(_) => return Err(()),
+        }
+    }
 }

@@ -95,6 +95,11 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
         }
     }
     a.flag3("--ro-bind", &rt.supervisor, SUPERVISOR_PATH);
+    // Extra read-only files below /run/fhsx (validated by ro_bind_file).
+    // Not recorded in `binds`: a file named explicitly is never masked.
+    for (src, dest) in &spec.files {
+        a.flag3("--ro-bind", src, dest);
+    }
     binds
 }
 
