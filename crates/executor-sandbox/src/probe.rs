@@ -171,6 +171,13 @@ impl MemFs {
         self.entries.insert(p, FileKind::Symlink(target.into()));
         self
     }
+    /// Add a socket, device or fifo (and its parents).
+    pub fn other(mut self, p: impl Into<PathBuf>) -> Self {
+        let p = p.into();
+        self.add_parents(&p);
+        self.entries.insert(p, FileKind::Other);
+        self
+    }
     /// Add a mount point to the fake mount table.
     pub fn mount(mut self, p: impl Into<PathBuf>) -> Self {
         self.mounts.push(p.into());

@@ -473,7 +473,8 @@ impl SandboxSpec {
                 "that place is already taken (the supervisor, the proxy socket or another file); pick another name",
             ));
         }
-        self.files.push((src, dest.to_path_buf()));
+        // `a/./b` names `a/b`: store it as bwrap will see it.
+        self.files.push((src, dest.components().collect()));
         Ok(self)
     }
 
