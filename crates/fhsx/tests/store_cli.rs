@@ -271,3 +271,31 @@ fn concurrent_overlapping_imports_both_succeed() {
         assert!(diff.success(), "export of {} differs", src.display());
     }
 }
+
+/// Many writers starting at once: each one's start-up cleanup must never
+/// take another's live staging directory for a dead one.
+#[test]
+fn many_concurrent_small_imports_never_disturb_each_other() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let src = t.path().join("src");
+    big_tree(&src, 40, 3);
+    assert!(run(&store, &["store", "verify"]).status.success());
+    for _round in 0..5 {
+        let children: Vec<_> = (0..8)
+            .map(|_| {
+                fhsx(&store)
+                    .args(["store", "import", src.to_str().unwrap()])
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap()
+            })
+            .collect();
+        for c in children {
+            let o = c.wait_with_output().unwrap();
+            assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+        }
+    }
+    assert_eq!(run(&store, &["store", "verify"]).status.code(), Some(0));
+}

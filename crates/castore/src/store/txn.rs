@@ -56,8 +56,15 @@ impl<'s> Txn<'s> {
             nanos,
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
-        fs::create_dir(&staging).map_err(io("create staging directory", &staging))?;
-        let staging_lock = lock_file(&staging.join(".lock"), FlockOperation::LockExclusive)?;
+        // The directory becomes visible as `txn-*` only once its lock is
+        // held: a cleaner must never see a live transaction without one.
+        let fresh = store.tmp_dir().join(format!(
+            ".new-{}",
+            staging.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+        ));
+        fs::create_dir(&fresh).map_err(io("create staging directory", &fresh))?;
+        let staging_lock = lock_file(&fresh.join(".lock"), FlockOperation::LockExclusive)?;
+        fs::rename(&fresh, &staging).map_err(io("create staging directory", &staging))?;
         Ok(Txn {
             store,
             staging,
@@ -258,12 +265,26 @@ pub(super) fn remove_stale_staging(tmp: &Path) {
     let Ok(rd) = fs::read_dir(tmp) else { return };
     for e in rd.flatten() {
         let p = e.path();
-        if !e.file_name().as_encoded_bytes().starts_with(b"txn-") {
+        let name = e.file_name();
+        let name = name.as_encoded_bytes();
+        if name.starts_with(b".new-") {
+            // A writer killed between creating its directory and locking
+            // it; a live one renames it away within microseconds.
+            let old = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > 600);
+            if old {
+                let _ = fs::remove_dir_all(&p);
+            }
+            continue;
+        }
+        if !name.starts_with(b"txn-") {
             continue;
         }
         let Ok(f) = File::open(p.join(".lock")) else {
-            // Killed before the lock existed.
-            let _ = fs::remove_dir_all(&p);
             continue;
         };
         if flock(&f, FlockOperation::NonBlockingLockExclusive).is_ok() {
