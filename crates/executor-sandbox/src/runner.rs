@@ -74,6 +74,12 @@ pub struct RunOptions {
     /// SIGKILL) and [`Runtime::run`] returns
     /// [`SandboxError::Cancelled`]. Checked at least every 50 ms; already
     /// `true` at the start means nothing is started.
+    ///
+    /// With a flag, bwrap runs in a process group of its own, so a
+    /// terminal's Ctrl-C reaches only the caller (which sets the flag, for
+    /// a graceful stop) instead of killing bwrap, and with it the sandbox,
+    /// at once. Should the caller die instead, bwrap follows it
+    /// (`--die-with-parent`) and takes the sandbox along.
     pub cancel: Option<Arc<AtomicBool>>,
     pub reaper: ReaperPreference,
     /// Answers the sandbox's RPC requests (default: [`BasicHandler`]).
@@ -445,6 +451,7 @@ impl Runtime {
             control: ctl_hi.as_raw_fd(),
             args: args_hi.as_raw_fd(),
             seccomp: seccomp_hi.as_ref().map(|f| f.as_raw_fd()),
+            new_pgrp: opts.cancel.is_some(),
         };
 
         // Start the child straight inside the run's cgroup (migrating a
@@ -802,6 +809,8 @@ struct ChildFds {
     control: RawFd,
     args: RawFd,
     seccomp: Option<RawFd>,
+    /// Start bwrap in a process group of its own (see `RunOptions::cancel`).
+    new_pgrp: bool,
 }
 
 /// In the forked child: join the cgroup, arrange fds 0-4, close every
@@ -821,6 +830,9 @@ unsafe fn exec_child(
             if libc::write(j, b"0".as_ptr().cast(), 1) != 1 {
                 libc::_exit(126);
             }
+        }
+        if fds.new_pgrp && libc::setpgid(0, 0) != 0 {
+            libc::_exit(126);
         }
         let moves = [
             (fds.stdin, 0),

@@ -503,7 +503,7 @@ fn start_proxy(port: u16, socket: OsString) {
     let slots = Arc::new((Mutex::new(0usize), Condvar::new()));
     let spawned = std::thread::Builder::new()
         .name("proxy-accept".into())
-        .stack_size(64 * 1024)
+        .stack_size(256 * 1024)
         .spawn(move || accept_loop(listener, socket, slots));
     if let Err(e) = spawned {
         die(&format!("cannot start the fetch proxy forwarder: {e}"));
@@ -549,7 +549,7 @@ fn accept_loop(listener: TcpListener, socket: OsString, slots: Arc<(Mutex<usize>
         let socket = socket.clone();
         let started = std::thread::Builder::new()
             .name("proxy-conn".into())
-            .stack_size(64 * 1024)
+            .stack_size(256 * 1024)
             .spawn(move || {
                 let _slot = slot;
                 if let Ok(unix) = UnixStream::connect(&socket) {

@@ -143,6 +143,62 @@ PY"#;
 }
 
 #[test]
+fn proxy_forwards_at_most_64_connections_at_once_and_queues_the_rest() {
+    require("/usr/bin/python3");
+    let ws = workspace();
+    let dir = workspace();
+    let path = dir.path().join("proxy.sock");
+    let l = UnixListener::bind(&path).unwrap();
+    let now = Arc::new(AtomicUsize::new(0));
+    let max = Arc::new(AtomicUsize::new(0));
+    let (n2, m2) = (now.clone(), max.clone());
+    std::thread::spawn(move || {
+        for c in l.incoming().flatten() {
+            let cur = n2.fetch_add(1, Ordering::SeqCst) + 1;
+            m2.fetch_max(cur, Ordering::SeqCst);
+            let n3 = n2.clone();
+            std::thread::spawn(move || {
+                let mut c = c;
+                let mut data = Vec::new();
+                let _ = c.read_to_end(&mut data);
+                let _ = c.write_all(&data);
+                // Counted out before the close that lets the forwarder
+                // free the slot, so the count never runs ahead.
+                n3.fetch_sub(1, Ordering::SeqCst);
+                drop(c);
+            });
+        }
+    });
+    // 70 connections opened and held idle for a while, then each used.
+    let script = r#"exec /usr/bin/python3 - <<'PY'
+import socket, time
+ss = [socket.create_connection(("127.0.0.1", 3128), timeout=30) for i in range(70)]
+time.sleep(1.5)
+ok = 0
+for i, s in enumerate(ss):
+    s.sendall(b"conn %d" % i)
+    s.shutdown(socket.SHUT_WR)
+    got = b""
+    while True:
+        b = s.recv(4096)
+        if not b:
+            break
+        got += b
+    s.close()
+    ok += got == b"conn %d" % i
+print(ok)
+PY"#;
+    let r = run_with_proxy(ws.path(), Some(&path), script);
+    assert_eq!(r.outcome, Outcome::Exited(0), "{}\n{}", out(&r), err(&r));
+    assert_eq!(out(&r).trim(), "70", "{}", err(&r));
+    assert_eq!(
+        max.load(Ordering::SeqCst),
+        64,
+        "at most 64 forwarded at once"
+    );
+}
+
+#[test]
 fn without_the_option_nothing_listens_on_3128() {
     let ws = workspace();
     let r = run_with_proxy(

@@ -120,6 +120,68 @@ fn cancel_sigkills_after_the_grace_period_when_sigterm_is_ignored() {
     assert_none_left("cancel-kill-marker");
 }
 
+/// The process group of our child whose command line holds `marker`.
+fn child_pgid(marker: &str) -> Option<(i32, i32)> {
+    let me = std::process::id() as i32;
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(c) = std::fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
+        if !String::from_utf8_lossy(&c).contains(marker) {
+            continue;
+        }
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // pid (comm) state ppid pgrp ...
+        let rest = &stat[stat.rfind(')')? + 2..];
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let (ppid, pgrp): (i32, i32) = (f[1].parse().ok()?, f[2].parse().ok()?);
+        if ppid == me {
+            return Some((e.file_name().to_str()?.parse().ok()?, pgrp));
+        }
+    }
+    None
+}
+
+/// With a cancel flag, a terminal's Ctrl-C must reach only the caller:
+/// bwrap leads a process group of its own. Without one, nothing changes.
+#[test]
+fn with_a_cancel_flag_bwrap_is_out_of_the_callers_process_group() {
+    for with_flag in [true, false] {
+        let ws = workspace();
+        let marker = format!("pgrp-marker-{with_flag}");
+        let m2 = marker.clone();
+        let probe = std::thread::spawn(move || {
+            let until = Instant::now() + Duration::from_secs(30);
+            while Instant::now() < until {
+                if let Some(found) = child_pgid(&m2) {
+                    return Some(found);
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            None
+        });
+        let cancel = with_flag.then(|| Arc::new(AtomicBool::new(false)));
+        let r = run(
+            ws.path(),
+            &format!("sleep 1 # {marker}"),
+            RunOptions { cancel, ..opts() },
+            None,
+        )
+        .unwrap();
+        assert_eq!(r.outcome, Outcome::Exited(0));
+        let (pid, pgrp) = probe.join().unwrap().expect("bwrap was seen running");
+        // SAFETY: getpgrp has no preconditions.
+        let ours = unsafe { libc::getpgrp() };
+        if with_flag {
+            assert_eq!(pgrp, pid, "bwrap leads its own group");
+        } else {
+            assert_eq!(pgrp, ours, "bwrap stays in the caller's group");
+        }
+    }
+}
+
 #[test]
 fn an_already_cancelled_run_starts_nothing() {
     let ws = workspace();
