@@ -17,6 +17,38 @@
 //!   grace period, then SIGKILL, by a per-run cgroup v2 or pidfds;
 //! - [`Runtime::run`], which puts these together and reports an [`Outcome`].
 //!
+//! # The network path, extra files, limits, cancellation, output
+//!
+//! - **Fetch proxy forwarder** ([`SandboxSpec::proxy`]): the sandbox has its
+//!   own network namespace with only `lo`. The fetch proxy runs outside on
+//!   a host UNIX socket; that socket is bound (read-only: `connect` still
+//!   works) at [`PROXY_SOCKET_PATH`], and the supervisor, told by its argv
+//!   (`--proxy-port`, `--proxy-socket`; never the build's environment),
+//!   listens on `127.0.0.1:<port>` ([`DEFAULT_PROXY_PORT`] 3128) *before*
+//!   the command starts and forwards each connection to the socket, both
+//!   ways, passing half-closes on, at most 64 at a time (more wait in the
+//!   backlog). Its threads run as the sandbox uid and so count toward
+//!   [`SandboxSpec::nproc`] (at most 65). Setting `http_proxy` and friends
+//!   is the caller's policy ([`SandboxSpec::set_env`]).
+//! - **Extra read-only files** ([`SandboxSpec::ro_bind_file`]), e.g. the
+//!   proxy's CA bundle at [`PROXY_CA_PATH`] (variables: [`CA_BUNDLE_ENV`]):
+//!   only below [`FHSX_RUN_DIR`], which no view provides.
+//! - **Limits** ([`SandboxSpec::limits`], [`Limits`]): `file_size` and
+//!   `open_files` are `RLIMIT_FSIZE`/`RLIMIT_NOFILE` set by the supervisor on
+//!   the command; `memory` is the run cgroup's `memory.max` (swap 0) when the
+//!   run has a cgroup with the memory controller, else `RLIMIT_AS`; the
+//!   process count is [`SandboxSpec::nproc`] (`RLIMIT_NPROC`). A value above
+//!   the caller's own hard limit is clamped to it.
+//! - **Cancellation** ([`RunOptions::cancel`]): a flag the caller sets (a
+//!   SIGINT handler, a worker whose client left); the run ends like a
+//!   timeout (SIGTERM to proven processes, grace, SIGKILL) and
+//!   [`Runtime::run`] returns [`SandboxError::Cancelled`]. With a flag,
+//!   bwrap leads its own process group, so a terminal's Ctrl-C reaches only
+//!   the caller.
+//! - **Output** ([`RunOptions::output`], [`Output`]): inherited, captured
+//!   (stdout and stderr apart), or both into one caller-provided descriptor
+//!   in write order ([`Output::Fd`]), for teeing a log live.
+//!
 //! # Running as root
 //!
 //! bwrap maps the sandbox uid (1000) to the caller's uid; for root that is
