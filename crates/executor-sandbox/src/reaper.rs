@@ -209,6 +209,19 @@ impl Reaper {
         true
     }
 
+    /// Cap the run's process count by its cgroup (`pids.max`). False when
+    /// the run has no cgroup or the pids controller is not enabled for it.
+    pub(crate) fn set_pids_max(&self, n: u64) -> bool {
+        let Some(cg) = &self.cgroup else {
+            return false;
+        };
+        fs::OpenOptions::new()
+            .write(true)
+            .open(cg.dir.join("pids.max"))
+            .and_then(|mut f| f.write_all(n.to_string().as_bytes()))
+            .is_ok()
+    }
+
     /// Register a child we forked ourselves, by its pidfd.
     pub fn record(&mut self, pid: i32, pidfd: OwnedFd) {
         self.owned.push((pid, pidfd));

@@ -347,6 +347,19 @@ impl Runtime {
         // Memory: the run cgroup's memory.max if it has the controller,
         // else RLIMIT_AS set by the supervisor.
         let memory_in_cgroup = spec.limits.memory.is_some_and(|m| reaper.set_memory_max(m));
+        // Processes: RLIMIT_NPROC (set by the supervisor) does not bind
+        // host root (the kernel exempts it); a cgroup's pids.max does, so
+        // it is set as well where the run has one with that controller.
+        // The cgroup also holds bwrap, the supervisor and its forwarder
+        // threads: room is left for those.
+        if let Some(n) = spec.nproc {
+            let proxy = if spec.proxy.is_some() {
+                PROXY_THREADS
+            } else {
+                0
+            };
+            reaper.set_pids_max(n.saturating_add(RUNTIME_TASKS + proxy));
+        }
         let (argv, split) = spec.argv_parts_with(host_env, command, memory_in_cgroup);
         // bwrap reads NUL-separated options: a NUL inside one (a path built
         // in Rust can hold one) would smuggle in options of its own.
@@ -713,6 +726,13 @@ impl Drop for Runtime {
         let _ = fs::remove_dir_all(&self.dir);
     }
 }
+
+/// Tasks of a run besides the command's: bwrap and the supervisor, with
+/// slack.
+const RUNTIME_TASKS: u64 = 8;
+/// The supervisor's proxy forwarder threads at most (64 connections and
+/// the acceptor).
+const PROXY_THREADS: u64 = 65;
 
 /// How often a run with a cancel flag looks at it.
 const CANCEL_POLL_MS: i32 = 50;

@@ -376,7 +376,11 @@ impl SandboxSpec {
         self
     }
 
-    /// Cap the number of processes the sandbox user may have (fork bombs).
+    /// Cap the number of processes the sandbox user may have (fork bombs):
+    /// `RLIMIT_NPROC` of the command, and the run cgroup's `pids.max` when
+    /// it has one with the pids controller (`RLIMIT_NPROC` does not bind a
+    /// caller that is host root). The supervisor's proxy forwarder threads
+    /// (at most 65) count toward `RLIMIT_NPROC`.
     pub fn nproc(&mut self, n: Option<u64>) -> &mut Self {
         self.nproc = n;
         self

@@ -54,6 +54,59 @@ fn inner_checks(ws: &Path) {
     }
     assert_eq!(r.outcome, Outcome::TimedOut { killed: true });
 
+    // The fetch proxy forwarder and a file size limit work the same
+    // without privilege (the socket is the caller's own).
+    {
+        use std::io::{BufRead, BufReader, Write};
+        let dir = tempfile::tempdir().unwrap();
+        let sock = dir.path().join("proxy.sock");
+        let l = std::os::unix::net::UnixListener::bind(&sock).unwrap();
+        std::thread::spawn(move || {
+            for c in l.incoming().flatten() {
+                let mut r = BufReader::new(c.try_clone().unwrap());
+                let mut first = String::new();
+                let _ = r.read_line(&mut first);
+                let body = format!("via-proxy {}", first.trim_end());
+                let mut c = c;
+                let _ = write!(
+                    c,
+                    "HTTP/1.0 200 OK\r\nContent-Length: {}\r\n\r\n{body}",
+                    body.len()
+                );
+            }
+        });
+        let rt = Runtime::new().unwrap();
+        let mut spec = host_spec(&rt, ws);
+        spec.proxy(&sock, executor_sandbox::DEFAULT_PROXY_PORT)
+            .unwrap();
+        spec.limits(executor_sandbox::Limits {
+            file_size: Some(4096),
+            ..Default::default()
+        });
+        let r = rt
+            .run(
+                &spec,
+                &HostEnv::new(),
+                &os(&[
+                    "/bin/sh",
+                    "-c",
+                    "curl -sS --max-time 20 --proxy http://127.0.0.1:3128 http://unpriv.invalid/; echo
+                     head -c 100000 /dev/zero > /workspace/big; echo rc=$?",
+                ]),
+                opts(),
+            )
+            .unwrap();
+        assert_eq!(r.outcome, Outcome::Exited(0), "{}", err(&r));
+        assert!(
+            out(&r).starts_with("via-proxy GET http://unpriv.invalid/ HTTP/1.1\n"),
+            "{}\n{}",
+            out(&r),
+            err(&r)
+        );
+        assert!(!out(&r).contains("rc=0"), "{}", out(&r));
+        assert!(std::fs::metadata(ws.join("big")).unwrap().len() <= 4096);
+    }
+
     // A process cap (RLIMIT_NPROC, per user namespace) stops a fork bomb
     // cold when the caller is not root.
     if euid != 0 {
