@@ -4,8 +4,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -e /dev/fuse ] || { echo "no /dev/fuse: apt-get install fuse3 (and modprobe fuse)" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "run as root (drop_caches, chroot)" >&2; exit 2; }
-cargo build --release -q -p fhsx
-FHSX=$PWD/target/release/fhsx
+# FHSX=/path/to/fhsx uses that binary instead of building this tree's.
+if [ -z "${FHSX:-}" ]; then
+  cargo build --release -q -p fhsx
+  FHSX=$PWD/target/release/fhsx
+fi
 WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-fuse.XXXXXX")
 STORE=$WORK/store
 VIEW_PID=
