@@ -285,3 +285,41 @@ fn corrupt_blob_is_refused_and_named() {
     // The refused open is still in the read set: the build tried to read it.
     assert!(out.read_set.get("/share/doc/b.txt").is_some());
 }
+
+/// Many readers at once, through both serving paths: every byte right, and
+/// the read set the same as one reader's.
+#[test]
+fn concurrent_readers_get_the_right_bytes() {
+    let fx = Fixture::new(sample_tree);
+    for passthrough in [true, false] {
+        let opts = castore_fuse::MountOptions {
+            passthrough,
+            ..fx.opts()
+        };
+        let mp = fx.mountpoint(if passthrough { "pt" } else { "daemon" });
+        let g = castore_fuse::mount(&fx.store, &fx.root, &mp, &opts).unwrap();
+        let big = fs::read(fx.src.join("share/data/big.bin")).unwrap();
+        std::thread::scope(|s| {
+            for t in 0..8 {
+                let (mp, big) = (&mp, &big);
+                s.spawn(move || {
+                    for i in 0..300 {
+                        let i = (i * 7 + t * 13) % 300;
+                        let got = fs::read(mp.join(format!("many/f{i:04}"))).unwrap();
+                        assert_eq!(got, format!("{i}\n").as_bytes());
+                    }
+                    assert!(fs::read(mp.join("share/data/big.bin")).unwrap() == *big);
+                });
+            }
+        });
+        let out = g.finish(&fx.store).unwrap();
+        assert!(out.integrity_failures.is_empty());
+        let reads = out
+            .read_set
+            .entries
+            .iter()
+            .filter(|e| e.access == castore_fuse::Access::Read)
+            .count();
+        assert_eq!(reads, 301, "300 small files and big.bin");
+    }
+}
