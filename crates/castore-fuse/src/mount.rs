@@ -239,6 +239,14 @@ impl MountGuard {
         self.shared.passthrough_active()
     }
 
+    /// Whether the kernel connection is still up (false once someone
+    /// unmounted the view from outside, or the connection was aborted).
+    pub fn is_serving(&self) -> bool {
+        self.session
+            .as_ref()
+            .is_some_and(|s| !s.guard.is_finished())
+    }
+
     /// Integrity failures so far (the mount keeps serving everything else).
     pub fn integrity_failures(&self) -> Vec<IntegrityFailure> {
         self.shared.failures()

@@ -37,4 +37,24 @@ impl TerminationSignals {
         }
         Ok(sig)
     }
+
+    /// Like [`TerminationSignals::wait`], but gives up after `limit`
+    /// (`Ok(None)`), so a caller can also watch something else.
+    pub fn wait_timeout(&self, limit: std::time::Duration) -> std::io::Result<Option<i32>> {
+        let ts = libc::timespec {
+            tv_sec: limit.as_secs().min(i64::MAX as u64) as libc::time_t,
+            tv_nsec: limit.subsec_nanos() as libc::c_long,
+        };
+        // SAFETY: `self.set` was initialised in `block`; `ts` is a live local;
+        // a null siginfo pointer is allowed.
+        let r = unsafe { libc::sigtimedwait(&self.set, std::ptr::null_mut(), &ts) };
+        if r >= 0 {
+            return Ok(Some(r));
+        }
+        let e = std::io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EAGAIN) | Some(libc::EINTR) => Ok(None),
+            _ => Err(e),
+        }
+    }
 }

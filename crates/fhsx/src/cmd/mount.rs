@@ -59,8 +59,19 @@ pub fn run(g: &Globals, a: MountArgs) -> anyhow::Result<i32> {
         a.view,
         guard.mountpoint().display()
     );
-    let sig = signals.wait().context("waiting for SIGINT/SIGTERM")?;
-    eprintln!("fhsx: signal {sig}: unmounting");
+    loop {
+        if let Some(sig) = signals
+            .wait_timeout(std::time::Duration::from_millis(500))
+            .context("waiting for SIGINT/SIGTERM")?
+        {
+            eprintln!("fhsx: signal {sig}: unmounting");
+            break;
+        }
+        if !guard.is_serving() {
+            eprintln!("fhsx: the view was unmounted from outside");
+            break;
+        }
+    }
     let out = guard.finish(&store).map_err(fuse_error)?;
     if let Some(p) = &a.read_set {
         std::fs::write(p, out.read_set.encode())
