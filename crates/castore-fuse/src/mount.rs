@@ -388,7 +388,7 @@ fn write_record(registry: &Path, mountpoint: &Path) -> Result<PathBuf> {
 fn start_time(pid: u32) -> Option<u64> {
     let s = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
     // The command name is parenthesised and may contain anything: skip it.
-    let rest = &s[s.rfind(')')? + 2..];
+    let rest = s.get(s.rfind(')')? + 2..)?;
     rest.split(' ').nth(19)?.parse().ok()
 }
 
