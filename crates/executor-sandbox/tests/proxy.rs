@@ -244,7 +244,8 @@ fn a_proxy_that_is_gone_fails_the_connection_not_the_run() {
     let r = run_with_proxy(
         ws.path(),
         Some(&path),
-        "exec 3<>/dev/tcp/127.0.0.1/3128 || exit 9; printf 'GET / HTTP/1.0\\r\\n\\r\\n' >&3; cat <&3; echo eof",
+        // Only reads: a write could race the close and end in SIGPIPE.
+        "exec 3<>/dev/tcp/127.0.0.1/3128 || exit 9; cat <&3; echo eof",
     );
     assert_eq!(r.outcome, Outcome::Exited(0), "{}", err(&r));
     assert_eq!(out(&r).trim(), "eof");
