@@ -398,6 +398,10 @@ impl Filesystem for ViewFs {
             // Optional speed-ups: an old kernel without one still works.
             let _ = config.add_capabilities(flag);
         }
+        // More readahead in flight for daemon-served reads.
+        if let Err(max) = config.set_max_background(64) {
+            let _ = config.set_max_background(max);
+        }
         if let Err(max) = config.set_max_readahead(u32::MAX) {
             let _ = config.set_max_readahead(max);
         }
