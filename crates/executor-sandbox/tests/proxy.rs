@@ -286,3 +286,73 @@ fn ro_bind_file_shows_the_ca_bundle_read_only() {
         "-----BEGIN CERTIFICATE-----\nfhsx test\n"
     );
 }
+
+/// A minimal view (bash and its libraries, merged-usr symlinks) standing
+/// in for the FUSE view the executor uses.
+fn bash_view(tree: &Path) {
+    let ldd = std::process::Command::new("ldd")
+        .arg("/usr/bin/bash")
+        .output()
+        .expect("ldd (libc-bin) is needed to build the test view");
+    let mut files: Vec<PathBuf> = vec!["/usr/bin/bash".into()];
+    for line in String::from_utf8_lossy(&ldd.stdout).lines() {
+        if let Some(p) = line.split_whitespace().find(|w| w.starts_with('/')) {
+            files.push(p.into());
+        }
+    }
+    for f in files {
+        let real = std::fs::canonicalize(&f).unwrap();
+        let dest = tree.join(real.strip_prefix("/").unwrap());
+        std::fs::create_dir_all(dest.parent().unwrap()).unwrap();
+        std::fs::copy(&real, &dest).unwrap();
+        let via = std::fs::canonicalize(f.parent().unwrap())
+            .unwrap()
+            .join(f.file_name().unwrap());
+        if let Ok(t) = std::fs::read_link(&via) {
+            let at = tree.join(via.strip_prefix("/").unwrap());
+            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+            let _ = std::os::unix::fs::symlink(t, at);
+        }
+    }
+    for top in ["bin", "lib", "lib64", "sbin"] {
+        if let Ok(t) = std::fs::read_link(Path::new("/").join(top)) {
+            std::os::unix::fs::symlink(t, tree.join(top)).unwrap();
+        }
+    }
+}
+
+/// What the executor does: a view root, the proxy, the CA bundle.
+#[test]
+fn view_root_reaches_the_proxy_and_reads_the_ca_bundle() {
+    require_bwrap();
+    let tree = tempfile::tempdir().unwrap();
+    bash_view(tree.path());
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = workspace();
+    let (sock, _) = unix_server(dir.path(), http_echo);
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, "CA-LINE\n").unwrap();
+    let rt = Runtime::new().unwrap();
+    let mut spec = rt.view_spec(tree.path(), scratch.path()).unwrap();
+    spec.proxy(&sock, DEFAULT_PROXY_PORT).unwrap();
+    spec.ro_bind_file(&ca, PROXY_CA_PATH).unwrap();
+    let script = "exec 3<>/dev/tcp/127.0.0.1/3128 || exit 9
+        printf 'GET http://view.invalid/x HTTP/1.1\\r\\nHost: view.invalid\\r\\n\\r\\n' >&3
+        while IFS= read -r l <&3 || [ -n \"$l\" ]; do echo \"$l\"; l=; done
+        read -r c < /run/fhsx/ca.pem; echo \"ca=$c\"";
+    let r = rt
+        .run(
+            &spec,
+            &HostEnv::new(),
+            &os(&["/bin/bash", "-c", script]),
+            opts(),
+        )
+        .unwrap();
+    assert_eq!(r.outcome, Outcome::Exited(0), "{}\n{}", out(&r), err(&r));
+    let o = out(&r);
+    assert!(o.starts_with("HTTP/1.1 200 OK\r\n"), "{o}");
+    assert!(
+        o.contains("proxied: GET http://view.invalid/x HTTP/1.1\nca=CA-LINE\n"),
+        "{o}"
+    );
+}
