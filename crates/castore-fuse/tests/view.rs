@@ -323,3 +323,40 @@ fn concurrent_readers_get_the_right_bytes() {
         assert_eq!(reads, 301, "300 small files and big.bin");
     }
 }
+
+/// A corrupt directory object: listing or resolving below it fails with EIO
+/// and is named; its siblings are unaffected.
+#[test]
+fn corrupt_directory_is_refused_and_named() {
+    let fx = Fixture::new(sample_tree);
+    let castore::Node::Directory { digest, .. } =
+        castore::walk::lookup(&fx.store, &fx.root, "share/doc").unwrap()
+    else {
+        panic!("share/doc is not a directory");
+    };
+    let obj = fx.store.object_path(ObjectKind::Directory, &digest);
+    fs::set_permissions(&obj, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(&obj, b"not a directory").unwrap();
+
+    let g = fx.mount("view");
+    let m = g.mountpoint();
+    let e = fs::read_dir(m.join("share/doc"))
+        .and_then(|mut d| d.next().transpose())
+        .unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    assert_eq!(
+        fs::read(m.join("share/doc/a.txt"))
+            .unwrap_err()
+            .raw_os_error(),
+        Some(libc::EIO)
+    );
+    assert_eq!(fs::read(m.join("README")).unwrap(), b"hello view\n");
+    let out = g.finish(&fx.store).unwrap();
+    assert_eq!(out.integrity_failures.len(), 1);
+    assert_eq!(out.integrity_failures[0].path, "/share/doc");
+    assert_eq!(out.integrity_failures[0].digest, digest);
+    assert_eq!(
+        out.check().unwrap_err().kind(),
+        castore::ErrorKind::Integrity
+    );
+}
