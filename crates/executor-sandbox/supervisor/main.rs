@@ -352,23 +352,20 @@ fn main() {
 
     // Limits are computed here (no allocation after fork): a value above
     // the hard limit cannot be set without privilege, so it is clamped.
-    let mut limits = [
-        (0 as c_int, RLimit { cur: 0, max: 0 }),
-        (0, RLimit { cur: 0, max: 0 }),
-        (0, RLimit { cur: 0, max: 0 }),
-    ];
-    let mut n_limits = 0;
-    for &(res, v) in args.rlimits.iter().take(limits.len()) {
-        let mut cur = RLimit { cur: 0, max: 0 };
-        // SAFETY: cur is a valid out-pointer.
-        let v = if unsafe { getrlimit(res, &mut cur) } == 0 {
-            v.min(cur.max)
-        } else {
-            v
-        };
-        limits[n_limits] = (res, RLimit { cur: v, max: v });
-        n_limits += 1;
-    }
+    let limits: Vec<(c_int, RLimit)> = args
+        .rlimits
+        .iter()
+        .map(|&(res, v)| {
+            let mut cur = RLimit { cur: 0, max: 0 };
+            // SAFETY: cur is a valid out-pointer.
+            let v = if unsafe { getrlimit(res, &mut cur) } == 0 {
+                v.min(cur.max)
+            } else {
+                v
+            };
+            (res, RLimit { cur: v, max: v })
+        })
+        .collect();
 
     let nproc = args.nproc;
     let mut cmd = Command::new(&args.command[0]);
@@ -386,7 +383,7 @@ fn main() {
                 let lim = RLimit { cur: n, max: n };
                 setrlimit(RLIMIT_NPROC, &lim);
             }
-            for (res, lim) in &limits[..n_limits] {
+            for (res, lim) in &limits {
                 if setrlimit(*res, lim) != 0 {
                     return Err(std::io::Error::from_raw_os_error(errno()));
                 }
