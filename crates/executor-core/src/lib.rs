@@ -26,6 +26,9 @@ pub struct BuildRequest {
     pub lock_path: Option<std::path::PathBuf>,
     /// Permit `network.mode = "record"`, the one impure mode.
     pub allow_record: bool,
+    /// Extra CA certificates (PEM files) trusted for upstream TLS while
+    /// recording, beyond the host's.
+    pub upstream_ca: Vec<std::path::PathBuf>,
 }
 
 /// What a finished build returns.
@@ -46,6 +49,6 @@ pub trait Executor {
     fn build(
         &self,
         request: &BuildRequest,
-        log: &mut dyn std::io::Write,
+        log: &mut (dyn std::io::Write + Send),
     ) -> Result<BuildOutcome, Self::Error>;
 }

@@ -57,6 +57,10 @@ pub struct BuildRecord {
     /// The full build log, a CAS blob.
     pub log_digest: Digest,
     pub exit: ExitStatus,
+    /// Containment violations caught at the boundary during the build (a
+    /// refused fetch, a non-deterministic upstream). Non-empty means the
+    /// build is not trusted, whatever its exit status.
+    pub violations: Vec<String>,
     pub resources: ResourceUse,
     /// Who ran it: `fhsx <version>` and the signing key's fingerprint.
     pub executor: String,

@@ -10,6 +10,9 @@ use std::ffi::OsString;
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
+use std::io::Read;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use castore::store::{BlobStore, DirectoryStore, LocalStore};
@@ -20,7 +23,7 @@ use executor_core::record::{list_digest, RECORD_FORMAT};
 use executor_core::{
     BuildOutcome, BuildRecord, BuildRequest, ExitStatus, NetworkMode, ResourceUse,
 };
-use executor_sandbox::{Outcome, RealFs, RunOptions, Runtime, SandboxSpec, Stdin};
+use executor_sandbox::{Outcome, Output, RealFs, RunOptions, Runtime, SandboxSpec, Stdin};
 
 use crate::{ingest, keys, manifest, sign, Error};
 
@@ -30,6 +33,9 @@ pub struct FhsExecutor {
     key: SigningKey,
     /// SIGTERM → SIGKILL grace at a timeout.
     pub grace: Duration,
+    /// Set to stop a running build (SIGINT, a client that went away): it
+    /// ends like a timeout and everything is cleaned up.
+    pub cancel: Option<Arc<AtomicBool>>,
 }
 
 /// The fixed environment every build starts from (the action's `env`
@@ -61,6 +67,7 @@ impl FhsExecutor {
             store,
             key,
             grace: executor_sandbox::GRACE_PERIOD,
+            cancel: None,
         })
     }
 
@@ -116,7 +123,7 @@ impl FhsExecutor {
         Ok(castore::compose(&self.store, &all)?)
     }
 
-    fn build_inner(&self, req: &BuildRequest, log: &mut dyn Write) -> Result<BuildOutcome, Error> {
+    fn build_inner(&self, req: &BuildRequest, log: &mut (dyn Write + Send)) -> Result<BuildOutcome, Error> {
         let action = &req.action;
         let started = Instant::now();
         let (lock_digest, lock_bytes) = match action.network.mode {
@@ -138,11 +145,6 @@ impl FhsExecutor {
                 (Some(Digest::of(&bytes)), Some(bytes))
             }
         };
-        if action.network.mode != NetworkMode::None {
-            return Err(Error::Other(
-                "network modes replay/record are not wired into `fhsx build` yet; use mode = \"none\"".into(),
-            ));
-        }
         let _ = lock_bytes;
         for d in &action.inputs.closure {
             self.check_present("closure", d)?;
@@ -179,7 +181,7 @@ impl FhsExecutor {
             .map_err(|e| Error::Other(format!("mounting the view: {e}")))?;
 
         let runtime = Runtime::new()?;
-        let mut spec = SandboxSpec::view(&mnt, &scratch, runtime.paths().clone(), std::sync::Arc::new(RealFs))?;
+        let mut spec = SandboxSpec::view(&mnt, &scratch, runtime.paths().clone(), Arc::new(RealFs))?;
         for (k, v) in BASE_ENV {
             spec.set_env(k, *v)?;
         }
@@ -188,23 +190,64 @@ impl FhsExecutor {
         }
         spec.chdir(&action.run.workdir);
         spec.nproc(Some(action.limits.pids));
+        spec.limits(executor_sandbox::Limits {
+            memory: Some(action.limits.memory),
+            file_size: Some(action.limits.file_size),
+            open_files: Some(action.limits.open_files),
+        });
+        let proxy = match action.network.mode {
+            NetworkMode::None => None,
+            mode => Some(self.start_proxy(req, mode, work.path(), &mut spec)?),
+        };
         let command: Vec<OsString> = action.run.command.iter().map(OsString::from).collect();
+        // stdout and stderr share one pipe, teed live to `log` and kept whole.
+        let (mut reader, writer) =
+            std::io::pipe().map_err(|e| Error::io("create the log pipe for", &scratch, e))?;
         let opts = RunOptions {
             timeout: Some(action.run.timeout),
             grace: self.grace,
             stdin: Stdin::Null,
-            capture_output: true,
+            output: Output::Fd(writer.into()),
+            cancel: self.cancel.clone(),
             ..RunOptions::default()
         };
-        let ran = runtime.run(&spec, &executor_sandbox::current_host_env(), &command, opts);
+        let (ran, mut log_bytes) = std::thread::scope(|scope| {
+            let tee = scope.spawn(move || {
+                let mut all = Vec::new();
+                let mut buf = vec![0u8; 64 * 1024];
+                loop {
+                    match reader.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            let _ = log.write_all(&buf[..n]);
+                            all.extend_from_slice(&buf[..n]);
+                        }
+                    }
+                }
+                all
+            });
+            let ran = runtime.run(&spec, &executor_sandbox::current_host_env(), &command, opts);
+            (ran, tee.join().unwrap_or_default())
+        });
         // Unmount before anything else can fail: the read set is wanted either way.
         let mounted = guard
             .finish(&self.store)
             .map_err(|e| Error::Other(format!("unmounting the view: {e}")))?;
+        let fetch = proxy.map(|p| p.finish()).transpose()?;
         let report = ran?;
-        let mut log_bytes = report.stdout.clone();
-        log_bytes.extend_from_slice(&report.stderr);
-        let _ = log.write_all(&log_bytes);
+        let mut violations = Vec::new();
+        let mut fetch_lock_digest = lock_digest;
+        if let Some(f) = &fetch {
+            for line in &f.refusals {
+                log_bytes.extend_from_slice(format!("fhsx: fetch refused: {line}\n").as_bytes());
+                violations.push(format!("fetch refused: {line}"));
+            }
+            if let Some(why) = &f.aborted {
+                log_bytes.extend_from_slice(format!("fhsx: recording aborted: {why}\n").as_bytes());
+                violations.push(format!("recording aborted: {why}"));
+            }
+            fetch_lock_digest = Some(f.lock_digest);
+        }
         let log_digest = self.store.put_blob(&log_bytes)?;
         mounted
             .check()
@@ -216,7 +259,7 @@ impl FhsExecutor {
             Outcome::Signaled(s) => ExitStatus::Signaled { signal: s },
             Outcome::TimedOut { .. } => ExitStatus::TimedOut,
         };
-        let (output_digest, manifest_digest) = if exit.success() {
+        let (output_digest, manifest_digest) = if exit.success() && violations.is_empty() {
             let out = ingest::ingest_outputs(&self.store, &scratch, &action.outputs.paths)?;
             let (_, m) = manifest::derive_and_store(&self.store, &out)?;
             (Some(out), Some(m))
@@ -229,13 +272,14 @@ impl FhsExecutor {
             closure_digest: list_digest(&action.inputs.closure),
             toolchain_digest: list_digest(&action.inputs.toolchain),
             view_digest: view.root,
-            fetch_lock_digest: lock_digest,
+            fetch_lock_digest,
             output_digest,
             interface_manifest_digest: manifest_digest,
             observed_read_set_digest: mounted.read_set_digest,
             read_set_size: mounted.read_set.entries.len() as u64,
             log_digest,
             exit,
+            violations: violations.clone(),
             resources: ResourceUse {
                 wall_ms: started.elapsed().as_millis() as u64,
                 ..ResourceUse::default()
@@ -245,9 +289,98 @@ impl FhsExecutor {
         let signed = sign::sign(record, &self.key);
         let record_digest = sign::store_record(&self.store, &signed)?;
         drop(work);
+        if !violations.is_empty() {
+            return Err(Error::Containment(format!(
+                "{}; the record {record_digest} says so",
+                violations.join("; ")
+            )));
+        }
         Ok(BuildOutcome {
             record_digest,
             record: signed,
+        })
+    }
+
+    /// Start the fetch proxy on a UNIX socket in `work` and wire it into the
+    /// sandbox: the supervisor forwards `127.0.0.1:3128` inside to it, and
+    /// the build trusts only the proxy's CA.
+    fn start_proxy(
+        &self,
+        req: &BuildRequest,
+        mode: NetworkMode,
+        work: &Path,
+        spec: &mut SandboxSpec,
+    ) -> Result<FetchSession, Error> {
+        let lock_path = req
+            .lock_path
+            .clone()
+            .ok_or_else(|| Error::Usage("network mode needs a lock file; none was given".into()))?;
+        let mode = match mode {
+            NetworkMode::Record => fetch_proxy::Mode::Record,
+            _ => fetch_proxy::Mode::Replay,
+        };
+        let mut cfg = fetch_proxy::ProxyConfig::new(mode, lock_path.clone(), self.store.clone())
+            .map_err(|e| Error::Other(format!("starting the fetch proxy: {e}")))?;
+        cfg.upstream_ca_files = req.upstream_ca.clone();
+        let refusals = Arc::new(Mutex::new(Vec::new()));
+        let sink = refusals.clone();
+        cfg.events = Some(Arc::new(move |e: &fetch_proxy::Event| {
+            if let fetch_proxy::Event::Refused { .. } = e {
+                let line = serde_json::to_string(e).unwrap_or_default();
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        }));
+        let ca = work.join("proxy-ca.pem");
+        fs::write(&ca, cfg.ca.cert_pem()).map_err(|e| Error::io("write", &ca, e))?;
+        let sock = work.join("proxy.sock");
+        let proxy = fetch_proxy::RunningProxy::start(cfg, fetch_proxy::Listen::Unix(sock.clone()))
+            .map_err(|e| Error::Other(format!("starting the fetch proxy: {e}")))?;
+        spec.proxy(&sock, PROXY_PORT)?;
+        spec.ro_bind_file(&ca, Path::new(PROXY_CA))?;
+        for (k, v) in fetch_proxy::client_env(&format!("http://127.0.0.1:{PROXY_PORT}"), PROXY_CA) {
+            spec.set_env(k, v)?;
+        }
+        Ok(FetchSession {
+            proxy,
+            lock_path,
+            refusals,
+        })
+    }
+}
+
+/// Where the build reaches the proxy, and where it finds the proxy's CA.
+const PROXY_PORT: u16 = executor_sandbox::DEFAULT_PROXY_PORT;
+const PROXY_CA: &str = executor_sandbox::PROXY_CA_PATH;
+
+/// A running proxy for one build.
+struct FetchSession {
+    proxy: fetch_proxy::RunningProxy,
+    lock_path: PathBuf,
+    refusals: Arc<Mutex<Vec<String>>>,
+}
+
+/// What the proxy saw, once stopped.
+struct FetchResult {
+    refusals: Vec<String>,
+    aborted: Option<String>,
+    lock_digest: Digest,
+}
+
+impl FetchSession {
+    fn finish(self) -> Result<FetchResult, Error> {
+        let aborted = self.proxy.aborted();
+        let shut = self.proxy.shutdown();
+        let aborted = match (shut, aborted) {
+            (Ok(_), a) => a,
+            (Err(e), a) if e.is_integrity() => Some(a.unwrap_or_else(|| e.to_string())),
+            (Err(e), _) => return Err(Error::Other(format!("stopping the fetch proxy: {e}"))),
+        };
+        let bytes = fs::read(&self.lock_path).unwrap_or_default();
+        let refusals = std::mem::take(&mut *self.refusals.lock().unwrap_or_else(|p| p.into_inner()));
+        Ok(FetchResult {
+            refusals,
+            aborted,
+            lock_digest: Digest::of(&bytes),
         })
     }
 }
@@ -255,7 +388,11 @@ impl FhsExecutor {
 impl executor_core::Executor for FhsExecutor {
     type Error = Error;
 
-    fn build(&self, request: &BuildRequest, log: &mut dyn Write) -> Result<BuildOutcome, Error> {
+    fn build(
+        &self,
+        request: &BuildRequest,
+        log: &mut (dyn Write + Send),
+    ) -> Result<BuildOutcome, Error> {
         self.build_inner(request, log)
     }
 }

@@ -2,6 +2,10 @@
 //! signed record.
 
 use std::io::IsTerminal;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use anyhow::Context;
 use std::path::PathBuf;
 
 use clap::Args;
@@ -20,20 +24,35 @@ pub struct BuildArgs {
     /// Allow `network.mode = "record"` (the one impure mode: fetches upstream and writes the lock).
     #[arg(long)]
     pub record: bool,
+    /// Trust this CA (PEM) for upstream TLS while recording, besides the host's. Repeatable.
+    #[arg(long, value_name = "FILE")]
+    pub upstream_ca: Vec<PathBuf>,
 }
 
 pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
     let action = Action::load(&a.action)?;
     let lock_path = action.lock_path(&a.action);
     let store = open_store(g)?;
-    let exec = FhsExecutor::open(store)?;
+    let mut exec = FhsExecutor::open(store)?;
+    // SIGINT/SIGTERM stop the build gracefully (the sandbox is torn down,
+    // the view unmounted, scratch removed) instead of killing fhsx mid-way.
+    let cancel = Arc::new(AtomicBool::new(false));
+    let signals = castore_fuse::TerminationSignals::block().context("blocking SIGINT/SIGTERM")?;
+    let flag = cancel.clone();
+    std::thread::spawn(move || {
+        if signals.wait().is_ok() {
+            flag.store(true, Ordering::SeqCst);
+        }
+    });
+    exec.cancel = Some(cancel);
     let req = BuildRequest {
         action,
         lock_path,
         allow_record: a.record,
+        upstream_ca: a.upstream_ca,
     };
     // The build's own output goes to stderr, so stdout stays the result.
-    let mut sink: Box<dyn std::io::Write> = if g.json && !std::io::stderr().is_terminal() {
+    let mut sink: Box<dyn std::io::Write + Send> = if g.json && !std::io::stderr().is_terminal() {
         Box::new(std::io::sink())
     } else {
         Box::new(std::io::stderr())
