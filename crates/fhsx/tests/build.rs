@@ -343,3 +343,122 @@ fn bad_action_files_exit_2_with_a_clear_error() {
     let o = fhsx(&store).arg("build").arg(t.path().join("absent.toml")).output().unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
+
+/// A loopback HTTP server answering every GET with `body`; returns its port
+/// and a stop flag. Stands in for an upstream mirror.
+fn mirror(body: &'static [u8]) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        while !flag.load(Ordering::SeqCst) {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).unwrap();
+                    let mut buf = [0u8; 4096];
+                    let _ = s.read(&mut buf);
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = s.write_all(head.as_bytes());
+                    let _ = s.write_all(body);
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            }
+        }
+    });
+    (port, stop)
+}
+
+fn fetch_action(bb: &str, url: &str, mode: &str) -> String {
+    format!(
+        "[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"wget\", \"-O\", \"/build/out/file\", \"{url}\"]\ntimeout = \"60s\"\n[network]\nmode = \"{mode}\"\nlock = \"fetch.lock\"\n"
+    )
+}
+
+#[test]
+fn fetch_records_then_replays_without_upstream_and_refuses_the_unrecorded() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let (port, stop) = mirror(b"upstream payload v1\n");
+    let url = format!("http://127.0.0.1:{port}/pub/file-1.0.tar.gz");
+
+    // Record needs --record; with it, the lock is written.
+    let rec = write_action(t.path(), "record.toml", &fetch_action(&bb, &url, "record"));
+    let o = fhsx(&store).arg("--json").arg("build").arg(&rec).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "record without --record ran: {}", text(&o));
+    let o = fhsx(&store).args(["--json", "build", "--record"]).arg(&rec).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let recorded: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let lock = fs::read_to_string(t.path().join("fetch.lock")).unwrap();
+    assert!(lock.contains(&url), "lock lacks the URL:\n{lock}");
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+
+    // Replay with the upstream gone: the same output.
+    let rep = write_action(t.path(), "replay.toml", &fetch_action(&bb, &url, "replay"));
+    let (o, v) = build(&store, &rep);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = v.unwrap();
+    assert_eq!(v["output"], recorded["output"], "replay gave another output");
+    let out = t.path().join("fetched");
+    assert!(fhsx(&store).args(["store", "export", v["output"].as_str().unwrap()]).arg(&out).status().unwrap().success());
+    assert_eq!(fs::read(out.join("out/file")).unwrap(), b"upstream payload v1\n");
+
+    // Another URL: refused at the boundary, exit 3, the refusal in the log and the record.
+    let other = write_action(t.path(), "other.toml", &fetch_action(&bb, &url.replace("file-1.0", "file-2.0"), "replay"));
+    let o = fhsx(&store).arg("build").arg(&other).output().unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    let err = text(&o);
+    assert!(err.contains("fetch refused") && err.contains("file-2.0"), "{err}");
+    let record = err
+        .split_whitespace()
+        .find(|w| w.starts_with("b3:") && err.contains(&format!("record {w}")))
+        .map(str::to_owned)
+        .expect("the error names the record");
+    let shown = fhsx(&store).args(["--json", "record", "show", &record]).output().unwrap();
+    let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
+    let violations = shown["record"]["violations"].as_array().unwrap();
+    assert!(violations.iter().any(|v| v.as_str().unwrap().contains("file-2.0")), "{shown}");
+    let log = fhsx(&store).args(["store", "blob", shown["record"]["log_digest"].as_str().unwrap()]).output().unwrap();
+    assert!(String::from_utf8_lossy(&log.stdout).contains("fetch refused"));
+    no_leftovers(t.path());
+}
+
+#[test]
+fn sigint_stops_a_build_and_leaves_nothing_behind() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let action = write_action(
+        t.path(),
+        "long.toml",
+        &sh_action(&bb, "echo started; busybox sleep 300 & busybox sleep 300", "").replace("\"60s\"", "\"10m\""),
+    );
+    let child = fhsx(&store)
+        .arg("build")
+        .arg(&action)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until the build is running (its scratch exists), then SIGINT it.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !fs::read_dir(t.path()).unwrap().flatten().any(|e| e.file_name().to_string_lossy().starts_with("fhsx-build-")) {
+        assert!(std::time::Instant::now() < deadline, "the build never started");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    // SAFETY: sending a signal to our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+    let o = child.wait_with_output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    no_leftovers(t.path());
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    assert!(!String::from_utf8_lossy(&ps.stdout).contains("busybox sleep 300"), "a build process survived SIGINT");
+}
