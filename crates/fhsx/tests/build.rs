@@ -172,7 +172,7 @@ fn hello_builds_reproducibly_with_a_proven_read_set() {
     }
     assert!(!rs.contains("/opt/unused"), "read set names a path never touched");
 
-    let o = fhsx(&store).args(["--json", "closure-bloat", v1["read_set"].as_str().unwrap()]).output().unwrap();
+    let o = fhsx(&store).args(["--json", "closure-bloat", record]).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let unread: Vec<String> = report["atoms"]

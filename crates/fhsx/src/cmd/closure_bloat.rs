@@ -1,6 +1,6 @@
-//! `fhsx closure-bloat READSET`: the atoms (and their largest paths) a view
-//! declared but a build never read. READSET is a read-set file or the
-//! digest of one in the store.
+//! `fhsx closure-bloat RECORD|READSET`: the atoms (and their largest paths)
+//! a view declared but a build never read. The argument is a BuildRecord's
+//! digest, a read set's digest, or a read-set file.
 
 use std::path::Path;
 
@@ -15,7 +15,7 @@ use super::Globals;
 
 #[derive(Args, Debug)]
 pub struct ClosureBloatArgs {
-    /// A read-set file (as `fhsx mount --read-set` writes) or its `b3:` digest in the store.
+    /// A BuildRecord digest, a read-set digest, or a read-set file (as `fhsx mount --read-set` writes).
     pub read_set: String,
     /// How many of each atom's largest unread paths to list.
     #[arg(long, default_value_t = 5)]
@@ -40,7 +40,11 @@ fn human(bytes: u64) -> String {
 pub fn run(g: &Globals, a: ClosureBloatArgs) -> anyhow::Result<i32> {
     let store = open_store(g)?;
     let rs = if let Ok(d) = a.read_set.parse::<Digest>() {
-        ReadSet::load(&store, &d).map_err(fuse_error)?
+        // A record names its read set; anything else must be one.
+        match fhs_executor::sign::load_record(&store, &d) {
+            Ok(rec) => ReadSet::load(&store, &rec.record.observed_read_set_digest).map_err(fuse_error)?,
+            Err(_) => ReadSet::load(&store, &d).map_err(fuse_error)?,
+        }
     } else {
         let p = Path::new(&a.read_set);
         let bytes =
