@@ -36,6 +36,9 @@ pub struct FhsExecutor {
     /// Set to stop a running build (SIGINT, a client that went away): it
     /// ends like a timeout and everything is cleaned up.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Keep the scratch directory of a failed build for debugging (its path
+    /// is written to the log).
+    pub keep_failed: bool,
 }
 
 /// The fixed environment every build starts from (the action's `env`
@@ -68,6 +71,7 @@ impl FhsExecutor {
             key,
             grace: executor_sandbox::GRACE_PERIOD,
             cancel: None,
+            keep_failed: false,
         })
     }
 
@@ -212,6 +216,7 @@ impl FhsExecutor {
             ..RunOptions::default()
         };
         let (ran, mut log_bytes) = std::thread::scope(|scope| {
+            let log = &mut *log;
             let tee = scope.spawn(move || {
                 let mut all = Vec::new();
                 let mut buf = vec![0u8; 64 * 1024];
@@ -288,7 +293,13 @@ impl FhsExecutor {
         };
         let signed = sign::sign(record, &self.key);
         let record_digest = sign::store_record(&self.store, &signed)?;
-        drop(work);
+        let failed = !signed.record.exit.success() || !violations.is_empty();
+        if failed && self.keep_failed {
+            let kept = work.keep();
+            let _ = writeln!(log, "fhsx: kept the failed build's scratch at {}/build", kept.display());
+        } else {
+            drop(work);
+        }
         if !violations.is_empty() {
             return Err(Error::Containment(format!(
                 "{}; the record {record_digest} says so",

@@ -462,3 +462,19 @@ fn sigint_stops_a_build_and_leaves_nothing_behind() {
     let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
     assert!(!String::from_utf8_lossy(&ps.stdout).contains("busybox sleep 300"), "a build process survived SIGINT");
 }
+
+#[test]
+fn keep_failed_keeps_the_scratch_and_says_where() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let action = write_action(t.path(), "k.toml", &sh_action(&bb, "echo clue > /build/clue.txt; exit 3", ""));
+    let o = fhsx(&store).args(["build", "--keep-failed"]).arg(&action).output().unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = String::from_utf8_lossy(&o.stderr).into_owned();
+    let line = err.lines().find(|l| l.contains("kept the failed build's scratch at")).expect(&err);
+    let dir = line.rsplit(' ').next().unwrap();
+    assert_eq!(fs::read_to_string(Path::new(dir).join("clue.txt")).unwrap(), "clue\n");
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(!mounts.contains(&t.path().to_string_lossy().to_string()), "the view stayed mounted");
+}

@@ -24,6 +24,9 @@ pub struct BuildArgs {
     /// Allow `network.mode = "record"` (the one impure mode: fetches upstream and writes the lock).
     #[arg(long)]
     pub record: bool,
+    /// Keep a failed build's scratch directory (its path is printed) for debugging.
+    #[arg(long)]
+    pub keep_failed: bool,
     /// Trust this CA (PEM) for upstream TLS while recording, besides the host's. Repeatable.
     #[arg(long, value_name = "FILE")]
     pub upstream_ca: Vec<PathBuf>,
@@ -45,6 +48,7 @@ pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
         }
     });
     exec.cancel = Some(cancel);
+    exec.keep_failed = a.keep_failed;
     let req = BuildRequest {
         action,
         lock_path,
