@@ -96,7 +96,8 @@ fn write_dir(
             Node::Directory { digest, .. } => {
                 fs::create_dir(&p).map_err(io("create", &p))?;
                 write_dir(store, digest, &p, &tp, progress)?;
-                fs::set_permissions(&p, fs::Permissions::from_mode(0o755)).map_err(io("chmod", &p))?;
+                fs::set_permissions(&p, fs::Permissions::from_mode(0o755))
+                    .map_err(io("chmod", &p))?;
                 set_mtime(&p)
             }
             Node::File {

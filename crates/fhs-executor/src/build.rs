@@ -8,9 +8,9 @@
 
 use std::ffi::OsString;
 use std::fs;
+use std::io::Read;
 use std::io::Write;
 use std::path::{Path, PathBuf};
-use std::io::Read;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -44,7 +44,10 @@ pub struct FhsExecutor {
 /// The fixed environment every build starts from (the action's `env`
 /// overrides or extends it).
 const BASE_ENV: &[(&str, &str)] = &[
-    ("PATH", "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin"),
+    (
+        "PATH",
+        "/usr/local/bin:/usr/bin:/bin:/usr/local/sbin:/usr/sbin:/sbin",
+    ),
     ("HOME", "/build/home"),
     ("TMPDIR", "/tmp"),
     ("SOURCE_DATE_EPOCH", "0"),
@@ -127,7 +130,11 @@ impl FhsExecutor {
         Ok(castore::compose(&self.store, &all)?)
     }
 
-    fn build_inner(&self, req: &BuildRequest, log: &mut (dyn Write + Send)) -> Result<BuildOutcome, Error> {
+    fn build_inner(
+        &self,
+        req: &BuildRequest,
+        log: &mut (dyn Write + Send),
+    ) -> Result<BuildOutcome, Error> {
         let action = &req.action;
         let started = Instant::now();
         let (lock_digest, lock_bytes) = match action.network.mode {
@@ -185,7 +192,8 @@ impl FhsExecutor {
             .map_err(|e| Error::Other(format!("mounting the view: {e}")))?;
 
         let runtime = Runtime::new()?;
-        let mut spec = SandboxSpec::view(&mnt, &scratch, runtime.paths().clone(), Arc::new(RealFs))?;
+        let mut spec =
+            SandboxSpec::view(&mnt, &scratch, runtime.paths().clone(), Arc::new(RealFs))?;
         for (k, v) in BASE_ENV {
             spec.set_env(k, *v)?;
         }
@@ -254,9 +262,9 @@ impl FhsExecutor {
             fetch_lock_digest = Some(f.lock_digest);
         }
         let log_digest = self.store.put_blob(&log_bytes)?;
-        mounted
-            .check()
-            .map_err(|e| Error::Containment(format!("the view refused corrupt store content: {e}")))?;
+        mounted.check().map_err(|e| {
+            Error::Containment(format!("the view refused corrupt store content: {e}"))
+        })?;
         check_read_set(&self.store, &view.root, &mounted.read_set)?;
 
         let exit = match report.outcome {
@@ -296,7 +304,11 @@ impl FhsExecutor {
         let failed = !signed.record.exit.success() || !violations.is_empty();
         if failed && self.keep_failed {
             let kept = work.keep();
-            let _ = writeln!(log, "fhsx: kept the failed build's scratch at {}/build", kept.display());
+            let _ = writeln!(
+                log,
+                "fhsx: kept the failed build's scratch at {}/build",
+                kept.display()
+            );
         } else {
             drop(work);
         }
@@ -387,7 +399,8 @@ impl FetchSession {
             (Err(e), _) => return Err(Error::Other(format!("stopping the fetch proxy: {e}"))),
         };
         let bytes = fs::read(&self.lock_path).unwrap_or_default();
-        let refusals = std::mem::take(&mut *self.refusals.lock().unwrap_or_else(|p| p.into_inner()));
+        let refusals =
+            std::mem::take(&mut *self.refusals.lock().unwrap_or_else(|p| p.into_inner()));
         Ok(FetchResult {
             refusals,
             aborted,
@@ -415,13 +428,15 @@ fn make_world_writable(dir: &Path) -> Result<(), Error> {
     while let Some(d) = stack.pop() {
         let meta = fs::symlink_metadata(&d).map_err(|e| Error::io("stat", &d, e))?;
         if meta.is_dir() {
-            fs::set_permissions(&d, fs::Permissions::from_mode(0o777)).map_err(|e| Error::io("chmod", &d, e))?;
+            fs::set_permissions(&d, fs::Permissions::from_mode(0o777))
+                .map_err(|e| Error::io("chmod", &d, e))?;
             for e in fs::read_dir(&d).map_err(|e| Error::io("read", &d, e))? {
                 stack.push(e.map_err(|e| Error::io("read", &d, e))?.path());
             }
         } else if meta.is_file() {
             let mode = meta.permissions().mode() | 0o666;
-            fs::set_permissions(&d, fs::Permissions::from_mode(mode)).map_err(|e| Error::io("chmod", &d, e))?;
+            fs::set_permissions(&d, fs::Permissions::from_mode(mode))
+                .map_err(|e| Error::io("chmod", &d, e))?;
         }
     }
     Ok(())

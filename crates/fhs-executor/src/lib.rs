@@ -9,9 +9,9 @@
 //! (`castore-fuse`), the bubblewrap sandbox (`executor-sandbox`) or the fetch
 //! proxy (`fetch-proxy`): it wires them together.
 
+pub mod build;
 mod error;
 pub mod ingest;
-pub mod build;
 pub mod keys;
 pub mod manifest;
 pub mod sign;

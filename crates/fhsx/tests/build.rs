@@ -19,7 +19,11 @@ fn fhsx(store: &Path) -> Command {
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 fn repo() -> PathBuf {
@@ -45,17 +49,33 @@ fn inputs() -> &'static Path {
 }
 
 fn import(store: &Path, p: &Path) -> String {
-    let o = fhsx(store).args(["store", "import"]).arg(p).output().unwrap();
+    let o = fhsx(store)
+        .args(["store", "import"])
+        .arg(p)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "import {}: {}", p.display(), text(&o));
-    String::from_utf8_lossy(&o.stdout).split('\t').next().unwrap().to_owned()
+    String::from_utf8_lossy(&o.stdout)
+        .split('\t')
+        .next()
+        .unwrap()
+        .to_owned()
 }
 
 /// Import every toolchain .deb; returns (package name, atom digest).
 fn toolchain(store: &Path) -> Vec<(String, String)> {
     let debs = inputs().join("debs");
-    let mut files: Vec<_> = fs::read_dir(&debs).unwrap().flatten().map(|e| e.path()).collect();
+    let mut files: Vec<_> = fs::read_dir(&debs)
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
     files.sort();
-    let o = fhsx(store).args(["--json", "store", "import"]).args(&files).output().unwrap();
+    let o = fhsx(store)
+        .args(["--json", "store", "import"])
+        .args(&files)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     v.as_array()
@@ -64,13 +84,19 @@ fn toolchain(store: &Path) -> Vec<(String, String)> {
         .map(|e| {
             let path = e["path"].as_str().unwrap();
             let name = Path::new(path).file_name().unwrap().to_string_lossy();
-            (name.split('_').next().unwrap().to_owned(), e["root"].as_str().unwrap().to_owned())
+            (
+                name.split('_').next().unwrap().to_owned(),
+                e["root"].as_str().unwrap().to_owned(),
+            )
         })
         .collect()
 }
 
 fn quoted(list: &[String]) -> String {
-    list.iter().map(|d| format!("\"{d}\"")).collect::<Vec<_>>().join(", ")
+    list.iter()
+        .map(|d| format!("\"{d}\""))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 fn write_action(dir: &Path, name: &str, body: &str) -> PathBuf {
@@ -80,7 +106,11 @@ fn write_action(dir: &Path, name: &str, body: &str) -> PathBuf {
 }
 
 fn build(store: &Path, action: &Path) -> (Output, Option<serde_json::Value>) {
-    let o = fhsx(store).args(["--json", "build"]).arg(action).output().unwrap();
+    let o = fhsx(store)
+        .args(["--json", "build"])
+        .arg(action)
+        .output()
+        .unwrap();
     let v = serde_json::from_slice(&o.stdout).ok();
     (o, v)
 }
@@ -91,7 +121,10 @@ fn build(store: &Path, action: &Path) -> (Output, Option<serde_json::Value>) {
 fn no_leftovers(dir: &Path) {
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let d = dir.to_string_lossy();
-    assert!(!mounts.contains(d.as_ref()), "a mount is left under {d}:\n{mounts}");
+    assert!(
+        !mounts.contains(d.as_ref()),
+        "a mount is left under {d}:\n{mounts}"
+    );
     let left: Vec<_> = fs::read_dir(dir)
         .unwrap()
         .flatten()
@@ -123,7 +156,11 @@ fn hello_builds_reproducibly_with_a_proven_read_set() {
     // One atom the build never touches: it must show up as bloat and not in the read set.
     let unused_dir = t.path().join("unused");
     fs::create_dir_all(unused_dir.join("opt/unused")).unwrap();
-    fs::write(unused_dir.join("opt/unused/never-read.txt"), b"nobody reads me").unwrap();
+    fs::write(
+        unused_dir.join("opt/unused/never-read.txt"),
+        b"nobody reads me",
+    )
+    .unwrap();
     let unused = import(&store, &unused_dir);
     let mut tc: Vec<String> = atoms.iter().map(|a| a.1.clone()).collect();
     tc.push(unused.clone());
@@ -137,8 +174,14 @@ fn hello_builds_reproducibly_with_a_proven_read_set() {
     let (o2, v2) = build(&store, &action);
     assert!(o2.status.success(), "{}", text(&o2));
     let v2 = v2.unwrap();
-    assert_eq!(v1["output"], v2["output"], "output differs between two builds");
-    assert_eq!(v1["read_set"], v2["read_set"], "read set differs between two builds");
+    assert_eq!(
+        v1["output"], v2["output"],
+        "output differs between two builds"
+    );
+    assert_eq!(
+        v1["read_set"], v2["read_set"],
+        "read set differs between two builds"
+    );
 
     // The output has a working hello.
     let out = t.path().join("out");
@@ -148,18 +191,31 @@ fn hello_builds_reproducibly_with_a_proven_read_set() {
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let hello = Command::new(out.join("out/usr/bin/hello")).output().unwrap();
+    let hello = Command::new(out.join("out/usr/bin/hello"))
+        .output()
+        .unwrap();
     assert_eq!(hello.stdout, b"Hello, world!\n");
 
     // The record verifies, against the store's own key.
     let record = v1["record"].as_str().unwrap();
     let key = fhsx(&store).args(["key", "show"]).output().unwrap();
     let key = String::from_utf8_lossy(&key.stdout).trim().to_owned();
-    let o = fhsx(&store).args(["record", "verify", record, "--trust", &key]).output().unwrap();
+    let o = fhsx(&store)
+        .args(["record", "verify", record, "--trust", &key])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let other = format!("ed25519:{}", "11".repeat(32));
-    let o = fhsx(&store).args(["record", "verify", record, "--trust", &other]).output().unwrap();
-    assert_eq!(o.status.code(), Some(3), "an untrusted signer was accepted: {}", text(&o));
+    let o = fhsx(&store)
+        .args(["record", "verify", record, "--trust", &other])
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(3),
+        "an untrusted signer was accepted: {}",
+        text(&o)
+    );
 
     // The read set names the compiler and the headers it used, not the unused atom.
     let rs = fhsx(&store)
@@ -167,12 +223,22 @@ fn hello_builds_reproducibly_with_a_proven_read_set() {
         .output()
         .unwrap();
     let rs = String::from_utf8_lossy(&rs.stdout);
-    for needle in ["/usr/bin/gcc-12", "/usr/include/stdio.h", "/usr/lib/gcc/x86_64-linux-gnu/12/cc1"] {
+    for needle in [
+        "/usr/bin/gcc-12",
+        "/usr/include/stdio.h",
+        "/usr/lib/gcc/x86_64-linux-gnu/12/cc1",
+    ] {
         assert!(rs.contains(needle), "read set lacks {needle}");
     }
-    assert!(!rs.contains("/opt/unused"), "read set names a path never touched");
+    assert!(
+        !rs.contains("/opt/unused"),
+        "read set names a path never touched"
+    );
 
-    let o = fhsx(&store).args(["--json", "closure-bloat", record]).output().unwrap();
+    let o = fhsx(&store)
+        .args(["--json", "closure-bloat", record])
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let report: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let unread: Vec<String> = report["atoms"]
@@ -182,7 +248,10 @@ fn hello_builds_reproducibly_with_a_proven_read_set() {
         .filter(|a| a["observed_entries"].as_u64() == Some(0))
         .map(|a| a["atom"].as_str().unwrap().to_owned())
         .collect();
-    assert!(unread.contains(&unused), "closure-bloat does not name the unused atom: {report}");
+    assert!(
+        unread.contains(&unused),
+        "closure-bloat does not name the unused atom: {report}"
+    );
 }
 
 #[test]
@@ -191,7 +260,11 @@ fn reading_an_undeclared_toolchain_file_fails_and_names_the_path() {
     let store = t.path().join("store");
     let atoms = toolchain(&store);
     // Compose without make: the build's `make` is not in the declared closure.
-    let tc: Vec<String> = atoms.iter().filter(|a| a.0 != "make").map(|a| a.1.clone()).collect();
+    let tc: Vec<String> = atoms
+        .iter()
+        .filter(|a| a.0 != "make")
+        .map(|a| a.1.clone())
+        .collect();
     let src = import(&store, &inputs().join("src/hello_2.10.orig.tar.gz"));
     let action = write_action(
         t.path(),
@@ -248,9 +321,15 @@ fn writes_outside_scratch_fail_and_change_nothing() {
     let (o, v) = build(&store, &action);
     assert!(o.status.success(), "{}", text(&o));
     let v = v.unwrap();
-    let log = fhsx(&store).args(["store", "blob", v["log"].as_str().unwrap()]).output().unwrap();
+    let log = fhsx(&store)
+        .args(["store", "blob", v["log"].as_str().unwrap()])
+        .output()
+        .unwrap();
     let log = String::from_utf8_lossy(&log.stdout);
-    assert!(!log.contains("WROTE") && !log.contains("MOUNTED"), "a write escaped scratch:\n{log}");
+    assert!(
+        !log.contains("WROTE") && !log.contains("MOUNTED"),
+        "a write escaped scratch:\n{log}"
+    );
     // The store's own objects were not touched from inside (only new ones added).
     assert!(fs::read_dir(store.join("blobs/00")).unwrap().count() >= before);
     let o = fhsx(&store).args(["store", "verify"]).output().unwrap();
@@ -268,11 +347,21 @@ fn corrupt_blob_in_the_closure_is_an_integrity_error_naming_the_path() {
     fs::write(extra.join("usr/share/data/payload.txt"), b"payload bytes").unwrap();
     let extra = import(&store, &extra);
     let blob = fhsx(&store)
-        .args(["--json", "store", "ls", &extra, "usr/share/data/payload.txt"])
+        .args([
+            "--json",
+            "store",
+            "ls",
+            &extra,
+            "usr/share/data/payload.txt",
+        ])
         .output()
         .unwrap();
     let v: serde_json::Value = serde_json::from_slice(&blob.stdout).unwrap();
-    let hex = v[0]["digest"].as_str().unwrap().trim_start_matches("b3:").to_owned();
+    let hex = v[0]["digest"]
+        .as_str()
+        .unwrap()
+        .trim_start_matches("b3:")
+        .to_owned();
     let p = store.join("blobs").join(&hex[..2]).join(&hex);
     use std::os::unix::fs::PermissionsExt;
     fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
@@ -286,8 +375,15 @@ fn corrupt_blob_in_the_closure_is_an_integrity_error_naming_the_path() {
     );
     let (o, _) = build(&store, &action);
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
-    assert!(text(&o).contains("usr/share/data/payload.txt"), "the error does not name the path: {}", text(&o));
-    assert!(!String::from_utf8_lossy(&o.stdout).contains("PAYLOAD"), "corrupt bytes reached the build");
+    assert!(
+        text(&o).contains("usr/share/data/payload.txt"),
+        "the error does not name the path: {}",
+        text(&o)
+    );
+    assert!(
+        !String::from_utf8_lossy(&o.stdout).contains("PAYLOAD"),
+        "corrupt bytes reached the build"
+    );
     no_leftovers(t.path());
 }
 
@@ -296,18 +392,30 @@ fn failing_and_timed_out_builds_leave_nothing_behind() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let bb = busybox(&store);
-    let fail = write_action(t.path(), "f.toml", &sh_action(&bb, "echo partial > $out/x; exit 7", ""));
+    let fail = write_action(
+        t.path(),
+        "f.toml",
+        &sh_action(&bb, "echo partial > $out/x; exit 7", ""),
+    );
     let (o, v) = build(&store, &fail);
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let v = v.unwrap();
-    assert!(v["output"].is_null(), "a failed build produced an output: {v}");
+    assert!(
+        v["output"].is_null(),
+        "a failed build produced an output: {v}"
+    );
     assert_eq!(v["exit"]["code"], 7);
     no_leftovers(t.path());
 
     let slow = write_action(
         t.path(),
         "s.toml",
-        &sh_action(&bb, "trap '' TERM; busybox sleep 600 & busybox sleep 600", "").replace("\"60s\"", "\"2s\""),
+        &sh_action(
+            &bb,
+            "trap '' TERM; busybox sleep 600 & busybox sleep 600",
+            "",
+        )
+        .replace("\"60s\"", "\"2s\""),
     );
     let started = std::time::Instant::now();
     let (o, v) = build(&store, &slow);
@@ -316,7 +424,10 @@ fn failing_and_timed_out_builds_leave_nothing_behind() {
     assert!(started.elapsed() < std::time::Duration::from_secs(60));
     no_leftovers(t.path());
     let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
-    assert!(!String::from_utf8_lossy(&ps.stdout).contains("busybox sleep 600"), "a build process survived");
+    assert!(
+        !String::from_utf8_lossy(&ps.stdout).contains("busybox sleep 600"),
+        "a build process survived"
+    );
 }
 
 #[test]
@@ -338,9 +449,17 @@ fn bad_action_files_exit_2_with_a_clear_error() {
         let p = write_action(t.path(), &format!("{}.toml", name.replace(' ', "-")), &body);
         let o = fhsx(&store).arg("build").arg(&p).output().unwrap();
         assert_eq!(o.status.code(), Some(2), "{name}: {}", text(&o));
-        assert!(text(&o).contains(needle), "{name}: error lacks {needle:?}: {}", text(&o));
+        assert!(
+            text(&o).contains(needle),
+            "{name}: error lacks {needle:?}: {}",
+            text(&o)
+        );
     }
-    let o = fhsx(&store).arg("build").arg(t.path().join("absent.toml")).output().unwrap();
+    let o = fhsx(&store)
+        .arg("build")
+        .arg(t.path().join("absent.toml"))
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
 }
 
@@ -391,9 +510,23 @@ fn fetch_records_then_replays_without_upstream_and_refuses_the_unrecorded() {
 
     // Record needs --record; with it, the lock is written.
     let rec = write_action(t.path(), "record.toml", &fetch_action(&bb, &url, "record"));
-    let o = fhsx(&store).arg("--json").arg("build").arg(&rec).output().unwrap();
-    assert_eq!(o.status.code(), Some(2), "record without --record ran: {}", text(&o));
-    let o = fhsx(&store).args(["--json", "build", "--record"]).arg(&rec).output().unwrap();
+    let o = fhsx(&store)
+        .arg("--json")
+        .arg("build")
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "record without --record ran: {}",
+        text(&o)
+    );
+    let o = fhsx(&store)
+        .args(["--json", "build", "--record"])
+        .arg(&rec)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let recorded: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     let lock = fs::read_to_string(t.path().join("fetch.lock")).unwrap();
@@ -405,27 +538,60 @@ fn fetch_records_then_replays_without_upstream_and_refuses_the_unrecorded() {
     let (o, v) = build(&store, &rep);
     assert!(o.status.success(), "{}", text(&o));
     let v = v.unwrap();
-    assert_eq!(v["output"], recorded["output"], "replay gave another output");
+    assert_eq!(
+        v["output"], recorded["output"],
+        "replay gave another output"
+    );
     let out = t.path().join("fetched");
-    assert!(fhsx(&store).args(["store", "export", v["output"].as_str().unwrap()]).arg(&out).status().unwrap().success());
-    assert_eq!(fs::read(out.join("out/file")).unwrap(), b"upstream payload v1\n");
+    assert!(fhsx(&store)
+        .args(["store", "export", v["output"].as_str().unwrap()])
+        .arg(&out)
+        .status()
+        .unwrap()
+        .success());
+    assert_eq!(
+        fs::read(out.join("out/file")).unwrap(),
+        b"upstream payload v1\n"
+    );
 
     // Another URL: refused at the boundary, exit 3, the refusal in the log and the record.
-    let other = write_action(t.path(), "other.toml", &fetch_action(&bb, &url.replace("file-1.0", "file-2.0"), "replay"));
+    let other = write_action(
+        t.path(),
+        "other.toml",
+        &fetch_action(&bb, &url.replace("file-1.0", "file-2.0"), "replay"),
+    );
     let o = fhsx(&store).arg("build").arg(&other).output().unwrap();
     assert_eq!(o.status.code(), Some(3), "{}", text(&o));
     let err = text(&o);
-    assert!(err.contains("fetch refused") && err.contains("file-2.0"), "{err}");
+    assert!(
+        err.contains("fetch refused") && err.contains("file-2.0"),
+        "{err}"
+    );
     let record = err
         .split_whitespace()
         .find(|w| w.starts_with("b3:") && err.contains(&format!("record {w}")))
         .map(str::to_owned)
         .expect("the error names the record");
-    let shown = fhsx(&store).args(["--json", "record", "show", &record]).output().unwrap();
+    let shown = fhsx(&store)
+        .args(["--json", "record", "show", &record])
+        .output()
+        .unwrap();
     let shown: serde_json::Value = serde_json::from_slice(&shown.stdout).unwrap();
     let violations = shown["record"]["violations"].as_array().unwrap();
-    assert!(violations.iter().any(|v| v.as_str().unwrap().contains("file-2.0")), "{shown}");
-    let log = fhsx(&store).args(["store", "blob", shown["record"]["log_digest"].as_str().unwrap()]).output().unwrap();
+    assert!(
+        violations
+            .iter()
+            .any(|v| v.as_str().unwrap().contains("file-2.0")),
+        "{shown}"
+    );
+    let log = fhsx(&store)
+        .args([
+            "store",
+            "blob",
+            shown["record"]["log_digest"].as_str().unwrap(),
+        ])
+        .output()
+        .unwrap();
     assert!(String::from_utf8_lossy(&log.stdout).contains("fetch refused"));
     no_leftovers(t.path());
 }
@@ -438,7 +604,12 @@ fn sigint_stops_a_build_and_leaves_nothing_behind() {
     let action = write_action(
         t.path(),
         "long.toml",
-        &sh_action(&bb, "echo started; busybox sleep 300 & busybox sleep 300", "").replace("\"60s\"", "\"10m\""),
+        &sh_action(
+            &bb,
+            "echo started; busybox sleep 300 & busybox sleep 300",
+            "",
+        )
+        .replace("\"60s\"", "\"10m\""),
     );
     let child = fhsx(&store)
         .arg("build")
@@ -449,18 +620,33 @@ fn sigint_stops_a_build_and_leaves_nothing_behind() {
         .unwrap();
     // Wait until the build is running (its scratch exists), then SIGINT it.
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
-    while !fs::read_dir(t.path()).unwrap().flatten().any(|e| e.file_name().to_string_lossy().starts_with("fhsx-build-")) {
-        assert!(std::time::Instant::now() < deadline, "the build never started");
+    while !fs::read_dir(t.path())
+        .unwrap()
+        .flatten()
+        .any(|e| e.file_name().to_string_lossy().starts_with("fhsx-build-"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the build never started"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
     std::thread::sleep(std::time::Duration::from_millis(500));
     // SAFETY: sending a signal to our own child.
     unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
     let o = child.wait_with_output().unwrap();
-    assert_eq!(o.status.code(), Some(1), "{}", String::from_utf8_lossy(&o.stderr));
+    assert_eq!(
+        o.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
     no_leftovers(t.path());
     let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
-    assert!(!String::from_utf8_lossy(&ps.stdout).contains("busybox sleep 300"), "a build process survived SIGINT");
+    assert!(
+        !String::from_utf8_lossy(&ps.stdout).contains("busybox sleep 300"),
+        "a build process survived SIGINT"
+    );
 }
 
 #[test]
@@ -468,13 +654,30 @@ fn keep_failed_keeps_the_scratch_and_says_where() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let bb = busybox(&store);
-    let action = write_action(t.path(), "k.toml", &sh_action(&bb, "echo clue > /build/clue.txt; exit 3", ""));
-    let o = fhsx(&store).args(["build", "--keep-failed"]).arg(&action).output().unwrap();
+    let action = write_action(
+        t.path(),
+        "k.toml",
+        &sh_action(&bb, "echo clue > /build/clue.txt; exit 3", ""),
+    );
+    let o = fhsx(&store)
+        .args(["build", "--keep-failed"])
+        .arg(&action)
+        .output()
+        .unwrap();
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let err = String::from_utf8_lossy(&o.stderr).into_owned();
-    let line = err.lines().find(|l| l.contains("kept the failed build's scratch at")).expect(&err);
+    let line = err
+        .lines()
+        .find(|l| l.contains("kept the failed build's scratch at"))
+        .expect(&err);
     let dir = line.rsplit(' ').next().unwrap();
-    assert_eq!(fs::read_to_string(Path::new(dir).join("clue.txt")).unwrap(), "clue\n");
+    assert_eq!(
+        fs::read_to_string(Path::new(dir).join("clue.txt")).unwrap(),
+        "clue\n"
+    );
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    assert!(!mounts.contains(&t.path().to_string_lossy().to_string()), "the view stayed mounted");
+    assert!(
+        !mounts.contains(&t.path().to_string_lossy().to_string()),
+        "the view stayed mounted"
+    );
 }

@@ -60,7 +60,10 @@ impl<'s> Txn<'s> {
         // held: a cleaner must never see a live transaction without one.
         let fresh = store.tmp_dir().join(format!(
             ".new-{}",
-            staging.file_name().map(|n| n.to_string_lossy()).unwrap_or_default()
+            staging
+                .file_name()
+                .map(|n| n.to_string_lossy())
+                .unwrap_or_default()
         ));
         fs::create_dir(&fresh).map_err(io("create staging directory", &fresh))?;
         let staging_lock = lock_file(&fresh.join(".lock"), FlockOperation::LockExclusive)?;

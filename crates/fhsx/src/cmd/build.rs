@@ -81,7 +81,10 @@ pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
             Some(d) => println!("output  {d}"),
             None => println!("output  (none: the build failed)"),
         }
-        println!("reads   {} ({} entries)", rec.observed_read_set_digest, rec.read_set_size);
+        println!(
+            "reads   {} ({} entries)",
+            rec.observed_read_set_digest, rec.read_set_size
+        );
         println!("log     {} (`fhsx store blob` prints it)", rec.log_digest);
     }
     if rec.exit.success() {
@@ -89,7 +92,10 @@ pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
     } else {
         Err(Classified(
             ExitClass::BuildFailed,
-            format!("the build failed ({:?}); its log is blob {}", rec.exit, rec.log_digest),
+            format!(
+                "the build failed ({:?}); its log is blob {}",
+                rec.exit, rec.log_digest
+            ),
         )
         .into())
     }

@@ -42,7 +42,9 @@ pub fn run(g: &Globals, a: ClosureBloatArgs) -> anyhow::Result<i32> {
     let rs = if let Ok(d) = a.read_set.parse::<Digest>() {
         // A record names its read set; anything else must be one.
         match fhs_executor::sign::load_record(&store, &d) {
-            Ok(rec) => ReadSet::load(&store, &rec.record.observed_read_set_digest).map_err(fuse_error)?,
+            Ok(rec) => {
+                ReadSet::load(&store, &rec.record.observed_read_set_digest).map_err(fuse_error)?
+            }
             Err(_) => ReadSet::load(&store, &d).map_err(fuse_error)?,
         }
     } else {

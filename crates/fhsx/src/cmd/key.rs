@@ -21,7 +21,9 @@ pub fn run(g: &Globals, cmd: KeyCmd) -> anyhow::Result<i32> {
     let key = match cmd {
         KeyCmd::Generate => keys::generate(&path)?,
         KeyCmd::Show => keys::load(&path).map_err(|e| {
-            anyhow::anyhow!("{e}; create one with `fhsx key generate` (a build also creates it on first use)")
+            anyhow::anyhow!(
+                "{e}; create one with `fhsx key generate` (a build also creates it on first use)"
+            )
         })?,
     };
     let public = keys::public_key_string(&key.verifying_key());

@@ -8,8 +8,8 @@ mod lock;
 mod mount;
 mod proxy;
 mod record;
-mod store;
 mod run;
+mod store;
 
 use std::path::PathBuf;
 

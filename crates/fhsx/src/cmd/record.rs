@@ -82,7 +82,11 @@ pub fn run(g: &Globals, cmd: RecordCmd) -> anyhow::Result<i32> {
                 }
                 Ok(0)
             } else {
-                Err(Classified(ExitClass::Integrity, format!("record {record} failed verification")).into())
+                Err(Classified(
+                    ExitClass::Integrity,
+                    format!("record {record} failed verification"),
+                )
+                .into())
             }
         }
     }
