@@ -24,6 +24,7 @@ pub mod gc;
 pub mod import;
 mod nodes;
 pub mod store;
+pub mod tier;
 pub mod verify;
 pub mod walk;
 
