@@ -597,6 +597,28 @@ impl<'s> Ctx<'s> {
     }
 }
 
+/// Where `fhsx run --view` keeps the Fast-tier root of a view: one per view
+/// per store, `STORE/fast/<hex>`, made once and reused (re-materializing it
+/// is a stat-only walk).
+pub fn cached_root_path(store: &LocalStore, root: &Digest) -> PathBuf {
+    store.root().join("fast").join(root.hex())
+}
+
+/// Materialize `root` at [`cached_root_path`] (a no-op if already there)
+/// and return that path.
+pub fn cached_root(store: &LocalStore, root: &Digest, progress: &dyn Progress) -> Result<PathBuf> {
+    let dest = cached_root_path(store, root);
+    if let Some(parent) = dest.parent() {
+        fs::create_dir_all(parent).map_err(io("create", parent))?;
+    }
+    match materialize(store, root, &dest, &FastOptions::default(), progress) {
+        Ok(_) => Ok(dest),
+        // Another process materialized it at the same moment.
+        Err(_) if read_marker(&dest).ok().flatten() == Some(*root) => Ok(dest),
+        Err(e) => Err(e),
+    }
+}
+
 /// Where the executable (0555) twin of blob `d` lives.
 pub fn twin_path(store: &LocalStore, d: &Digest) -> PathBuf {
     let hex = d.hex();

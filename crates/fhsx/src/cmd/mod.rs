@@ -5,6 +5,7 @@ mod closure_bloat;
 mod compose;
 mod key;
 mod lock;
+mod materialize;
 mod mount;
 mod proxy;
 mod record;
@@ -58,6 +59,8 @@ pub enum Command {
     /// Check a fetch lock against the store, or compare two.
     #[command(subcommand)]
     Lock(lock::LockCmd),
+    /// Realise a view outside the store: Fast tier (read-only link farm) or Export (tarball, OCI layout).
+    Materialize(materialize::MaterializeArgs),
 }
 
 /// Global options every subcommand sees.
@@ -82,5 +85,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::ClosureBloat(a) => closure_bloat::run(&g, a),
         Command::Proxy(a) => proxy::run(&g, a),
         Command::Lock(c) => lock::run(&g, c),
+        Command::Materialize(a) => materialize::run(&g, a),
     }
 }

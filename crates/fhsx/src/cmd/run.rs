@@ -1,5 +1,10 @@
 //! `fhsx run`: contain an arbitrary command over a workspace, on the host's
 //! own toolchain (read-only), with no network and a whitelisted environment.
+//!
+//! With `--view VIEW` the root is that view instead of the host: its
+//! Fast-tier tree (a read-only hard-link farm, kept per store and reused,
+//! see `castore::tier::fast`), with the workspace at /build — for trying
+//! what a build produced without FUSE or a copy.
 
 use std::ffi::OsString;
 use std::path::PathBuf;
@@ -19,9 +24,12 @@ const DEFAULT_ALLOW: &[&str] = &["TERM"];
 
 #[derive(Args, Debug)]
 pub struct RunArgs {
-    /// The directory the command may write; it appears at /workspace (default: the current directory).
+    /// The directory the command may write; it appears at /workspace (at /build with --view) (default: the current directory).
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
+    /// Run on this view (a tree's root digest) as the root filesystem, materialized at the Fast tier, instead of the host's toolchain.
+    #[arg(long, value_name = "VIEW")]
+    pub view: Option<castore::Digest>,
     /// Let this host environment variable through if set (repeatable). TERM passes by default.
     #[arg(long = "allow-env", value_name = "NAME")]
     pub allow_env: Vec<String>,
@@ -66,7 +74,20 @@ pub fn run(g: &Globals, a: RunArgs) -> anyhow::Result<i32> {
         None => std::env::current_dir().context("finding the current directory for --workspace")?,
     };
     let rt = Runtime::new()?;
-    let mut spec = rt.host_spec(&workspace)?;
+    let mut spec = match &a.view {
+        None => rt.host_spec(&workspace)?,
+        Some(view) => {
+            let store = super::store::open_store(g)?;
+            let bar = crate::progress::Bar::new("materializing the view");
+            let root = castore::tier::fast::cached_root(&store, view, &bar);
+            bar.finish();
+            let root = root.map_err(|e| match e {
+                castore::tier::Error::Store(inner) => anyhow::Error::from(inner),
+                other => anyhow::Error::new(other),
+            })?;
+            rt.view_spec(&root, &workspace)?
+        }
+    };
     for name in DEFAULT_ALLOW
         .iter()
         .copied()
