@@ -1,1 +1,84 @@
-//! `worker`: see DESIGN.md's Layout table. Filled by its own issue.
+//! `worker`: fhsx as an executor worker over Cap'n Proto, and its client.
+//!
+//! It owns the wire protocol (`schema/worker.capnp`, compiled by `build.rs`
+//! with the `capnp` schema compiler), the worker daemon behind
+//! `fhsx worker` ([`server`]: a `Cas` capability over the worker's local
+//! store, `Executor.build` running the local [`fhs_executor::FhsExecutor`]
+//! at most `jobs` at a time, logs streamed to the caller's `LogSink`,
+//! cancellation when the caller goes away, graceful shutdown) and the client
+//! behind `fhsx build --remote` ([`client`]: upload what the worker lacks,
+//! build, download the record and its trees, verify the signature).
+//!
+//! It does not own how a build is run or signed (`fhs-executor`), the store
+//! and its validation (`castore`: every directory a peer sends is decoded
+//! and checked by [`castore::Directory::decode`]), nor argument parsing or
+//! printing (the `fhsx` binary).
+//!
+//! Limits on what a peer may send are set on every message reader
+//! ([`reader_options`]): a message above [`MAX_MESSAGE_BYTES`] or nested
+//! deeper than [`NESTING_LIMIT`] ends that connection, never the worker.
+
+pub mod client;
+mod error;
+pub mod server;
+
+#[allow(clippy::all, clippy::pedantic, dead_code, unused, unreachable_pub)]
+pub mod worker_capnp {
+    include!(concat!(env!("OUT_DIR"), "/worker_capnp.rs"));
+}
+
+pub use error::Error;
+
+use std::path::PathBuf;
+
+/// The protocol version this crate speaks (`protocolVersion` in the schema).
+pub const PROTOCOL_VERSION: u32 = worker_capnp::PROTOCOL_VERSION;
+
+/// The largest message either side accepts, in bytes.
+pub const MAX_MESSAGE_BYTES: usize = 64 << 20;
+/// The deepest pointer nesting either side accepts.
+pub const NESTING_LIMIT: i32 = 16;
+/// Upload and download chunk size.
+pub const CHUNK: usize = 1 << 20;
+
+/// Message reader limits for every connection.
+pub fn reader_options() -> capnp::message::ReaderOptions {
+    let mut o = capnp::message::ReaderOptions::new();
+    o.traversal_limit_in_words(Some(MAX_MESSAGE_BYTES / 8));
+    o.nesting_limit(NESTING_LIMIT);
+    o
+}
+
+/// Where a worker listens / a client connects: `HOST:PORT` or `unix:PATH`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Endpoint {
+    Tcp(String),
+    Unix(PathBuf),
+}
+
+impl Endpoint {
+    pub fn parse(s: &str) -> Endpoint {
+        match s.strip_prefix("unix:") {
+            Some(p) => Endpoint::Unix(PathBuf::from(p)),
+            None => Endpoint::Tcp(s.to_owned()),
+        }
+    }
+}
+
+impl std::fmt::Display for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Endpoint::Tcp(a) => f.write_str(a),
+            Endpoint::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+fn digest_from(b: &[u8]) -> Result<castore::Digest, capnp::Error> {
+    castore::Digest::from_slice(b).ok_or_else(|| {
+        capnp::Error::failed(format!(
+            "a digest must be 32 bytes (BLAKE3-256), got {}",
+            b.len()
+        ))
+    })
+}

@@ -1,0 +1,110 @@
+# The fhsx worker protocol: a scheduler (or `fhsx build --remote`) talks to an
+# executor worker (`fhsx worker`) over Cap'n Proto RPC.
+#
+# A digest is BLAKE3-256, carried as its 32 raw bytes (`Data`). Directories
+# travel in castore's canonical encoding (the snix castore protobuf layout),
+# so their digest is the BLAKE3 of exactly those bytes.
+#
+# Versioning: `protocolVersion` below is bumped on any incompatible change.
+# A client calls `Executor.version` first and stops on a mismatch; `build`
+# carries the client's version too, so a client that never asks (or an old
+# one that sends no version, i.e. 0) gets a clear error instead of a
+# misread request.
+
+@0xf3b8852e38e2468f;
+
+const protocolVersion :UInt32 = 1;
+
+interface Executor {
+  # What this worker speaks and who signs its records.
+  version @0 () -> (protocol :UInt32, executor :Text, publicKey :Text);
+
+  # The worker's content-addressed store: upload inputs, download outputs.
+  cas @1 () -> (cas :Cas);
+
+  # Run one action. `action` is the action file's TOML text; `lock` the
+  # fetch lock's bytes (network mode "replay"; empty otherwise — "record"
+  # is refused remotely: it is the one impure mode). Every input the action
+  # names (and every body the lock names) must already be in the worker's
+  # store. The build's output streams to `logSink` as it happens. Returns
+  # the stored signed record (JSON, as `fhsx record show` reads it) and its
+  # digest. Dropping the call (or the connection) cancels the build.
+  # A build the executor refused or could not finish (an input missing, a
+  # containment violation, cancelled) returns `failure` instead of a record.
+  build @2 (protocol :UInt32, action :Text, lock :Data, logSink :LogSink)
+        -> (recordDigest :Data, record :Data, failure :Failure);
+
+  # Counters, for tests and monitoring.
+  stats @3 () -> (stats :Stats);
+}
+
+struct Failure {
+  class @0 :ExitClass;
+  message @1 :Text;
+}
+
+# DESIGN.md's exit codes: 1, 2 and 3.
+enum ExitClass {
+  buildFailed @0;
+  usage @1;
+  integrity @2;
+}
+
+struct Stats {
+  blobsWritten @0 :UInt64;        # blobs this worker added to its store
+  blobBytesWritten @1 :UInt64;
+  directoriesWritten @2 :UInt64;
+  bytesReceived @3 :UInt64;       # blob payload bytes received (stored or not)
+  buildsStarted @4 :UInt64;
+  buildsRunning @5 :UInt32;
+  buildsQueued @6 :UInt32;
+  maxConcurrentBuilds @7 :UInt32; # the most builds ever running at once
+  jobs @8 :UInt32;                # the --jobs limit
+}
+
+interface Cas {
+  # Which of these objects the store lacks (each list answered separately).
+  findMissing @0 (blobs :List(Data), directories :List(Data))
+              -> (blobs :List(Data), directories :List(Data));
+
+  # Upload one blob of `size` bytes in chunks: call `upload.write` per
+  # chunk, then `upload.finish`, which checks the bytes against `digest`.
+  # `upload` is null when the store already has it (or another client just
+  # uploaded it): send nothing.
+  putBlob @1 (digest :Data, size :UInt64) -> (upload :BlobUpload);
+
+  # Many small blobs in one call and one store transaction. Each blob's
+  # bytes must hash to its digest.
+  putBlobs @2 (blobs :List(Blob)) -> ();
+
+  # A directory (canonical encoding) whose children — sub-directories and
+  # file blobs — are already in the store: upload bottom-up.
+  putDirectory @3 (directory :Data) -> (digest :Data);
+
+  # Several directories, children before parents, in one transaction.
+  putDirectories @4 (directories :List(Data)) -> ();
+
+  # Stream a blob's verified bytes to `sink`.
+  getBlob @5 (digest :Data, sink :ByteSink) -> (size :UInt64);
+
+  # A directory's canonical encoding.
+  getDirectory @6 (digest :Data) -> (directory :Data);
+}
+
+struct Blob {
+  digest @0 :Data;
+  data @1 :Data;
+}
+
+interface BlobUpload {
+  write @0 (chunk :Data) -> stream;
+  finish @1 () -> ();
+}
+
+interface ByteSink {
+  write @0 (chunk :Data) -> stream;
+}
+
+interface LogSink {
+  write @0 (chunk :Data) -> stream;
+}

@@ -1,0 +1,1 @@
+//! The client side: `fhsx build --remote`.

@@ -1,0 +1,61 @@
+//! The worker crate's error type.
+
+use executor_core::ExitClass;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error(transparent)]
+    Store(#[from] castore::Error),
+    #[error(transparent)]
+    Executor(#[from] fhs_executor::Error),
+    #[error(transparent)]
+    Action(#[from] executor_core::ActionError),
+    #[error("talking to the worker at {endpoint}: {source}")]
+    Rpc {
+        endpoint: String,
+        #[source]
+        source: capnp::Error,
+    },
+    #[error("{what} {endpoint}: {source}")]
+    Io {
+        what: &'static str,
+        endpoint: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the worker at {endpoint} speaks protocol {worker}, this client speaks {client}: upgrade the older of the two")]
+    Version {
+        endpoint: String,
+        worker: u32,
+        client: u32,
+    },
+    /// The worker ran (or refused) the build and reported why.
+    #[error("the remote build failed on {endpoint}: {message}")]
+    Remote {
+        endpoint: String,
+        class: ExitClass,
+        message: String,
+    },
+    #[error("the record from {endpoint} does not verify: {reason}")]
+    BadRecord { endpoint: String, reason: String },
+    #[error("{0}")]
+    Usage(String),
+}
+
+impl Error {
+    /// Which of DESIGN.md's exit codes this error maps to.
+    pub fn exit_class(&self) -> ExitClass {
+        match self {
+            Error::Store(e) => match e.kind() {
+                castore::ErrorKind::Integrity => ExitClass::Integrity,
+                castore::ErrorKind::Input => ExitClass::Usage,
+                castore::ErrorKind::Io => ExitClass::BuildFailed,
+            },
+            Error::Executor(e) => e.exit_class(),
+            Error::Action(_) | Error::Usage(_) | Error::Version { .. } => ExitClass::Usage,
+            Error::Remote { class, .. } => *class,
+            Error::BadRecord { .. } => ExitClass::Integrity,
+            Error::Rpc { .. } | Error::Io { .. } => ExitClass::BuildFailed,
+        }
+    }
+}

@@ -1,0 +1,967 @@
+//! The worker daemon: serves `Executor` and `Cas` over Cap'n Proto RPC.
+//!
+//! All RPC runs on one thread (capnp-rpc is single-threaded); everything that
+//! touches the disk — store writes, hashing, the builds themselves — runs on
+//! blocking threads, so a slow upload or a long build never stalls another
+//! client. Builds take a slot of a `jobs`-sized semaphore (the rest queue);
+//! each holds its slot until its sandbox is torn down, so the number of
+//! live builds never exceeds `jobs`, cancelled ones included.
+//!
+//! Uploads are deduplicated across clients: an object being written by one
+//! connection is *claimed*, and another connection offering the same object
+//! waits for that write instead of sending the bytes again.
+
+use std::cell::{Cell, RefCell};
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use capnp_rpc::{rpc_twoparty_capnp::Side, twoparty, RpcSystem};
+use castore::store::{BlobStore, DirectoryStore, LocalStore, ObjectKind};
+use castore::{Digest, Directory, Node};
+use executor_core::{Action, BuildRequest, Executor as _, ExitClass, NetworkMode};
+use fhs_executor::FhsExecutor;
+use futures::AsyncReadExt;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+use crate::worker_capnp::{blob_upload, byte_sink, cas, executor, ExitClass as WireClass};
+use crate::{digest_from, reader_options, Error, CHUNK, PROTOCOL_VERSION};
+
+/// How the worker is run.
+#[derive(Debug, Clone)]
+pub struct WorkerConfig {
+    pub store: LocalStore,
+    /// Builds run at once; the rest queue.
+    pub jobs: usize,
+    /// On SIGTERM/SIGINT, how long running builds may go on before they
+    /// are cancelled.
+    pub shutdown_grace: Duration,
+}
+
+/// Where to listen.
+#[derive(Debug, Clone)]
+pub enum Listen {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+fn fail(msg: impl Into<String>) -> capnp::Error {
+    capnp::Error::failed(msg.into())
+}
+
+fn store_err(e: castore::Error) -> capnp::Error {
+    fail(e.to_string())
+}
+
+fn join_err(e: tokio::task::JoinError) -> capnp::Error {
+    fail(format!("worker task failed: {e}"))
+}
+
+/// Counters shared with blocking threads.
+#[derive(Default)]
+struct Counters {
+    blobs_written: AtomicU64,
+    blob_bytes_written: AtomicU64,
+    directories_written: AtomicU64,
+    bytes_received: AtomicU64,
+    builds_started: AtomicU64,
+    queued: AtomicU32,
+    max_running: AtomicU32,
+}
+
+/// (is a blob, digest).
+type ClaimKey = (bool, Digest);
+
+/// The worker's state, shared by every connection.
+struct Shared {
+    store: LocalStore,
+    jobs: usize,
+    public_key: String,
+    slots: Arc<Semaphore>,
+    counters: Arc<Counters>,
+    /// Cancel flags of builds whose sandbox is live (removed by the build
+    /// thread itself once everything is torn down).
+    running: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>>,
+    next_build: Cell<u64>,
+    shutting_down: Cell<bool>,
+    /// Objects being written right now, and a receiver that sees `true`
+    /// once the write is over (committed or not).
+    claims: RefCell<HashMap<ClaimKey, watch::Receiver<bool>>>,
+}
+
+/// A claim on an object being written; released (and waiters woken) on drop.
+struct Claim {
+    shared: Rc<Shared>,
+    key: ClaimKey,
+    done: watch::Sender<bool>,
+}
+
+impl Drop for Claim {
+    fn drop(&mut self) {
+        self.shared.claims.borrow_mut().remove(&self.key);
+        let _ = self.done.send(true);
+    }
+}
+
+impl Shared {
+    /// Claim `key` for writing. `None` once the store has it (possibly
+    /// after waiting for another connection that was writing it).
+    async fn claim(self: &Rc<Self>, key: ClaimKey) -> Option<Claim> {
+        loop {
+            let kind = if key.0 {
+                ObjectKind::Blob
+            } else {
+                ObjectKind::Directory
+            };
+            if self.store.has(kind, &key.1) {
+                return None;
+            }
+            let waiting = self.claims.borrow().get(&key).cloned();
+            match waiting {
+                Some(mut rx) => {
+                    let _ = rx.wait_for(|d| *d).await;
+                }
+                None => {
+                    let (tx, rx) = watch::channel(false);
+                    self.claims.borrow_mut().insert(key, rx);
+                    return Some(Claim {
+                        shared: self.clone(),
+                        key,
+                        done: tx,
+                    });
+                }
+            }
+        }
+    }
+
+    fn running_count(&self) -> usize {
+        self.running.lock().map(|m| m.len()).unwrap_or(0)
+    }
+}
+
+/// Run the worker until SIGTERM or SIGINT. `ready` is called once with the
+/// address actually bound (useful with port 0) before the first accept.
+pub fn serve(
+    config: WorkerConfig,
+    listen: Listen,
+    ready: impl FnOnce(&str),
+) -> Result<(), Error> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|source| Error::Io {
+            what: "start the worker runtime for",
+            endpoint: format!("{listen:?}"),
+            source,
+        })?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, serve_async(config, listen, ready))
+}
+
+enum Listener {
+    Tcp(tokio::net::TcpListener),
+    Unix(tokio::net::UnixListener, PathBuf),
+}
+
+async fn serve_async(
+    config: WorkerConfig,
+    listen: Listen,
+    ready: impl FnOnce(&str),
+) -> Result<(), Error> {
+    // A killed predecessor may have left a view mounted: detach it.
+    let _ = castore_fuse::cleanup_stale_mounts(&castore_fuse::default_registry());
+    let exec = FhsExecutor::open(config.store.clone())?;
+    let io = |what: &'static str, ep: String| move |source| Error::Io {
+        what,
+        endpoint: ep,
+        source,
+    };
+    let listener = match &listen {
+        Listen::Tcp(a) => Listener::Tcp(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .map_err(io("listen on", a.to_string()))?,
+        ),
+        Listen::Unix(p) => {
+            // A socket file left by a killed worker refuses the bind.
+            if std::os::unix::net::UnixStream::connect(p).is_err() {
+                let _ = std::fs::remove_file(p);
+            }
+            Listener::Unix(
+                tokio::net::UnixListener::bind(p)
+                    .map_err(io("listen on", p.display().to_string()))?,
+                p.clone(),
+            )
+        }
+    };
+    let bound = match &listener {
+        Listener::Tcp(l) => l
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_else(|_| format!("{listen:?}")),
+        Listener::Unix(_, p) => format!("unix:{}", p.display()),
+    };
+    let jobs = config.jobs.max(1);
+    let shared = Rc::new(Shared {
+        store: config.store.clone(),
+        jobs,
+        public_key: exec.public_key(),
+        slots: Arc::new(Semaphore::new(jobs)),
+        counters: Arc::new(Counters::default()),
+        running: Arc::new(Mutex::new(HashMap::new())),
+        next_build: Cell::new(0),
+        shutting_down: Cell::new(false),
+        claims: RefCell::new(HashMap::new()),
+    });
+    drop(exec);
+    let bootstrap: executor::Client = capnp_rpc::new_client(ExecutorImpl {
+        shared: shared.clone(),
+    });
+    ready(&bound);
+
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(io("install a SIGTERM handler for", bound.clone()))?;
+    let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .map_err(io("install a SIGINT handler for", bound.clone()))?;
+    loop {
+        let accepted: std::io::Result<Box<dyn FnOnce() + 'static>> = tokio::select! {
+            _ = term.recv() => break,
+            _ = int.recv() => break,
+            r = accept(&listener, bootstrap.clone()) => r,
+        };
+        match accepted {
+            Ok(start) => start(),
+            Err(e) => {
+                eprintln!("fhsx worker: accept failed: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+
+    // Shutdown: accept nothing more, refuse queued and new builds, let the
+    // running ones finish up to the deadline, then cancel them.
+    drop(listener);
+    if let Listen::Unix(p) = &listen {
+        let _ = std::fs::remove_file(p);
+    }
+    shared.shutting_down.set(true);
+    shared.slots.close();
+    let n = shared.running_count();
+    if n > 0 {
+        eprintln!(
+            "fhsx worker: shutting down; waiting up to {:?} for {n} running build(s)",
+            config.shutdown_grace
+        );
+    }
+    let deadline = tokio::time::Instant::now() + config.shutdown_grace;
+    while shared.running_count() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    if shared.running_count() > 0 {
+        eprintln!("fhsx worker: deadline reached; cancelling the running builds");
+        if let Ok(m) = shared.running.lock() {
+            for c in m.values() {
+                c.store(true, Ordering::SeqCst);
+            }
+        }
+        while shared.running_count() > 0 {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    // Let the last results reach their callers.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    Ok(())
+}
+
+async fn accept(
+    listener: &Listener,
+    bootstrap: executor::Client,
+) -> std::io::Result<Box<dyn FnOnce() + 'static>> {
+    use tokio_util::compat::TokioAsyncReadCompatExt;
+    Ok(match listener {
+        Listener::Tcp(l) => {
+            let (s, _) = l.accept().await?;
+            let _ = s.set_nodelay(true);
+            Box::new(move || spawn_connection(s.compat(), bootstrap))
+        }
+        Listener::Unix(l, _) => {
+            let (s, _) = l.accept().await?;
+            Box::new(move || spawn_connection(s.compat(), bootstrap))
+        }
+    })
+}
+
+fn spawn_connection<S>(stream: S, bootstrap: executor::Client)
+where
+    S: futures::AsyncRead + futures::AsyncWrite + Unpin + 'static,
+{
+    let (reader, writer) = stream.split();
+    let network = twoparty::VatNetwork::new(
+        futures::io::BufReader::with_capacity(256 << 10, reader),
+        futures::io::BufWriter::with_capacity(256 << 10, writer),
+        Side::Server,
+        reader_options(),
+    );
+    let rpc = RpcSystem::new(Box::new(network), Some(bootstrap.client));
+    tokio::task::spawn_local(async move {
+        if let Err(e) = rpc.await {
+            // A malformed or oversized message, or a peer that went away:
+            // only this connection ends.
+            if e.kind != capnp::ErrorKind::Disconnected {
+                eprintln!("fhsx worker: connection closed: {e}");
+            }
+        }
+    });
+}
+
+struct ExecutorImpl {
+    shared: Rc<Shared>,
+}
+
+/// Sets a build's cancel flag when the call is dropped before it finished
+/// (the client disconnected or gave up).
+struct CancelOnDrop(Arc<AtomicBool>, bool);
+
+impl Drop for CancelOnDrop {
+    fn drop(&mut self) {
+        if !self.1 {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+}
+
+/// The build's log as a `Write`, feeding the async forwarder.
+struct ChannelWriter(mpsc::Sender<Vec<u8>>);
+
+impl Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // A gone caller is not the build's error: it is cancelled separately.
+        let _ = self.0.blocking_send(buf.to_vec());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// What a build thread hands back.
+enum BuildResult {
+    Done { digest: Digest, bytes: Vec<u8> },
+    Failed { class: ExitClass, message: String },
+}
+
+fn run_build(
+    store: LocalStore,
+    action: Action,
+    lock: Vec<u8>,
+    cancel: Arc<AtomicBool>,
+    log: mpsc::Sender<Vec<u8>>,
+) -> BuildResult {
+    let failed = |class, message: String| BuildResult::Failed { class, message };
+    let dir = match tempfile::Builder::new().prefix("fhsx-remote-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            return failed(
+                ExitClass::BuildFailed,
+                format!("creating the build's lock directory: {e}"),
+            )
+        }
+    };
+    let lock_path = if action.network.mode == NetworkMode::None {
+        None
+    } else {
+        let p = dir.path().join("fetch.lock");
+        if let Err(e) = std::fs::write(&p, &lock) {
+            return failed(
+                ExitClass::BuildFailed,
+                format!("writing the fetch lock: {e}"),
+            );
+        }
+        Some(p)
+    };
+    let mut exec = match FhsExecutor::open(store.clone()) {
+        Ok(e) => e,
+        Err(e) => return failed(e.exit_class(), e.to_string()),
+    };
+    exec.cancel = Some(cancel);
+    let req = BuildRequest {
+        action,
+        lock_path,
+        allow_record: false,
+        upstream_ca: Vec::new(),
+    };
+    let mut w = ChannelWriter(log);
+    match exec.build(&req, &mut w) {
+        Ok(out) => match store.read_blob(&out.record_digest) {
+            Ok(bytes) => BuildResult::Done {
+                digest: out.record_digest,
+                bytes,
+            },
+            Err(e) => failed(ExitClass::BuildFailed, e.to_string()),
+        },
+        Err(e) => failed(e.exit_class(), e.to_string()),
+    }
+}
+
+impl executor::Server for ExecutorImpl {
+    async fn version(
+        self: Rc<Self>,
+        _: executor::VersionParams,
+        mut results: executor::VersionResults,
+    ) -> Result<(), capnp::Error> {
+        let mut r = results.get();
+        r.set_protocol(PROTOCOL_VERSION);
+        r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
+        r.set_public_key(&self.shared.public_key);
+        Ok(())
+    }
+
+    async fn cas(
+        self: Rc<Self>,
+        _: executor::CasParams,
+        mut results: executor::CasResults,
+    ) -> Result<(), capnp::Error> {
+        results
+            .get()
+            .set_cas(capnp_rpc::new_client(CasImpl {
+                shared: self.shared.clone(),
+            }));
+        Ok(())
+    }
+
+    async fn stats(
+        self: Rc<Self>,
+        _: executor::StatsParams,
+        mut results: executor::StatsResults,
+    ) -> Result<(), capnp::Error> {
+        let c = &self.shared.counters;
+        let mut s = results.get().init_stats();
+        s.set_blobs_written(c.blobs_written.load(Ordering::SeqCst));
+        s.set_blob_bytes_written(c.blob_bytes_written.load(Ordering::SeqCst));
+        s.set_directories_written(c.directories_written.load(Ordering::SeqCst));
+        s.set_bytes_received(c.bytes_received.load(Ordering::SeqCst));
+        s.set_builds_started(c.builds_started.load(Ordering::SeqCst));
+        s.set_builds_running(self.shared.running_count() as u32);
+        s.set_builds_queued(c.queued.load(Ordering::SeqCst));
+        s.set_max_concurrent_builds(c.max_running.load(Ordering::SeqCst));
+        s.set_jobs(self.shared.jobs as u32);
+        Ok(())
+    }
+
+    async fn build(
+        self: Rc<Self>,
+        params: executor::BuildParams,
+        mut results: executor::BuildResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let client = p.get_protocol();
+        if client != PROTOCOL_VERSION {
+            return Err(fail(format!(
+                "this worker speaks protocol {PROTOCOL_VERSION}, the client sent {client}{}: upgrade the client",
+                if client == 0 { " (or none)" } else { "" }
+            )));
+        }
+        let sh = self.shared.clone();
+        if sh.shutting_down.get() {
+            return Err(fail("the worker is shutting down: send the build elsewhere"));
+        }
+        let text = p.get_action()?.to_str()?.to_owned();
+        let lock = p.get_lock()?.to_vec();
+        let sink = p.get_log_sink()?;
+        let set_failure = |results: &mut executor::BuildResults, class, msg: &str| {
+            let mut f = results.get().init_failure();
+            f.set_class(match class {
+                ExitClass::BuildFailed => WireClass::BuildFailed,
+                ExitClass::Usage => WireClass::Usage,
+                ExitClass::Integrity => WireClass::Integrity,
+            });
+            f.set_message(msg);
+        };
+        let action = match Action::parse(&text, Path::new("action.toml")) {
+            Ok(a) => a,
+            Err(e) => {
+                set_failure(&mut results, ExitClass::Usage, &e.to_string());
+                return Ok(());
+            }
+        };
+        if action.network.mode == NetworkMode::Record {
+            set_failure(
+                &mut results,
+                ExitClass::Usage,
+                "network mode \"record\" is refused on a worker: it is the one impure mode (it fetches upstream and writes the lock). Record locally with `fhsx build --record`, then build the replay remotely",
+            );
+            return Ok(());
+        }
+        sh.counters.queued.fetch_add(1, Ordering::SeqCst);
+        let permit = sh.slots.clone().acquire_owned().await;
+        sh.counters.queued.fetch_sub(1, Ordering::SeqCst);
+        let Ok(permit) = permit else {
+            return Err(fail("the worker is shutting down: send the build elsewhere"));
+        };
+        let cancel = Arc::new(AtomicBool::new(false));
+        let mut guard = CancelOnDrop(cancel.clone(), false);
+        let id = sh.next_build.get();
+        sh.next_build.set(id + 1);
+        {
+            let mut m = sh.running.lock().map_err(|_| fail("worker state poisoned"))?;
+            m.insert(id, cancel.clone());
+            sh.counters
+                .max_running
+                .fetch_max(m.len() as u32, Ordering::SeqCst);
+        }
+        sh.counters.builds_started.fetch_add(1, Ordering::SeqCst);
+        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
+        let store = sh.store.clone();
+        let running = sh.running.clone();
+        let flag = cancel.clone();
+        let handle = tokio::task::spawn_blocking(move || {
+            let r = run_build(store, action, lock, flag, tx);
+            // The slot and the registry entry go only once the sandbox is down.
+            if let Ok(mut m) = running.lock() {
+                m.remove(&id);
+            }
+            drop(permit);
+            r
+        });
+        while let Some(chunk) = rx.recv().await {
+            let mut req = sink.write_request();
+            req.get().set_chunk(&chunk);
+            if req.send().await.is_err() {
+                // The caller is gone: stop the build.
+                cancel.store(true, Ordering::SeqCst);
+                break;
+            }
+        }
+        drop(rx);
+        let r = handle.await.map_err(join_err)?;
+        guard.1 = true;
+        match r {
+            BuildResult::Done { digest, bytes } => {
+                let mut b = results.get();
+                b.set_record_digest(digest.as_bytes());
+                b.set_record(&bytes);
+            }
+            BuildResult::Failed { class, message } => set_failure(&mut results, class, &message),
+        }
+        Ok(())
+    }
+}
+
+struct CasImpl {
+    shared: Rc<Shared>,
+}
+
+/// A blob being received in chunks, written by a blocking thread.
+struct UploadImpl {
+    shared: Rc<Shared>,
+    digest: Digest,
+    size: u64,
+    received: Cell<u64>,
+    tx: RefCell<Option<mpsc::Sender<Vec<u8>>>>,
+    writer: RefCell<Option<tokio::task::JoinHandle<Result<(), String>>>>,
+    claim: RefCell<Option<Claim>>,
+}
+
+/// Reads the chunks an upload sends.
+struct ChannelReader {
+    rx: mpsc::Receiver<Vec<u8>>,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.pos == self.buf.len() {
+            match self.rx.blocking_recv() {
+                Some(b) => {
+                    self.buf = b;
+                    self.pos = 0;
+                }
+                None => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+impl blob_upload::Server for UploadImpl {
+    async fn write(self: Rc<Self>, params: blob_upload::WriteParams) -> Result<(), capnp::Error> {
+        let chunk = params.get()?.get_chunk()?;
+        let total = self.received.get() + chunk.len() as u64;
+        self.shared
+            .counters
+            .bytes_received
+            .fetch_add(chunk.len() as u64, Ordering::SeqCst);
+        if total > self.size {
+            self.tx.borrow_mut().take();
+            return Err(fail(format!(
+                "blob {}: more bytes than the announced {}; upload refused",
+                self.digest, self.size
+            )));
+        }
+        self.received.set(total);
+        let tx = self.tx.borrow().clone();
+        match tx {
+            Some(tx) => tx
+                .send(chunk.to_vec())
+                .await
+                .map_err(|_| fail(format!("blob {}: the store writer stopped", self.digest))),
+            None => Err(fail(format!(
+                "blob {}: upload already finished or refused",
+                self.digest
+            ))),
+        }
+    }
+
+    async fn finish(
+        self: Rc<Self>,
+        _: blob_upload::FinishParams,
+        _: blob_upload::FinishResults,
+    ) -> Result<(), capnp::Error> {
+        self.tx.borrow_mut().take();
+        let handle = self
+            .writer
+            .borrow_mut()
+            .take()
+            .ok_or_else(|| fail("upload already finished"))?;
+        let r = handle.await.map_err(join_err)?;
+        let claim = self.claim.borrow_mut().take();
+        drop(claim);
+        r.map_err(fail)?;
+        let c = &self.shared.counters;
+        c.blobs_written.fetch_add(1, Ordering::SeqCst);
+        c.blob_bytes_written.fetch_add(self.size, Ordering::SeqCst);
+        Ok(())
+    }
+}
+
+fn data_list(l: capnp::data_list::Reader) -> Result<Vec<Digest>, capnp::Error> {
+    l.iter().map(|d| digest_from(d?)).collect()
+}
+
+/// Check a decoded directory's children are in the store (or in `batch`,
+/// uploaded before it in the same call) and that their sizes agree.
+fn check_children(
+    store: &LocalStore,
+    digest: &Digest,
+    dir: &Directory,
+    batch: &HashMap<Digest, u64>,
+) -> Result<(), String> {
+    for (name, node) in dir.entries() {
+        match node {
+            Node::Directory { digest: d, size } => {
+                let have = match batch.get(d) {
+                    Some(s) => Some(*s),
+                    None if store.has(ObjectKind::Directory, d) => {
+                        Some(store.get_directory(d).map_err(|e| e.to_string())?.size())
+                    }
+                    None => None,
+                };
+                match have {
+                    None => return Err(format!(
+                        "directory {digest} refused: its entry {name:?} names directory {d}, which the worker does not have; upload children before parents"
+                    )),
+                    Some(s) if s != *size => return Err(format!(
+                        "directory {digest} refused: its entry {name:?} says {size} entries below, directory {d} has {s}"
+                    )),
+                    Some(_) => {}
+                }
+            }
+            Node::File { digest: d, size, .. } => {
+                let p = store.object_path(ObjectKind::Blob, d);
+                match std::fs::metadata(&p) {
+                    Ok(m) if m.len() == *size => {}
+                    Ok(m) => return Err(format!(
+                        "directory {digest} refused: its file {name:?} says {size} bytes, blob {d} has {}", m.len()
+                    )),
+                    Err(_) => return Err(format!(
+                        "directory {digest} refused: its file {name:?} names blob {d}, which the worker does not have; upload blobs first"
+                    )),
+                }
+            }
+            Node::Symlink { .. } => {}
+        }
+    }
+    Ok(())
+}
+
+impl CasImpl {
+    async fn put_dirs(&self, encoded: Vec<Vec<u8>>) -> Result<Vec<Digest>, capnp::Error> {
+        let mut decoded = Vec::with_capacity(encoded.len());
+        for bytes in &encoded {
+            let dir = Directory::decode(bytes)
+                .map_err(|e| fail(format!("directory refused: {e}")))?;
+            decoded.push((Digest::of(bytes), dir));
+        }
+        let digests: Vec<Digest> = decoded.iter().map(|(d, _)| *d).collect();
+        let mut claims = Vec::new();
+        let mut todo = Vec::new();
+        for (d, dir) in decoded {
+            if let Some(c) = self.shared.claim((false, d)).await {
+                claims.push(c);
+                todo.push((d, dir));
+            }
+        }
+        let store = self.shared.store.clone();
+        let n = todo.len() as u64;
+        tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let mut batch = HashMap::new();
+            for (d, dir) in &todo {
+                check_children(&store, d, dir, &batch)?;
+                batch.insert(*d, dir.size());
+            }
+            let txn = store.txn().map_err(|e| e.to_string())?;
+            for (_, dir) in &todo {
+                txn.put_directory(dir).map_err(|e| e.to_string())?;
+            }
+            txn.commit().map_err(|e| e.to_string())
+        })
+        .await
+        .map_err(join_err)?
+        .map_err(fail)?;
+        drop(claims);
+        self.shared
+            .counters
+            .directories_written
+            .fetch_add(n, Ordering::SeqCst);
+        Ok(digests)
+    }
+}
+
+impl cas::Server for CasImpl {
+    async fn find_missing(
+        self: Rc<Self>,
+        params: cas::FindMissingParams,
+        mut results: cas::FindMissingResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let blobs = data_list(p.get_blobs()?)?;
+        let dirs = data_list(p.get_directories()?)?;
+        let store = &self.shared.store;
+        let mb: Vec<_> = blobs
+            .iter()
+            .filter(|d| !store.has(ObjectKind::Blob, d))
+            .collect();
+        let md: Vec<_> = dirs
+            .iter()
+            .filter(|d| !store.has(ObjectKind::Directory, d))
+            .collect();
+        let mut r = results.get();
+        let mut l = r.reborrow().init_blobs(mb.len() as u32);
+        for (i, d) in mb.iter().enumerate() {
+            l.set(i as u32, d.as_bytes());
+        }
+        let mut l = r.init_directories(md.len() as u32);
+        for (i, d) in md.iter().enumerate() {
+            l.set(i as u32, d.as_bytes());
+        }
+        Ok(())
+    }
+
+    async fn put_blob(
+        self: Rc<Self>,
+        params: cas::PutBlobParams,
+        mut results: cas::PutBlobResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let digest = digest_from(p.get_digest()?)?;
+        let size = p.get_size();
+        let Some(claim) = self.shared.claim((true, digest)).await else {
+            return Ok(()); // already there: no upload capability, send nothing
+        };
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
+        let store = self.shared.store.clone();
+        let writer = tokio::task::spawn_blocking(move || -> Result<(), String> {
+            let txn = store.txn().map_err(|e| e.to_string())?;
+            let mut r = ChannelReader {
+                rx,
+                buf: Vec::new(),
+                pos: 0,
+            };
+            let (got, n) = txn.put_blob_reader(&mut r).map_err(|e| e.to_string())?;
+            if n != size {
+                return Err(format!(
+                    "blob {digest} refused: {n} bytes arrived, {size} were announced; nothing was stored"
+                ));
+            }
+            if got != digest {
+                return Err(format!(
+                    "blob {digest} refused: the uploaded bytes hash to {got}; nothing was stored"
+                ));
+            }
+            txn.commit().map_err(|e| e.to_string())
+        });
+        results
+            .get()
+            .set_upload(capnp_rpc::new_client(UploadImpl {
+                shared: self.shared.clone(),
+                digest,
+                size,
+                received: Cell::new(0),
+                tx: RefCell::new(Some(tx)),
+                writer: RefCell::new(Some(writer)),
+                claim: RefCell::new(Some(claim)),
+            }));
+        Ok(())
+    }
+
+    async fn put_blobs(
+        self: Rc<Self>,
+        params: cas::PutBlobsParams,
+        _: cas::PutBlobsResults,
+    ) -> Result<(), capnp::Error> {
+        let list = params.get()?.get_blobs()?;
+        let mut blobs = Vec::with_capacity(list.len() as usize);
+        let mut received = 0u64;
+        for b in list.iter() {
+            let d = digest_from(b.get_digest()?)?;
+            let data = b.get_data()?;
+            received += data.len() as u64;
+            blobs.push((d, data.to_vec()));
+        }
+        self.shared
+            .counters
+            .bytes_received
+            .fetch_add(received, Ordering::SeqCst);
+        let checked = tokio::task::spawn_blocking(move || {
+            for (d, data) in &blobs {
+                let got = Digest::of(data);
+                if got != *d {
+                    return Err(format!(
+                        "blob {d} refused: its bytes hash to {got}; nothing of this batch was stored"
+                    ));
+                }
+            }
+            Ok(blobs)
+        })
+        .await
+        .map_err(join_err)?
+        .map_err(fail)?;
+        let mut claims = Vec::new();
+        let mut todo = Vec::new();
+        let mut seen = HashSet::new();
+        for (d, data) in checked {
+            if !seen.insert(d) {
+                continue;
+            }
+            if let Some(c) = self.shared.claim((true, d)).await {
+                claims.push(c);
+                todo.push(data);
+            }
+        }
+        let store = self.shared.store.clone();
+        let n = todo.len() as u64;
+        let bytes: u64 = todo.iter().map(|b| b.len() as u64).sum();
+        tokio::task::spawn_blocking(move || -> Result<(), castore::Error> {
+            let txn = store.txn()?;
+            for b in &todo {
+                txn.put_blob(b)?;
+            }
+            txn.commit()
+        })
+        .await
+        .map_err(join_err)?
+        .map_err(store_err)?;
+        drop(claims);
+        let c = &self.shared.counters;
+        c.blobs_written.fetch_add(n, Ordering::SeqCst);
+        c.blob_bytes_written.fetch_add(bytes, Ordering::SeqCst);
+        Ok(())
+    }
+
+    async fn put_directory(
+        self: Rc<Self>,
+        params: cas::PutDirectoryParams,
+        mut results: cas::PutDirectoryResults,
+    ) -> Result<(), capnp::Error> {
+        let bytes = params.get()?.get_directory()?.to_vec();
+        let d = self.put_dirs(vec![bytes]).await?;
+        if let Some(d) = d.first() {
+            results.get().set_digest(d.as_bytes());
+        }
+        Ok(())
+    }
+
+    async fn put_directories(
+        self: Rc<Self>,
+        params: cas::PutDirectoriesParams,
+        _: cas::PutDirectoriesResults,
+    ) -> Result<(), capnp::Error> {
+        let list = params.get()?.get_directories()?;
+        let mut v = Vec::with_capacity(list.len() as usize);
+        for d in list.iter() {
+            v.push(d?.to_vec());
+        }
+        self.put_dirs(v).await?;
+        Ok(())
+    }
+
+    async fn get_blob(
+        self: Rc<Self>,
+        params: cas::GetBlobParams,
+        mut results: cas::GetBlobResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        let digest = digest_from(p.get_digest()?)?;
+        let sink: byte_sink::Client = p.get_sink()?;
+        let (tx, mut rx) = mpsc::channel::<Result<Vec<u8>, String>>(4);
+        let store = self.shared.store.clone();
+        let reader = tokio::task::spawn_blocking(move || {
+            let mut f = match store.open_blob(&digest) {
+                Ok(f) => f,
+                Err(e) => {
+                    let _ = tx.blocking_send(Err(e.to_string()));
+                    return;
+                }
+            };
+            loop {
+                let mut buf = vec![0u8; CHUNK];
+                match f.read(&mut buf) {
+                    Ok(0) => return,
+                    Ok(n) => {
+                        buf.truncate(n);
+                        if tx.blocking_send(Ok(buf)).is_err() {
+                            return;
+                        }
+                    }
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(format!("reading blob {digest}: {e}")));
+                        return;
+                    }
+                }
+            }
+        });
+        let mut size = 0u64;
+        while let Some(chunk) = rx.recv().await {
+            let chunk = chunk.map_err(fail)?;
+            size += chunk.len() as u64;
+            let mut req = sink.write_request();
+            req.get().set_chunk(&chunk);
+            req.send().await?;
+        }
+        reader.await.map_err(join_err)?;
+        results.get().set_size(size);
+        Ok(())
+    }
+
+    async fn get_directory(
+        self: Rc<Self>,
+        params: cas::GetDirectoryParams,
+        mut results: cas::GetDirectoryResults,
+    ) -> Result<(), capnp::Error> {
+        let digest = digest_from(params.get()?.get_digest()?)?;
+        let dir = self.shared.store.get_directory(&digest).map_err(store_err)?;
+        results.get().set_directory(&dir.encode());
+        Ok(())
+    }
+}
