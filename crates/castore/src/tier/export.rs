@@ -354,12 +354,17 @@ pub fn export_oci(
         let layer_path = blobs.join(&layer_sha);
         fs::rename(&layer_tmp, &layer_path).map_err(io("rename", &layer_path))?;
 
+        let created = rfc3339(mtime);
         let config = serde_json::json!({
+            "created": created,
             "architecture": oci_arch(),
             "os": "linux",
             "config": {},
             "rootfs": {"type": "layers", "diff_ids": [format!("sha256:{diff_id}")]},
-            "history": [{"created_by": format!("fhsx materialize --tier export {root}")}],
+            "history": [{
+                "created": created,
+                "created_by": format!("fhsx materialize --tier export {root}"),
+            }],
         });
         let (config_sha, config_size) = put_json(&blobs, &config)?;
         let manifest = serde_json::json!({
@@ -412,6 +417,39 @@ pub fn export_oci(
         let _ = fs::remove_dir_all(&staging);
     }
     made
+}
+
+/// `secs` after the epoch as RFC 3339 UTC (`1970-01-01T00:00:00Z`), for
+/// the config's `created` (from SOURCE_DATE_EPOCH, so still deterministic).
+fn rfc3339(secs: u64) -> String {
+    let days = (secs / 86_400) as i64;
+    let rem = secs % 86_400;
+    // Howard Hinnant's civil_from_days.
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!(
+        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z",
+        rem / 3600,
+        rem % 3600 / 60,
+        rem % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(super::rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
 }
 
 fn json_bytes(v: &serde_json::Value) -> Result<Vec<u8>> {
