@@ -1,5 +1,6 @@
 //! The seccomp filter bwrap installs (`--seccomp FD`) before it starts the
-//! supervisor: no setuid or setgid bit can be set on a file.
+//! supervisor: no setuid or setgid bit can be set on a file, and the kernel
+//! interfaces namespaces do not fence off are refused.
 //!
 //! Why: when the caller is root, the sandbox uid maps to host uid 0, so a
 //! file the command creates in the workspace is owned by root on the host.
@@ -12,6 +13,25 @@
 //! with `ENOSYS`, which callers treat as an old kernel and fall back to
 //! `openat`. On x86_64 the i386 entry points get the same rules and the
 //! x32 ones are refused.
+//!
+//! Beyond modes, with `EPERM` (what namespaces and a zero capability set do
+//! not fully cover, as in Docker's and Nix's profiles):
+//! - `ioctl` `TIOCSTI` (push input into a terminal) and `TIOCLINUX`
+//!   (console selection paste), comparing the command's low 32 bits as the
+//!   kernel does, so a set high half does not slip past;
+//! - the key management calls `add_key` and `request_key`, and `keyctl`
+//!   except `keyctl(KEYCTL_JOIN_SESSION_KEYRING, NULL)` — the supervisor's
+//!   own fresh anonymous keyring (the caller's keys are never reachable);
+//! - `perf_event_open` (a large, often-exploited kernel surface and a side
+//!   channel);
+//! - `ptrace` (and so `strace`/`gdb` inside builds: a build has no process
+//!   outside to reach, and the supervisor is not dumpable, but the call is
+//!   a classic escalation path);
+//! - the new mount API `open_tree`, `open_tree_attr`, `move_mount`,
+//!   `fsopen`, `fsconfig`, `fsmount`, `fspick`, `mount_setattr` (`mount`
+//!   and `pivot_root` already fail without `CAP_SYS_ADMIN`);
+//! - `personality` with anything but `PER_LINUX` (0) or the query
+//!   `0xffffffff` (no `ADDR_NO_RANDOMIZE`, `READ_IMPLIES_EXEC`, …).
 
 /// One classic-BPF instruction (`struct sock_filter`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -41,6 +61,11 @@ const fn off_arg(i: u32) -> u32 {
 }
 
 const S_ISUID_ISGID: u32 = 0o6000;
+const TIOCSTI: u32 = 0x5412;
+const TIOCLINUX: u32 = 0x541c;
+const KEYCTL_JOIN_SESSION_KEYRING: u32 = 1;
+const PER_LINUX: u32 = 0;
+const PER_QUERY: u32 = 0xffff_ffff;
 /// `O_CREAT | __O_TMPFILE` (the same on x86_64, i386 and aarch64).
 const CREATES: u32 = 0o100 | 0o2000_0000;
 
@@ -53,6 +78,15 @@ enum Rule {
     OpenLike { flags: u32, mode: u32 },
     /// Refused outright with ENOSYS.
     NoSys,
+    /// Refused outright with EPERM.
+    Deny,
+    /// `ioctl`: EPERM when the command (argument 1, low 32 bits) is
+    /// TIOCSTI or TIOCLINUX.
+    Ioctl,
+    /// `keyctl`: only `KEYCTL_JOIN_SESSION_KEYRING` with a NULL name.
+    Keyctl,
+    /// `personality`: only PER_LINUX and the query.
+    Personality,
 }
 
 /// (syscall number, rule) for one architecture.
@@ -72,6 +106,21 @@ const NATIVE: Table = &[
     (133, Rule::Mode { mode: 1 }),               // mknod
     (259, Rule::Mode { mode: 2 }),               // mknodat
     (437, Rule::NoSys),                          // openat2
+    (16, Rule::Ioctl),                           // ioctl
+    (248, Rule::Deny),                           // add_key
+    (249, Rule::Deny),                           // request_key
+    (250, Rule::Keyctl),                         // keyctl
+    (298, Rule::Deny),                           // perf_event_open
+    (101, Rule::Deny),                           // ptrace
+    (135, Rule::Personality),                    // personality
+    (428, Rule::Deny),                           // open_tree
+    (429, Rule::Deny),                           // move_mount
+    (430, Rule::Deny),                           // fsopen
+    (431, Rule::Deny),                           // fsconfig
+    (432, Rule::Deny),                           // fsmount
+    (433, Rule::Deny),                           // fspick
+    (442, Rule::Deny),                           // mount_setattr
+    (467, Rule::Deny),                           // open_tree_attr
 ];
 #[cfg(target_arch = "x86_64")]
 const COMPAT: Option<(u32, Table)> = Some((
@@ -87,6 +136,21 @@ const COMPAT: Option<(u32, Table)> = Some((
         (14, Rule::Mode { mode: 1 }),                // mknod
         (297, Rule::Mode { mode: 2 }),               // mknodat
         (437, Rule::NoSys),                          // openat2
+        (54, Rule::Ioctl),                           // ioctl
+        (286, Rule::Deny),                           // add_key
+        (287, Rule::Deny),                           // request_key
+        (288, Rule::Keyctl),                         // keyctl
+        (336, Rule::Deny),                           // perf_event_open
+        (26, Rule::Deny),                            // ptrace
+        (136, Rule::Personality),                    // personality
+        (428, Rule::Deny),                           // open_tree
+        (429, Rule::Deny),                           // move_mount
+        (430, Rule::Deny),                           // fsopen
+        (431, Rule::Deny),                           // fsconfig
+        (432, Rule::Deny),                           // fsmount
+        (433, Rule::Deny),                           // fspick
+        (442, Rule::Deny),                           // mount_setattr
+        (467, Rule::Deny),                           // open_tree_attr
     ],
 ));
 /// x32 system calls arrive with the native arch and this bit set.
@@ -103,6 +167,21 @@ const NATIVE: Table = &[
     (56, Rule::OpenLike { flags: 2, mode: 3 }), // openat
     (33, Rule::Mode { mode: 2 }),               // mknodat
     (437, Rule::NoSys),                         // openat2
+    (29, Rule::Ioctl),                          // ioctl
+    (217, Rule::Deny),                          // add_key
+    (218, Rule::Deny),                          // request_key
+    (219, Rule::Keyctl),                        // keyctl
+    (241, Rule::Deny),                          // perf_event_open
+    (117, Rule::Deny),                          // ptrace
+    (92, Rule::Personality),                    // personality
+    (428, Rule::Deny),                          // open_tree
+    (429, Rule::Deny),                          // move_mount
+    (430, Rule::Deny),                          // fsopen
+    (431, Rule::Deny),                          // fsconfig
+    (432, Rule::Deny),                          // fsmount
+    (433, Rule::Deny),                          // fspick
+    (442, Rule::Deny),                          // mount_setattr
+    (467, Rule::Deny),                          // open_tree_attr
 ];
 #[cfg(target_arch = "aarch64")]
 const COMPAT: Option<(u32, Table)> = None;
@@ -188,7 +267,10 @@ impl Asm {
     }
 }
 
-fn rules(a: &mut Asm, table: Table, allow: usize, deny_eperm: usize) {
+/// One architecture's rules, with its own exits (so no jump grows past
+/// the 255 instructions classic BPF can skip).
+fn rules(a: &mut Asm, table: Table) {
+    let (allow, deny_eperm) = (a.label(), a.label());
     a.ld(OFF_NR);
     let blocks: Vec<(usize, Rule)> = table.iter().map(|(_, r)| (a.label(), *r)).collect();
     for ((nr, _), (l, _)) in table.iter().zip(&blocks) {
@@ -201,6 +283,7 @@ fn rules(a: &mut Asm, table: Table, allow: usize, deny_eperm: usize) {
         a.place(l);
         match rule {
             Rule::NoSys => a.ret(RET_ERRNO | ENOSYS),
+            Rule::Deny => a.ret(RET_ERRNO | EPERM),
             Rule::Mode { mode } => {
                 a.ld(off_arg(mode));
                 a.jump(JSET_K, S_ISUID_ISGID, deny_eperm, allow);
@@ -213,8 +296,39 @@ fn rules(a: &mut Asm, table: Table, allow: usize, deny_eperm: usize) {
                 a.ld(off_arg(mode));
                 a.jump(JSET_K, S_ISUID_ISGID, deny_eperm, allow);
             }
+            Rule::Ioctl => {
+                // The kernel takes the command as an unsigned int: only the
+                // low word counts, whatever the high word holds.
+                let next = a.label();
+                a.ld(off_arg(1));
+                a.jump(JEQ_K, TIOCSTI, deny_eperm, next);
+                a.place(next);
+                a.jump(JEQ_K, TIOCLINUX, deny_eperm, allow);
+            }
+            Rule::Keyctl => {
+                let (lo, hi) = (a.label(), a.label());
+                a.ld(off_arg(0));
+                a.jump(JEQ_K, KEYCTL_JOIN_SESSION_KEYRING, lo, deny_eperm);
+                a.place(lo);
+                a.ld(off_arg(1));
+                a.jump(JEQ_K, 0, hi, deny_eperm);
+                a.place(hi);
+                a.ld(off_arg(1) + 4);
+                a.jump(JEQ_K, 0, allow, deny_eperm);
+            }
+            Rule::Personality => {
+                let next = a.label();
+                a.ld(off_arg(0));
+                a.jump(JEQ_K, PER_LINUX, allow, next);
+                a.place(next);
+                a.jump(JEQ_K, PER_QUERY, allow, deny_eperm);
+            }
         }
     }
+    a.place(allow);
+    a.ret(RET_ALLOW);
+    a.place(deny_eperm);
+    a.ret(RET_ERRNO | EPERM);
 }
 
 /// The compiled filter as the bytes bwrap reads (`struct sock_filter[]`),
@@ -223,7 +337,6 @@ pub fn filter_bytes() -> Option<Vec<u8>> {
     #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
     {
         let mut a = Asm::default();
-        let (allow, eperm, enosys) = (a.label(), a.label(), a.label());
         let native = a.label();
         let other = a.label();
         a.ld(OFF_ARCH);
@@ -231,28 +344,26 @@ pub fn filter_bytes() -> Option<Vec<u8>> {
         a.place(other);
         match COMPAT {
             Some((arch, table)) => {
-                let compat = a.label();
+                let (compat, allow) = (a.label(), a.label());
                 a.jump(JEQ_K, arch, compat, allow);
+                a.place(allow);
+                // An arch this kernel cannot run for us: nothing to filter.
+                a.ret(RET_ALLOW);
                 a.place(compat);
-                rules(&mut a, table, allow, eperm);
+                rules(&mut a, table);
             }
-            // An arch this kernel cannot run for us: nothing to filter.
             None => a.ret(RET_ALLOW),
         }
         a.place(native);
         if let Some(bit) = X32_BIT {
-            let native_rules = a.label();
+            let (native_rules, enosys) = (a.label(), a.label());
             a.ld(OFF_NR);
             a.jump(JGE_K, bit, enosys, native_rules);
+            a.place(enosys);
+            a.ret(RET_ERRNO | ENOSYS);
             a.place(native_rules);
         }
-        rules(&mut a, NATIVE, allow, eperm);
-        a.place(allow);
-        a.ret(RET_ALLOW);
-        a.place(eperm);
-        a.ret(RET_ERRNO | EPERM);
-        a.place(enosys);
-        a.ret(RET_ERRNO | ENOSYS);
+        rules(&mut a, NATIVE);
         let prog = a.finish();
         let mut bytes = Vec::with_capacity(prog.len() * 8);
         for i in prog {
@@ -343,5 +454,71 @@ mod tests {
         // i386: chmod is 15; read (3) passes.
         assert_eq!(run(&p, 15, 0x4000_0003, [0, 0o4755, 0, 0, 0, 0]), deny);
         assert_eq!(run(&p, 3, 0x4000_0003, [0, 0o4755, 0, 0, 0, 0]), RET_ALLOW);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn filter_refuses_tty_injection_keyrings_perf_ptrace_new_mount_api_and_personality() {
+        let p = filter_bytes().unwrap();
+        let x = NATIVE_ARCH;
+        let i386 = 0x4000_0003;
+        let deny = RET_ERRNO | EPERM;
+        // ioctl(fd, TIOCSTI/TIOCLINUX): refused, also with garbage in the
+        // command's high word (the kernel truncates it to 32 bits).
+        for cmd in [0x5412u64, 0x541c, 0xdead_beef_0000_5412, 1 << 32 | 0x541c] {
+            assert_eq!(run(&p, 16, x, [1, cmd, 0, 0, 0, 0]), deny, "{cmd:#x}");
+            assert_eq!(run(&p, 54, i386, [1, cmd, 0, 0, 0, 0]), deny, "{cmd:#x}");
+        }
+        // Other ioctls pass (TCGETS, FIONREAD, TIOCGWINSZ).
+        for cmd in [0x5401u64, 0x541b, 0x5413, 0x1_0000_5401] {
+            assert_eq!(run(&p, 16, x, [1, cmd, 0, 0, 0, 0]), RET_ALLOW, "{cmd:#x}");
+        }
+        // Keyrings: add_key, request_key refused; keyctl only to join a
+        // fresh anonymous session keyring (the supervisor's call).
+        assert_eq!(run(&p, 248, x, [1, 2, 3, 4, 0xffff_fffd, 0]), deny);
+        assert_eq!(run(&p, 249, x, [1, 2, 3, 0xffff_fffd, 0, 0]), deny);
+        assert_eq!(run(&p, 250, x, [1, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&p, 250, x, [1, 0x7ffd_0000, 0, 0, 0, 0]), deny);
+        assert_eq!(run(&p, 250, x, [1, 0x1_0000_0000, 0, 0, 0, 0]), deny);
+        assert_eq!(run(&p, 250, x, [1 | 1 << 32, 0, 0, 0, 0, 0]), RET_ALLOW);
+        for cmd in [0u64, 2, 6, 11, 29] {
+            assert_eq!(run(&p, 250, x, [cmd, 0, 0, 0, 0, 0]), deny, "keyctl {cmd}");
+        }
+        assert_eq!(run(&p, 286, i386, [0; 6]), deny);
+        assert_eq!(run(&p, 288, i386, [1, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&p, 288, i386, [11, 0, 0, 0, 0, 0]), deny);
+        // perf_event_open, ptrace: refused whatever the arguments.
+        for (nr, arch) in [(298, x), (101, x), (336, i386), (26, i386)] {
+            assert_eq!(run(&p, nr, arch, [0; 6]), deny, "{nr}");
+            assert_eq!(run(&p, nr, arch, [16, 1, 0, 0, 0, 0]), deny, "{nr}");
+        }
+        // The new mount API, on both entry points.
+        for nr in [428, 429, 430, 431, 432, 433, 442, 467] {
+            assert_eq!(run(&p, nr, x, [0; 6]), deny, "{nr}");
+            assert_eq!(run(&p, nr, i386, [0; 6]), deny, "{nr}");
+        }
+        // personality: PER_LINUX and the query only.
+        assert_eq!(run(&p, 135, x, [0, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&p, 135, x, [0xffff_ffff, 0, 0, 0, 0, 0]), RET_ALLOW);
+        assert_eq!(run(&p, 135, i386, [0xffff_ffff, 0, 0, 0, 0, 0]), RET_ALLOW);
+        for per in [0x0040000u64, 0x0400000, 0x0008, 0x0800_0000, 1] {
+            assert_eq!(run(&p, 135, x, [per, 0, 0, 0, 0, 0]), deny, "{per:#x}");
+            assert_eq!(run(&p, 136, i386, [per, 0, 0, 0, 0, 0]), deny, "{per:#x}");
+        }
+        // Neighbours of the refused numbers still pass (mount, umount2,
+        // pivot_root fail on capabilities, not here; unshare on --disable-userns).
+        for nr in [165, 166, 155, 272, 427, 434, 441, 443] {
+            assert_eq!(run(&p, nr, x, [0; 6]), RET_ALLOW, "{nr}");
+        }
+        // The setuid rules still hold with the new ones in place.
+        assert_eq!(run(&p, 90, x, [0, 0o4755, 0, 0, 0, 0]), deny);
+        assert_eq!(run(&p, 15, i386, [0, 0o2755, 0, 0, 0, 0]), deny);
+    }
+
+    #[test]
+    fn filter_fits_classic_bpf_limits() {
+        let p = filter_bytes().unwrap();
+        // BPF_MAXINSNS; every jump target checked by the assembler.
+        assert!(p.len() / 8 <= 4096);
     }
 }
