@@ -1,1 +1,766 @@
-//! The client side: `fhsx build --remote`.
+//! The client side: `fhsx build --remote ADDR ACTION.toml`.
+//!
+//! [`Client`] is a blocking handle on one connection (its own single-thread
+//! runtime drives the RPC while a call is waited on). [`Client::build`]
+//! does the whole remote build: ask which input objects the worker lacks
+//! (level by level, so a tree the worker has is never walked), upload those
+//! (small blobs batched, large ones streamed, directories children-first),
+//! run the build with the log streamed to the caller, then download the
+//! record, the output tree, the view's directories and the log, read-set
+//! and manifest blobs into the local store, and verify the record against
+//! the worker's key.
+
+use std::cell::RefCell;
+use std::collections::{HashMap, HashSet};
+use std::io::{Read, Write};
+use std::path::Path;
+use std::rc::Rc;
+
+use capnp_rpc::{rpc_twoparty_capnp::Side, twoparty, RpcSystem};
+use castore::store::{DirectoryStore, LocalStore, ObjectKind};
+use castore::{Digest, Directory, Node};
+use executor_core::{Action, ExitClass, NetworkMode, SignedRecord};
+use futures::{AsyncReadExt, StreamExt};
+
+use crate::worker_capnp::{byte_sink, cas, executor, log_sink, ExitClass as WireClass};
+use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
+
+/// Blobs at least this big are streamed in chunks; smaller ones are batched.
+const STREAM_MIN: u64 = 4 << 20;
+/// Bytes per `putBlobs` batch.
+const BATCH_BYTES: usize = 8 << 20;
+/// Directories per `putDirectories` batch.
+const BATCH_DIRS: usize = 4096;
+/// Digests per `findMissing` call.
+const FIND_BATCH: usize = 50_000;
+/// Upload calls in flight at once.
+const IN_FLIGHT: usize = 4;
+
+/// What moved over the wire.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Transfer {
+    pub blobs: u64,
+    pub bytes: u64,
+    pub directories: u64,
+}
+
+/// A finished remote build.
+#[derive(Debug, Clone)]
+pub struct RemoteOutcome {
+    pub record_digest: Digest,
+    pub record: SignedRecord,
+    /// The key the worker reported, which signed the record.
+    pub worker_key: String,
+    pub uploaded: Transfer,
+    pub downloaded: Transfer,
+}
+
+/// The worker's counters (`Executor.stats`).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
+pub struct Stats {
+    pub blobs_written: u64,
+    pub blob_bytes_written: u64,
+    pub directories_written: u64,
+    pub bytes_received: u64,
+    pub builds_started: u64,
+    pub builds_running: u32,
+    pub builds_queued: u32,
+    pub max_concurrent_builds: u32,
+    pub jobs: u32,
+}
+
+/// One connection to a worker.
+pub struct Client {
+    rt: tokio::runtime::Runtime,
+    local: tokio::task::LocalSet,
+    endpoint: String,
+    executor: executor::Client,
+    cas: cas::Client,
+    /// The worker's protocol version, name and signing key.
+    pub protocol: u32,
+    pub executor_name: String,
+    pub public_key: String,
+}
+
+struct LogSinkImpl(Rc<RefCell<Box<dyn Write>>>);
+
+impl log_sink::Server for LogSinkImpl {
+    async fn write(self: Rc<Self>, params: log_sink::WriteParams) -> Result<(), capnp::Error> {
+        let chunk = params.get()?.get_chunk()?;
+        let mut w = self.0.borrow_mut();
+        // A closed terminal is not a reason to fail the build.
+        let _ = w.write_all(chunk).and_then(|_| w.flush());
+        Ok(())
+    }
+}
+
+struct ByteSinkImpl {
+    buf: Rc<RefCell<Vec<u8>>>,
+    limit: u64,
+}
+
+impl byte_sink::Server for ByteSinkImpl {
+    async fn write(self: Rc<Self>, params: byte_sink::WriteParams) -> Result<(), capnp::Error> {
+        let chunk = params.get()?.get_chunk()?;
+        let mut b = self.buf.borrow_mut();
+        if (b.len() + chunk.len()) as u64 > self.limit {
+            return Err(capnp::Error::failed(format!(
+                "the worker sent more than the {} bytes the tree names",
+                self.limit
+            )));
+        }
+        b.extend_from_slice(chunk);
+        Ok(())
+    }
+}
+
+fn raw_list(mut l: capnp::data_list::Builder, items: &[&[u8]]) {
+    for (i, d) in items.iter().enumerate() {
+        l.set(i as u32, d);
+    }
+}
+
+fn digests(l: capnp::data_list::Reader) -> Result<Vec<Digest>, capnp::Error> {
+    l.iter().map(|d| crate::digest_from(d?)).collect()
+}
+
+impl Client {
+    /// Connect and check the protocol version.
+    pub fn connect(endpoint: &Endpoint) -> Result<Client, Error> {
+        let c = Client::connect_unchecked(endpoint)?;
+        if c.protocol != PROTOCOL_VERSION {
+            return Err(Error::Version {
+                endpoint: c.endpoint.clone(),
+                worker: c.protocol,
+                client: PROTOCOL_VERSION,
+            });
+        }
+        Ok(c)
+    }
+
+    /// Connect without refusing another protocol version (for tests).
+    pub fn connect_unchecked(endpoint: &Endpoint) -> Result<Client, Error> {
+        use tokio_util::compat::TokioAsyncReadCompatExt;
+        let ep = endpoint.to_string();
+        let io = |what: &'static str| {
+            let ep = ep.clone();
+            move |source| Error::Io {
+                what,
+                endpoint: ep,
+                source,
+            }
+        };
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_io()
+            .enable_time()
+            .build()
+            .map_err(io("start a runtime to reach"))?;
+        let local = tokio::task::LocalSet::new();
+        let connected = local.block_on(&rt, async {
+            let (r, w): (
+                Box<dyn futures::AsyncRead + Unpin>,
+                Box<dyn futures::AsyncWrite + Unpin>,
+            ) = match endpoint {
+                Endpoint::Tcp(a) => {
+                    let s = tokio::net::TcpStream::connect(a)
+                        .await
+                        .map_err(io("connect to the worker at"))?;
+                    let _ = s.set_nodelay(true);
+                    let (r, w) = s.compat().split();
+                    (Box::new(r), Box::new(w))
+                }
+                Endpoint::Unix(p) => {
+                    let s = tokio::net::UnixStream::connect(p)
+                        .await
+                        .map_err(io("connect to the worker at"))?;
+                    let (r, w) = s.compat().split();
+                    (Box::new(r), Box::new(w))
+                }
+            };
+            let network = twoparty::VatNetwork::new(
+                futures::io::BufReader::with_capacity(256 << 10, r),
+                futures::io::BufWriter::with_capacity(256 << 10, w),
+                Side::Client,
+                reader_options(),
+            );
+            let mut rpc = RpcSystem::new(Box::new(network), None);
+            let executor: executor::Client = rpc.bootstrap(Side::Server);
+            tokio::task::spawn_local(async move {
+                let _ = rpc.await;
+            });
+            let rpc_err = |source| Error::Rpc {
+                endpoint: ep.clone(),
+                source,
+            };
+            let v = executor
+                .version_request()
+                .send()
+                .promise
+                .await
+                .map_err(rpc_err)?;
+            let v = v.get().map_err(rpc_err)?;
+            let text = |t: capnp::Result<capnp::text::Reader>| -> Result<String, capnp::Error> {
+                Ok(t?.to_string()?)
+            };
+            let name = text(v.get_executor()).map_err(rpc_err)?;
+            let key = text(v.get_public_key()).map_err(rpc_err)?;
+            let cas = executor.cas_request().send().pipeline.get_cas();
+            Ok::<_, Error>((executor, v.get_protocol(), name, key, cas))
+        })?;
+        let (executor, protocol, name, key, cas) = connected;
+        let c = Client {
+            rt,
+            local,
+            endpoint: ep,
+            cas,
+            executor,
+            protocol,
+            executor_name: name,
+            public_key: key,
+        };
+        Ok(c)
+    }
+
+    fn rpc_error(&self, e: capnp::Error) -> Error {
+        if e.kind == capnp::ErrorKind::Disconnected {
+            Error::Rpc {
+                endpoint: self.endpoint.clone(),
+                source: capnp::Error::disconnected(format!(
+                    "the connection was lost ({}); the worker went away and the build did not finish, retry it",
+                    e.extra
+                )),
+            }
+        } else {
+            Error::Rpc {
+                endpoint: self.endpoint.clone(),
+                source: e,
+            }
+        }
+    }
+
+    fn run<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, capnp::Error>>,
+    ) -> Result<T, Error> {
+        self.local
+            .block_on(&self.rt, f)
+            .map_err(|e| self.rpc_error(e))
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    /// The worker's counters.
+    pub fn stats(&self) -> Result<Stats, Error> {
+        self.run(async {
+            let r = self.executor.stats_request().send().promise.await?;
+            let s = r.get()?.get_stats()?;
+            Ok(Stats {
+                blobs_written: s.get_blobs_written(),
+                blob_bytes_written: s.get_blob_bytes_written(),
+                directories_written: s.get_directories_written(),
+                bytes_received: s.get_bytes_received(),
+                builds_started: s.get_builds_started(),
+                builds_running: s.get_builds_running(),
+                builds_queued: s.get_builds_queued(),
+                max_concurrent_builds: s.get_max_concurrent_builds(),
+                jobs: s.get_jobs(),
+            })
+        })
+    }
+
+    /// Which of these objects the worker lacks.
+    pub fn find_missing(
+        &self,
+        blobs: &[Digest],
+        dirs: &[Digest],
+    ) -> Result<(Vec<Digest>, Vec<Digest>), Error> {
+        self.run(self.find_missing_async(blobs, dirs))
+    }
+
+    async fn find_missing_async(
+        &self,
+        blobs: &[Digest],
+        dirs: &[Digest],
+    ) -> Result<(Vec<Digest>, Vec<Digest>), capnp::Error> {
+        let mut mb = Vec::new();
+        let mut md = Vec::new();
+        let n = blobs.len().max(dirs.len());
+        let mut i = 0;
+        while i < n.max(1) {
+            let b = &blobs[i.min(blobs.len())..(i + FIND_BATCH).min(blobs.len())];
+            let d = &dirs[i.min(dirs.len())..(i + FIND_BATCH).min(dirs.len())];
+            let mut req = self.cas.find_missing_request();
+            {
+                let mut p = req.get();
+                let bb: Vec<&[u8]> = b.iter().map(|d| d.as_bytes().as_slice()).collect();
+                raw_list(p.reborrow().init_blobs(bb.len() as u32), &bb);
+                let dd: Vec<&[u8]> = d.iter().map(|d| d.as_bytes().as_slice()).collect();
+                raw_list(p.init_directories(dd.len() as u32), &dd);
+            }
+            let r = req.send().promise.await?;
+            let r = r.get()?;
+            mb.extend(digests(r.get_blobs()?)?);
+            md.extend(digests(r.get_directories()?)?);
+            i += FIND_BATCH;
+        }
+        Ok((mb, md))
+    }
+
+    /// `putBlobs` with digests as given (for tests of hostile input).
+    pub fn put_blobs_raw(&self, blobs: &[(&[u8], &[u8])]) -> Result<(), Error> {
+        self.run(async {
+            let mut req = self.cas.put_blobs_request();
+            let mut l = req.get().init_blobs(blobs.len() as u32);
+            for (i, (d, data)) in blobs.iter().enumerate() {
+                let mut b = l.reborrow().get(i as u32);
+                b.set_digest(d);
+                b.set_data(data);
+            }
+            req.send().promise.await?;
+            Ok(())
+        })
+    }
+
+    /// `putBlob` streamed in the given chunks, announcing `size`. False if
+    /// the worker already had it (nothing was sent).
+    pub fn put_blob_raw(&self, digest: &[u8], size: u64, chunks: &[&[u8]]) -> Result<bool, Error> {
+        self.run(async {
+            let mut req = self.cas.put_blob_request();
+            req.get().set_digest(digest);
+            req.get().set_size(size);
+            let r = req.send().promise.await?;
+            let r = r.get()?;
+            if !r.has_upload() {
+                return Ok(false);
+            }
+            let up = r.get_upload()?;
+            for c in chunks {
+                let mut w = up.write_request();
+                w.get().set_chunk(c);
+                w.send().await?;
+            }
+            up.finish_request().send().promise.await?;
+            Ok(true)
+        })
+    }
+
+    /// `putDirectory` of raw bytes (for tests of hostile input).
+    pub fn put_directory_raw(&self, bytes: &[u8]) -> Result<Digest, Error> {
+        self.run(async {
+            let mut req = self.cas.put_directory_request();
+            req.get().set_directory(bytes);
+            let r = req.send().promise.await?;
+            crate::digest_from(r.get()?.get_digest()?)
+        })
+    }
+
+    /// A blob's bytes, checked against its digest.
+    pub fn get_blob(&self, digest: &Digest, limit: u64) -> Result<Vec<u8>, Error> {
+        self.run(self.get_blob_async(*digest, limit))
+    }
+
+    async fn get_blob_async(&self, digest: Digest, limit: u64) -> Result<Vec<u8>, capnp::Error> {
+        let buf = Rc::new(RefCell::new(Vec::new()));
+        let sink: byte_sink::Client = capnp_rpc::new_client(ByteSinkImpl {
+            buf: buf.clone(),
+            limit,
+        });
+        let mut req = self.cas.get_blob_request();
+        req.get().set_digest(digest.as_bytes());
+        req.get().set_sink(sink);
+        req.send().promise.await?;
+        let bytes = std::mem::take(&mut *buf.borrow_mut());
+        let got = Digest::of(&bytes);
+        if got != digest {
+            return Err(capnp::Error::failed(format!(
+                "blob {digest} from the worker hashes to {got}: refused"
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// Upload every object of the trees at `roots` (and the `blobs`) the
+    /// worker lacks.
+    pub fn upload(
+        &self,
+        store: &LocalStore,
+        roots: &[Digest],
+        blobs: &[Digest],
+    ) -> Result<Transfer, Error> {
+        // Which directories the worker lacks, level by level; only those
+        // are walked.
+        let mut missing_dirs: HashMap<Digest, Directory> = HashMap::new();
+        let mut candidate_blobs: Vec<Digest> = blobs.to_vec();
+        let mut blob_sizes: HashMap<Digest, u64> = HashMap::new();
+        let mut seen: HashSet<Digest> = HashSet::new();
+        let mut frontier: Vec<Digest> = roots.iter().copied().filter(|d| seen.insert(*d)).collect();
+        while !frontier.is_empty() {
+            let (_, md) = self.find_missing(&[], &frontier)?;
+            let mut next = Vec::new();
+            for d in md {
+                let dir = store.get_directory(&d)?;
+                for (_, node) in dir.entries() {
+                    match node {
+                        Node::Directory { digest, .. } if seen.insert(*digest) => {
+                            next.push(*digest)
+                        }
+                        Node::File { digest, size, .. } if seen.insert(*digest) => {
+                            candidate_blobs.push(*digest);
+                            blob_sizes.insert(*digest, *size);
+                        }
+                        _ => {}
+                    }
+                }
+                missing_dirs.insert(d, dir);
+            }
+            frontier = next;
+        }
+        let (missing_blobs, _) = self.find_missing(&candidate_blobs, &[])?;
+        let mut t = Transfer::default();
+
+        // Blobs: big ones streamed, small ones batched; a few calls in flight.
+        let mut small: Vec<Vec<Digest>> = vec![Vec::new()];
+        let mut batch_bytes = 0usize;
+        let mut big = Vec::new();
+        for d in &missing_blobs {
+            let path = store.object_path(ObjectKind::Blob, d);
+            let size = match blob_sizes.get(d) {
+                Some(s) => *s,
+                None => std::fs::metadata(&path)
+                    .map_err(|_| castore::Error::Missing {
+                        digest: *d,
+                        path: None,
+                    })?
+                    .len(),
+            };
+            t.blobs += 1;
+            t.bytes += size;
+            if size >= STREAM_MIN {
+                big.push((*d, size));
+                continue;
+            }
+            if batch_bytes + size as usize > BATCH_BYTES && !small.last().is_some_and(|b| b.is_empty()) {
+                small.push(Vec::new());
+                batch_bytes = 0;
+            }
+            batch_bytes += size as usize;
+            if let Some(b) = small.last_mut() {
+                b.push(*d);
+            }
+        }
+        let read = |d: &Digest| -> Result<Vec<u8>, capnp::Error> {
+            let p = store.object_path(ObjectKind::Blob, d);
+            std::fs::read(&p).map_err(|e| {
+                capnp::Error::failed(format!("reading blob {d} from the local store: {e}"))
+            })
+        };
+        self.run(async {
+            let cas = &self.cas;
+            let sends = small.into_iter().filter(|b| !b.is_empty()).map(|batch| {
+                let mut req = cas.put_blobs_request();
+                let filled = (|| {
+                    let mut l = req.get().init_blobs(batch.len() as u32);
+                    for (i, d) in batch.iter().enumerate() {
+                        let data = read(d)?;
+                        let mut b = l.reborrow().get(i as u32);
+                        b.set_digest(d.as_bytes());
+                        b.set_data(&data);
+                    }
+                    Ok::<_, capnp::Error>(())
+                })();
+                async move {
+                    filled?;
+                    req.send().promise.await.map(|_| ())
+                }
+            });
+            let mut s = futures::stream::iter(sends).buffer_unordered(IN_FLIGHT);
+            while let Some(r) = s.next().await {
+                r?;
+            }
+            for (d, size) in &big {
+                let mut req = cas.put_blob_request();
+                req.get().set_digest(d.as_bytes());
+                req.get().set_size(*size);
+                let r = req.send().promise.await?;
+                let r = r.get()?;
+                if !r.has_upload() {
+                    continue;
+                }
+                let up = r.get_upload()?;
+                let p = store.object_path(ObjectKind::Blob, d);
+                let mut f = std::fs::File::open(&p).map_err(|e| {
+                    capnp::Error::failed(format!("reading blob {d} from the local store: {e}"))
+                })?;
+                let mut buf = vec![0u8; CHUNK];
+                loop {
+                    let n = f.read(&mut buf).map_err(|e| {
+                        capnp::Error::failed(format!("reading blob {d} from the local store: {e}"))
+                    })?;
+                    if n == 0 {
+                        break;
+                    }
+                    let mut w = up.write_request();
+                    w.get().set_chunk(&buf[..n]);
+                    w.send().await?;
+                }
+                up.finish_request().send().promise.await?;
+            }
+            Ok(())
+        })?;
+
+        // Directories, children before parents.
+        let order = post_order(roots, &missing_dirs);
+        t.directories = order.len() as u64;
+        self.run(async {
+            for chunk in order.chunks(BATCH_DIRS) {
+                let mut req = self.cas.put_directories_request();
+                let enc: Vec<Vec<u8>> = chunk
+                    .iter()
+                    .filter_map(|d| missing_dirs.get(d).map(|x| x.encode()))
+                    .collect();
+                let refs: Vec<&[u8]> = enc.iter().map(|e| e.as_slice()).collect();
+                raw_list(req.get().init_directories(refs.len() as u32), &refs);
+                req.send().promise.await?;
+            }
+            Ok(())
+        })?;
+        Ok(t)
+    }
+
+    /// Download the tree at `root` into `store`: only directories and blobs
+    /// the local store lacks (a directory present locally is complete).
+    async fn fetch_tree(
+        &self,
+        store: &LocalStore,
+        root: Digest,
+        dirs: &mut Vec<Directory>,
+        blobs: &mut Vec<(Digest, u64)>,
+        seen: &mut HashSet<Digest>,
+    ) -> Result<(), capnp::Error> {
+        let mut stack = vec![root];
+        while let Some(d) = stack.pop() {
+            if !seen.insert(d) || store.has(ObjectKind::Directory, &d) {
+                continue;
+            }
+            let mut req = self.cas.get_directory_request();
+            req.get().set_digest(d.as_bytes());
+            let r = req.send().promise.await?;
+            let bytes = r.get()?.get_directory()?;
+            let got = Digest::of(bytes);
+            if got != d {
+                return Err(capnp::Error::failed(format!(
+                    "directory {d} from the worker hashes to {got}: refused"
+                )));
+            }
+            let dir = Directory::decode(bytes)
+                .map_err(|e| capnp::Error::failed(format!("directory {d} from the worker: {e}")))?;
+            for (_, n) in dir.entries() {
+                match n {
+                    Node::Directory { digest, .. } => stack.push(*digest),
+                    Node::File { digest, size, .. } => {
+                        if !store.has(ObjectKind::Blob, digest) && seen.insert(*digest) {
+                            blobs.push((*digest, *size));
+                        }
+                    }
+                    Node::Symlink { .. } => {}
+                }
+            }
+            dirs.push(dir);
+        }
+        Ok(())
+    }
+
+    /// Run `action_file` on the worker. See the module doc for the steps.
+    /// `trust`, when not empty, lists the worker keys (`ed25519:<hex>`)
+    /// accepted as signers.
+    pub fn build(
+        &self,
+        store: &LocalStore,
+        action_file: &Path,
+        log: Box<dyn Write>,
+        trust: &[String],
+    ) -> Result<RemoteOutcome, Error> {
+        let text = std::fs::read_to_string(action_file).map_err(|source| {
+            executor_core::ActionError::Read {
+                file: action_file.to_path_buf(),
+                source,
+            }
+        })?;
+        let action = Action::parse(&text, action_file)?;
+        if action.network.mode == NetworkMode::Record {
+            return Err(Error::Usage(
+                "network mode \"record\" cannot run remotely: it is the one impure mode (it fetches upstream and writes the lock). Record locally with `fhsx build --record`, then build the replay remotely".into(),
+            ));
+        }
+        if !trust.is_empty() && !trust.iter().any(|k| k.trim() == self.public_key) {
+            return Err(Error::BadRecord {
+                endpoint: self.endpoint.clone(),
+                reason: format!(
+                    "the worker's key {} is not in --trust",
+                    self.public_key
+                ),
+            });
+        }
+        let (lock, lock_blobs) = match (&action.network.mode, action.lock_path(action_file)) {
+            (NetworkMode::Replay, Some(p)) => {
+                let bytes = std::fs::read(&p).map_err(|e| {
+                    Error::Usage(format!("reading the fetch lock {}: {e}", p.display()))
+                })?;
+                let text = String::from_utf8_lossy(&bytes);
+                let l = fetch_proxy::Lock::parse(&text).map_err(|e| {
+                    Error::Usage(format!("the fetch lock {}: {e}", p.display()))
+                })?;
+                let blobs: Vec<Digest> = l.entries().map(|e| e.blake3).collect();
+                (bytes, blobs)
+            }
+            _ => (Vec::new(), Vec::new()),
+        };
+        let mut roots = action.inputs.closure.clone();
+        roots.extend_from_slice(&action.inputs.toolchain);
+        roots.extend(action.inputs.source);
+        for r in &roots {
+            if !store.has(ObjectKind::Directory, r) {
+                return Err(Error::Store(castore::Error::Missing {
+                    digest: *r,
+                    path: None,
+                }));
+            }
+        }
+        let uploaded = self.upload(store, &roots, &lock_blobs)?;
+
+        let sink: log_sink::Client =
+            capnp_rpc::new_client(LogSinkImpl(Rc::new(RefCell::new(log))));
+        let reply = self.run(async {
+            let mut req = self.executor.build_request();
+            {
+                let mut p = req.get();
+                p.set_protocol(PROTOCOL_VERSION);
+                p.set_action(text.as_str());
+                p.set_lock(&lock);
+                p.set_log_sink(sink);
+            }
+            let r = req.send().promise.await?;
+            let r = r.get()?;
+            if r.has_failure() {
+                let f = r.get_failure()?;
+                let class = match f.get_class() {
+                    Ok(WireClass::Usage) => ExitClass::Usage,
+                    Ok(WireClass::Integrity) => ExitClass::Integrity,
+                    _ => ExitClass::BuildFailed,
+                };
+                return Ok(Err((class, f.get_message()?.to_string()?)));
+            }
+            let d = crate::digest_from(r.get_record_digest()?)?;
+            Ok(Ok((d, r.get_record()?.to_vec())))
+        })?;
+        let (record_digest, bytes) = reply.map_err(|(class, message)| Error::Remote {
+            endpoint: self.endpoint.clone(),
+            class,
+            message,
+        })?;
+        let bad = |reason: String| Error::BadRecord {
+            endpoint: self.endpoint.clone(),
+            reason,
+        };
+        if Digest::of(&bytes) != record_digest {
+            return Err(bad(format!(
+                "its bytes do not hash to the digest {record_digest} the worker named"
+            )));
+        }
+        let record: SignedRecord =
+            serde_json::from_slice(&bytes).map_err(|e| bad(format!("not a BuildRecord: {e}")))?;
+        if record.public_key != self.public_key {
+            return Err(bad(format!(
+                "it is signed by {}, not by the worker's key {}",
+                record.public_key, self.public_key
+            )));
+        }
+
+        // Download what the record names.
+        let rec = &record.record;
+        let downloaded = self.run(async {
+            let mut dirs = Vec::new();
+            let mut blobs = Vec::new();
+            let mut seen = HashSet::new();
+            for root in [rec.output_digest, Some(rec.view_digest)].into_iter().flatten() {
+                self.fetch_tree(store, root, &mut dirs, &mut blobs, &mut seen)
+                    .await?;
+            }
+            for d in [
+                Some(rec.log_digest),
+                Some(rec.observed_read_set_digest),
+                rec.interface_manifest_digest,
+            ]
+            .into_iter()
+            .flatten()
+            {
+                if !store.has(ObjectKind::Blob, &d) && seen.insert(d) {
+                    blobs.push((d, u64::MAX));
+                }
+            }
+            let mut got = Vec::with_capacity(blobs.len());
+            let mut t = Transfer::default();
+            for (d, size) in &blobs {
+                let b = self.get_blob_async(*d, *size).await?;
+                t.blobs += 1;
+                t.bytes += b.len() as u64;
+                got.push(b);
+            }
+            t.directories = dirs.len() as u64;
+            Ok((t, dirs, got))
+        })?;
+        let (t, dirs, blobs) = downloaded;
+        let txn = store.txn()?;
+        for b in &blobs {
+            txn.put_blob(b)?;
+        }
+        for d in &dirs {
+            txn.put_directory(d)?;
+        }
+        txn.put_blob(&bytes)?;
+        txn.commit()?;
+
+        let key = fhs_executor::keys::parse_public_key(&self.public_key)?;
+        let v = fhs_executor::sign::verify(store, &record, &[key])?;
+        if !v.ok() {
+            return Err(bad(v.problems.join("; ")));
+        }
+        Ok(RemoteOutcome {
+            record_digest,
+            record,
+            worker_key: self.public_key.clone(),
+            uploaded,
+            downloaded: t,
+        })
+    }
+}
+
+/// `dirs` ordered children before parents, reachable from `roots`.
+fn post_order(roots: &[Digest], dirs: &HashMap<Digest, Directory>) -> Vec<Digest> {
+    let mut out = Vec::with_capacity(dirs.len());
+    let mut done: HashSet<Digest> = HashSet::new();
+    // (digest, children pushed?)
+    let mut stack: Vec<(Digest, bool)> = roots.iter().rev().map(|d| (*d, false)).collect();
+    while let Some((d, expanded)) = stack.pop() {
+        let Some(dir) = dirs.get(&d) else { continue };
+        if done.contains(&d) {
+            continue;
+        }
+        if expanded {
+            done.insert(d);
+            out.push(d);
+            continue;
+        }
+        stack.push((d, true));
+        for (_, n) in dir.entries() {
+            if let Node::Directory { digest, .. } = n {
+                if !done.contains(digest) && dirs.contains_key(digest) {
+                    stack.push((*digest, false));
+                }
+            }
+        }
+    }
+    out
+}

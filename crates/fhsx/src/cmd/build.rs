@@ -30,9 +30,19 @@ pub struct BuildArgs {
     /// Trust this CA (PEM) for upstream TLS while recording, besides the host's. Repeatable.
     #[arg(long, value_name = "FILE")]
     pub upstream_ca: Vec<PathBuf>,
+    /// Run on the worker at ADDR (`HOST:PORT` or `unix:PATH`, see `fhsx worker`):
+    /// upload what it lacks, stream the log, download the record and output.
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["record", "keep_failed", "upstream_ca"])]
+    pub remote: Option<String>,
+    /// With --remote: accept only a worker whose key (`ed25519:<hex>`) is listed. Repeatable.
+    #[arg(long, value_name = "KEY", requires = "remote")]
+    pub trust: Vec<String>,
 }
 
 pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
+    if let Some(addr) = &a.remote {
+        return run_remote(g, &a, addr);
+    }
     let action = Action::load(&a.action)?;
     let lock_path = action.lock_path(&a.action);
     let store = open_store(g)?;
@@ -62,21 +72,53 @@ pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
         Box::new(std::io::stderr())
     };
     let out = exec.build(&req, &mut sink)?;
-    let rec = &out.record.record;
-    if g.json {
-        println!(
-            "{}",
-            json!({
-                "record": out.record_digest,
-                "output": rec.output_digest,
-                "read_set": rec.observed_read_set_digest,
-                "log": rec.log_digest,
-                "exit": rec.exit,
-                "action": rec.action_digest,
-            })
-        );
+    report(g, &out.record_digest, &out.record.record, None)
+}
+
+/// `fhsx build --remote ADDR`: the same result, built by a worker.
+fn run_remote(g: &Globals, a: &BuildArgs, addr: &str) -> anyhow::Result<i32> {
+    let store = open_store(g)?;
+    let classify = |e: ::worker::Error| Classified(e.exit_class(), e.to_string());
+    let client = ::worker::client::Client::connect(&::worker::Endpoint::parse(addr)).map_err(classify)?;
+    let sink: Box<dyn std::io::Write> = if g.json && !std::io::stderr().is_terminal() {
+        Box::new(std::io::sink())
     } else {
-        println!("record  {}", out.record_digest);
+        Box::new(std::io::stderr())
+    };
+    let out = client
+        .build(&store, &a.action, sink, &a.trust)
+        .map_err(classify)?;
+    let transfer = json!({
+        "worker": client.endpoint(),
+        "worker_key": out.worker_key,
+        "uploaded": out.uploaded,
+        "downloaded": out.downloaded,
+    });
+    report(g, &out.record_digest, &out.record.record, Some(transfer))
+}
+
+/// Print a finished build's result; the exit code follows its status.
+fn report(
+    g: &Globals,
+    record_digest: &castore::Digest,
+    rec: &executor_core::BuildRecord,
+    remote: Option<serde_json::Value>,
+) -> anyhow::Result<i32> {
+    if g.json {
+        let mut v = json!({
+            "record": record_digest,
+            "output": rec.output_digest,
+            "read_set": rec.observed_read_set_digest,
+            "log": rec.log_digest,
+            "exit": rec.exit,
+            "action": rec.action_digest,
+        });
+        if let (Some(r), Some(m)) = (remote, v.as_object_mut()) {
+            m.insert("remote".into(), r);
+        }
+        println!("{v}");
+    } else {
+        println!("record  {record_digest}");
         match rec.output_digest {
             Some(d) => println!("output  {d}"),
             None => println!("output  (none: the build failed)"),
@@ -86,6 +128,16 @@ pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
             rec.observed_read_set_digest, rec.read_set_size
         );
         println!("log     {} (`fhsx store blob` prints it)", rec.log_digest);
+        if let Some(r) = remote {
+            println!(
+                "remote  {} signed by {}; uploaded {} blobs ({} bytes), {} directories",
+                r["worker"].as_str().unwrap_or_default(),
+                r["worker_key"].as_str().unwrap_or_default(),
+                r["uploaded"]["blobs"],
+                r["uploaded"]["bytes"],
+                r["uploaded"]["directories"]
+            );
+        }
     }
     if rec.exit.success() {
         Ok(0)

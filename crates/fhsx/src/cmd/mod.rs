@@ -11,6 +11,7 @@ mod proxy;
 mod record;
 mod run;
 mod store;
+mod worker;
 
 use std::path::PathBuf;
 
@@ -59,6 +60,8 @@ pub enum Command {
     /// Check a fetch lock against the store, or compare two.
     #[command(subcommand)]
     Lock(lock::LockCmd),
+    /// Serve builds to remote clients over Cap'n Proto (`fhsx build --remote`).
+    Worker(worker::WorkerArgs),
     /// Realise a view outside the store: Fast tier (read-only link farm) or Export (tarball, OCI layout).
     Materialize(materialize::MaterializeArgs),
 }
@@ -85,6 +88,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::ClosureBloat(a) => closure_bloat::run(&g, a),
         Command::Proxy(a) => proxy::run(&g, a),
         Command::Lock(c) => lock::run(&g, c),
+        Command::Worker(a) => worker::run(&g, a),
         Command::Materialize(a) => materialize::run(&g, a),
     }
 }
