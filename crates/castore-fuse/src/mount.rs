@@ -452,7 +452,8 @@ pub fn cleanup_stale_mounts(registry: &Path) -> Result<Vec<PathBuf>> {
             })
         }
     };
-    let live = live_mounts();
+    // Read lazily: most calls find nothing stale.
+    let mut live: Option<Vec<PathBuf>> = None;
     let mut cleaned = Vec::new();
     for ent in rd.flatten() {
         let p = ent.path();
@@ -473,13 +474,15 @@ pub fn cleanup_stale_mounts(registry: &Path) -> Result<Vec<PathBuf>> {
         if owner_alive(&rec) {
             continue;
         }
-        // Only ever detach what is still one of our views.
-        while live_mounts().contains(&rec.mountpoint) {
-            if detach(&rec.mountpoint).is_err() {
-                break;
-            }
-        }
+        // Only ever detach what is still one of our views (stacked leftovers
+        // too, but never loop on a path the kernel will not let go).
+        let live = live.get_or_insert_with(live_mounts);
         if live.contains(&rec.mountpoint) {
+            for _ in 0..16 {
+                if detach(&rec.mountpoint).is_err() || !live_mounts().contains(&rec.mountpoint) {
+                    break;
+                }
+            }
             cleaned.push(rec.mountpoint.clone());
         }
         let _ = fs::remove_file(&p);
