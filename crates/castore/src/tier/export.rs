@@ -442,16 +442,6 @@ fn rfc3339(secs: u64) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn rfc3339_dates() {
-        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(super::rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
-    }
-}
-
 fn json_bytes(v: &serde_json::Value) -> Result<Vec<u8>> {
     serde_json::to_vec(v).map_err(|e| Error::BadRequest(format!("encoding JSON: {e}")))
 }
@@ -468,4 +458,14 @@ fn put_json(blobs: &Path, v: &serde_json::Value) -> Result<(String, u64)> {
 fn write_json(p: &Path, v: &serde_json::Value) -> Result<()> {
     let bytes = json_bytes(v)?;
     fs::write(p, bytes).map_err(io("write", p))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn rfc3339_dates() {
+        assert_eq!(super::rfc3339(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(super::rfc3339(1_700_000_000), "2023-11-14T22:13:20Z");
+    }
 }
