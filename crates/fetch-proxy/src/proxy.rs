@@ -617,6 +617,14 @@ where
         let _ = io.write_all(head.as_bytes()).await;
         let _ = io.write_all(&body).await;
         let _ = io.shutdown().await;
+        // Lingering close: read what the client already sent, so closing
+        // with unread input does not turn into a RST that destroys the 403
+        // before the client reads it.
+        let _ = tokio::time::timeout(std::time::Duration::from_secs(2), async {
+            let mut sink = [0u8; 4096];
+            while matches!(io.read(&mut sink).await, Ok(n) if n > 0) {}
+        })
+        .await;
         return;
     }
     let io = Prefixed {

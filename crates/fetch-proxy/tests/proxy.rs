@@ -692,7 +692,9 @@ fn tunnel_abuse_is_refused() {
         let mut buf = [0u8; 1024];
         let n = s.read(&mut buf).unwrap();
         assert!(String::from_utf8_lossy(&buf[..n]).starts_with("HTTP/1.1 200"));
-        write!(s, "GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").unwrap();
+        // One write: the proxy answers after the first byte.
+        s.write_all(format!("GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n\r\n").as_bytes())
+            .unwrap();
         let mut rest = Vec::new();
         let _ = s.read_to_end(&mut rest);
         let text = String::from_utf8_lossy(&rest);
