@@ -29,6 +29,23 @@ pub fn ingest_outputs(
     let mut tree = Tree::default();
     for rel in outputs {
         let host = scratch.join(rel);
+        // Ingest runs on the host: a parent the build replaced with a
+        // symlink would lead it out of the scratch (to `/etc`, say).
+        let comps: Vec<&str> = rel.split('/').collect();
+        for i in 1..comps.len() {
+            let parent = comps[..i].join("/");
+            let is_dir = fs::symlink_metadata(scratch.join(&parent))
+                .map(|m| m.is_dir())
+                .unwrap_or(false);
+            if !is_dir {
+                return Err(Error::BadOutput {
+                    path: rel.clone(),
+                    reason: format!(
+                        "lies under {parent}, which is not a directory (a symlink is not followed)"
+                    ),
+                });
+            }
+        }
         let meta = fs::symlink_metadata(&host).map_err(|_| Error::BadOutput {
             path: rel.clone(),
             reason: "declared in [outputs] but the build did not create it".into(),
