@@ -453,7 +453,8 @@ pub fn check_read_set(store: &LocalStore, view: &Digest, rs: &ReadSet) -> Result
         )));
     }
     for e in &rs.entries {
-        let found = castore::walk::lookup(store, view, e.map_path()).ok();
+        // Read-set paths escape odd bytes as the compose map does; resolve the real ones.
+        let found = castore::walk::lookup_bytes(store, view, &e.raw_path()).ok();
         let consistent = match (&found, e.digest) {
             (None, None) => true,
             (Some(n), Some(d)) => match n {

@@ -681,3 +681,30 @@ fn keep_failed_keeps_the_scratch_and_says_where() {
         "the view stayed mounted"
     );
 }
+
+#[test]
+fn names_with_percent_and_non_utf8_bytes_are_not_false_violations() {
+    use std::os::unix::ffi::OsStrExt;
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let odd = t.path().join("odd");
+    fs::create_dir_all(odd.join("data")).unwrap();
+    fs::write(odd.join("data/100%.txt"), b"percent").unwrap();
+    fs::write(
+        odd.join("data")
+            .join(std::ffi::OsStr::from_bytes(b"caf\xe9")),
+        b"latin1",
+    )
+    .unwrap();
+    let odd = import(&store, &odd);
+    let action = write_action(
+        t.path(),
+        "odd.toml",
+        &format!(
+            "[inputs]\nclosure = [\"{bb}\", \"{odd}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"cat /data/100%.txt /data/caf*\"]\n"
+        ),
+    );
+    let (o, _) = build(&store, &action);
+    assert!(o.status.success(), "{}", text(&o));
+}
