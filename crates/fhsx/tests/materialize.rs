@@ -248,6 +248,18 @@ fn fast_tree_equals_store_export_and_is_read_only() {
 
     // `--check` of an untouched tree is clean.
     ok(fhsx(&store).args(["materialize", "--check"]).arg(&dest));
+
+    // A shared inode loosened through a tree (chmod 0644 on DEST, so on the
+    // store blob) is tightened again by the next materialization, not handed on.
+    let ex = dest.join("usr/share/doc/tool/example.sh");
+    fs::set_permissions(&ex, fs::Permissions::from_mode(0o644)).unwrap();
+    let dest3 = w.path().join("fast3");
+    materialize_json(&store, &view, &dest3, &[]);
+    let m3 = fs::metadata(dest3.join("usr/share/doc/tool/example.sh")).unwrap();
+    assert_eq!(m3.mode() & 0o7777, 0o444);
+    let blob = blob_path(&store, &view, "usr/share/doc/tool/example.sh");
+    assert_eq!(fs::metadata(blob).unwrap().mode() & 0o7777, 0o444);
+    ok(fhsx(&store).args(["materialize", "--check"]).arg(&dest3));
 }
 
 /// Must hold: writes through DEST fail — for a non-root user outright (EACCES),

@@ -472,7 +472,11 @@ impl<'s> Ctx<'s> {
         if let Some(src) = &shareable {
             if self.links.load(Ordering::Relaxed) {
                 match fs::hard_link(src, at) {
-                    Ok(()) => return Ok(Placed::Linked),
+                    Ok(()) => {
+                        if self.linked_mode_ok(at, exec) {
+                            return Ok(Placed::Linked);
+                        }
+                    }
                     Err(e) => match e.raw_os_error() {
                         Some(libc::EXDEV) | Some(libc::EPERM) => {
                             self.links.store(false, Ordering::Relaxed)
@@ -521,6 +525,21 @@ impl<'s> Ctx<'s> {
         dst.set_permissions(fs::Permissions::from_mode(mode))
             .map_err(io("chmod", at))?;
         Ok(how)
+    }
+
+    /// A hard link shares the blob's inode, mode included: if someone
+    /// loosened it (a `chmod` through an earlier tree), put the store's mode
+    /// back rather than hand it on; if that is not allowed, drop the link
+    /// (false) and let the caller copy.
+    fn linked_mode_ok(&self, at: &Path, exec: bool) -> bool {
+        let want = if exec { EXEC_MODE } else { FILE_MODE };
+        match fs::symlink_metadata(at) {
+            Ok(m) if m.mode() & 0o7777 == want => true,
+            _ => {
+                fs::set_permissions(at, fs::Permissions::from_mode(want)).is_ok()
+                    || fs::remove_file(at).is_err()
+            }
+        }
     }
 
     /// The executable twin of blob `d`, made (verified) if absent. None if
