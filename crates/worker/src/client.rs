@@ -308,6 +308,17 @@ impl Client {
         Ok((mb, md))
     }
 
+    /// `findMissing` of one blob digest given as raw bytes (for tests of
+    /// hostile input).
+    pub fn find_missing_raw_digest(&self, digest: &[u8]) -> Result<(), Error> {
+        self.run(async {
+            let mut req = self.cas.find_missing_request();
+            raw_list(req.get().init_blobs(1), &[digest]);
+            req.send().promise.await?;
+            Ok(())
+        })
+    }
+
     /// `putBlobs` with digests as given (for tests of hostile input).
     pub fn put_blobs_raw(&self, blobs: &[(&[u8], &[u8])]) -> Result<(), Error> {
         self.run(async {
@@ -381,6 +392,42 @@ impl Client {
         Ok(bytes)
     }
 
+    /// Send `Executor.build` as given — any protocol number, the action's
+    /// text unchecked, log discarded — and return the worker's answer: the
+    /// record digest, or its failure. For tests of what a worker refuses.
+    pub fn build_raw(
+        &self,
+        protocol: u32,
+        action: &str,
+        lock: &[u8],
+    ) -> Result<Result<Digest, (ExitClass, String)>, Error> {
+        let sink: log_sink::Client = capnp_rpc::new_client(LogSinkImpl(Rc::new(RefCell::new(
+            Box::new(std::io::sink()),
+        ))));
+        self.run(async {
+            let mut req = self.executor.build_request();
+            {
+                let mut p = req.get();
+                p.set_protocol(protocol);
+                p.set_action(action);
+                p.set_lock(lock);
+                p.set_log_sink(sink);
+            }
+            let r = req.send().promise.await?;
+            let r = r.get()?;
+            if r.has_failure() {
+                let f = r.get_failure()?;
+                let class = match f.get_class() {
+                    Ok(WireClass::Usage) => ExitClass::Usage,
+                    Ok(WireClass::Integrity) => ExitClass::Integrity,
+                    _ => ExitClass::BuildFailed,
+                };
+                return Ok(Err((class, f.get_message()?.to_string()?)));
+            }
+            Ok(Ok(crate::digest_from(r.get_record_digest()?)?))
+        })
+    }
+
     /// Upload every object of the trees at `roots` (and the `blobs`) the
     /// worker lacks.
     pub fn upload(
@@ -441,7 +488,9 @@ impl Client {
                 big.push((*d, size));
                 continue;
             }
-            if batch_bytes + size as usize > BATCH_BYTES && !small.last().is_some_and(|b| b.is_empty()) {
+            if batch_bytes + size as usize > BATCH_BYTES
+                && !small.last().is_some_and(|b| b.is_empty())
+            {
                 small.push(Vec::new());
                 batch_bytes = 0;
             }
@@ -597,10 +646,7 @@ impl Client {
         if !trust.is_empty() && !trust.iter().any(|k| k.trim() == self.public_key) {
             return Err(Error::BadRecord {
                 endpoint: self.endpoint.clone(),
-                reason: format!(
-                    "the worker's key {} is not in --trust",
-                    self.public_key
-                ),
+                reason: format!("the worker's key {} is not in --trust", self.public_key),
             });
         }
         let (lock, lock_blobs) = match (&action.network.mode, action.lock_path(action_file)) {
@@ -609,9 +655,8 @@ impl Client {
                     Error::Usage(format!("reading the fetch lock {}: {e}", p.display()))
                 })?;
                 let text = String::from_utf8_lossy(&bytes);
-                let l = fetch_proxy::Lock::parse(&text).map_err(|e| {
-                    Error::Usage(format!("the fetch lock {}: {e}", p.display()))
-                })?;
+                let l = fetch_proxy::Lock::parse(&text)
+                    .map_err(|e| Error::Usage(format!("the fetch lock {}: {e}", p.display())))?;
                 let blobs: Vec<Digest> = l.entries().map(|e| e.blake3).collect();
                 (bytes, blobs)
             }
@@ -630,8 +675,7 @@ impl Client {
         }
         let uploaded = self.upload(store, &roots, &lock_blobs)?;
 
-        let sink: log_sink::Client =
-            capnp_rpc::new_client(LogSinkImpl(Rc::new(RefCell::new(log))));
+        let sink: log_sink::Client = capnp_rpc::new_client(LogSinkImpl(Rc::new(RefCell::new(log))));
         let reply = self.run(async {
             let mut req = self.executor.build_request();
             {
@@ -684,7 +728,10 @@ impl Client {
             let mut dirs = Vec::new();
             let mut blobs = Vec::new();
             let mut seen = HashSet::new();
-            for root in [rec.output_digest, Some(rec.view_digest)].into_iter().flatten() {
+            for root in [rec.output_digest, Some(rec.view_digest)]
+                .into_iter()
+                .flatten()
+            {
                 self.fetch_tree(store, root, &mut dirs, &mut blobs, &mut seen)
                     .await?;
             }

@@ -146,11 +146,7 @@ impl Shared {
 
 /// Run the worker until SIGTERM or SIGINT. `ready` is called once with the
 /// address actually bound (useful with port 0) before the first accept.
-pub fn serve(
-    config: WorkerConfig,
-    listen: Listen,
-    ready: impl FnOnce(&str),
-) -> Result<(), Error> {
+pub fn serve(config: WorkerConfig, listen: Listen, ready: impl FnOnce(&str)) -> Result<(), Error> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -177,10 +173,12 @@ async fn serve_async(
     // A killed predecessor may have left a view mounted: detach it.
     let _ = castore_fuse::cleanup_stale_mounts(&castore_fuse::default_registry());
     let exec = FhsExecutor::open(config.store.clone())?;
-    let io = |what: &'static str, ep: String| move |source| Error::Io {
-        what,
-        endpoint: ep,
-        source,
+    let io = |what: &'static str, ep: String| {
+        move |source| Error::Io {
+            what,
+            endpoint: ep,
+            source,
+        }
     };
     let listener = match &listen {
         Listen::Tcp(a) => Listener::Tcp(
@@ -427,11 +425,9 @@ impl executor::Server for ExecutorImpl {
         _: executor::CasParams,
         mut results: executor::CasResults,
     ) -> Result<(), capnp::Error> {
-        results
-            .get()
-            .set_cas(capnp_rpc::new_client(CasImpl {
-                shared: self.shared.clone(),
-            }));
+        results.get().set_cas(capnp_rpc::new_client(CasImpl {
+            shared: self.shared.clone(),
+        }));
         Ok(())
     }
 
@@ -469,7 +465,9 @@ impl executor::Server for ExecutorImpl {
         }
         let sh = self.shared.clone();
         if sh.shutting_down.get() {
-            return Err(fail("the worker is shutting down: send the build elsewhere"));
+            return Err(fail(
+                "the worker is shutting down: send the build elsewhere",
+            ));
         }
         let text = p.get_action()?.to_str()?.to_owned();
         let lock = p.get_lock()?.to_vec();
@@ -502,14 +500,19 @@ impl executor::Server for ExecutorImpl {
         let permit = sh.slots.clone().acquire_owned().await;
         sh.counters.queued.fetch_sub(1, Ordering::SeqCst);
         let Ok(permit) = permit else {
-            return Err(fail("the worker is shutting down: send the build elsewhere"));
+            return Err(fail(
+                "the worker is shutting down: send the build elsewhere",
+            ));
         };
         let cancel = Arc::new(AtomicBool::new(false));
         let mut guard = CancelOnDrop(cancel.clone(), false);
         let id = sh.next_build.get();
         sh.next_build.set(id + 1);
         {
-            let mut m = sh.running.lock().map_err(|_| fail("worker state poisoned"))?;
+            let mut m = sh
+                .running
+                .lock()
+                .map_err(|_| fail("worker state poisoned"))?;
             m.insert(id, cancel.clone());
             sh.counters
                 .max_running
@@ -676,7 +679,9 @@ fn check_children(
                     Some(_) => {}
                 }
             }
-            Node::File { digest: d, size, .. } => {
+            Node::File {
+                digest: d, size, ..
+            } => {
                 let p = store.object_path(ObjectKind::Blob, d);
                 match std::fs::metadata(&p) {
                     Ok(m) if m.len() == *size => {}
@@ -698,8 +703,8 @@ impl CasImpl {
     async fn put_dirs(&self, encoded: Vec<Vec<u8>>) -> Result<Vec<Digest>, capnp::Error> {
         let mut decoded = Vec::with_capacity(encoded.len());
         for bytes in &encoded {
-            let dir = Directory::decode(bytes)
-                .map_err(|e| fail(format!("directory refused: {e}")))?;
+            let dir =
+                Directory::decode(bytes).map_err(|e| fail(format!("directory refused: {e}")))?;
             decoded.push((Digest::of(bytes), dir));
         }
         let digests: Vec<Digest> = decoded.iter().map(|(d, _)| *d).collect();
@@ -800,17 +805,15 @@ impl cas::Server for CasImpl {
             }
             txn.commit().map_err(|e| e.to_string())
         });
-        results
-            .get()
-            .set_upload(capnp_rpc::new_client(UploadImpl {
-                shared: self.shared.clone(),
-                digest,
-                size,
-                received: Cell::new(0),
-                tx: RefCell::new(Some(tx)),
-                writer: RefCell::new(Some(writer)),
-                claim: RefCell::new(Some(claim)),
-            }));
+        results.get().set_upload(capnp_rpc::new_client(UploadImpl {
+            shared: self.shared.clone(),
+            digest,
+            size,
+            received: Cell::new(0),
+            tx: RefCell::new(Some(tx)),
+            writer: RefCell::new(Some(writer)),
+            claim: RefCell::new(Some(claim)),
+        }));
         Ok(())
     }
 
@@ -960,7 +963,11 @@ impl cas::Server for CasImpl {
         mut results: cas::GetDirectoryResults,
     ) -> Result<(), capnp::Error> {
         let digest = digest_from(params.get()?.get_digest()?)?;
-        let dir = self.shared.store.get_directory(&digest).map_err(store_err)?;
+        let dir = self
+            .shared
+            .store
+            .get_directory(&digest)
+            .map_err(store_err)?;
         results.get().set_directory(&dir.encode());
         Ok(())
     }

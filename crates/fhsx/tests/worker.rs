@@ -1,0 +1,735 @@
+//! `fhsx worker` and `fhsx build --remote`: real worker processes on
+//! loopback, real builds (busybox-static and the hello toolchain, real
+//! Debian packages fetched by examples/hello/fetch-inputs.sh).
+
+use std::collections::HashSet;
+use std::fs;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use castore::store::{DirectoryStore, LocalStore};
+use castore::{Digest, Node};
+use worker::client::Client;
+use worker::Endpoint;
+
+fn fhsx(store: &Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_fhsx"));
+    c.arg("--store").arg(store);
+    if let Some(parent) = store.parent() {
+        c.env("TMPDIR", parent);
+    }
+    c
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+fn repo() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
+fn inputs() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hello-inputs");
+        let o = Command::new(repo().join("examples/hello/fetch-inputs.sh"))
+            .arg(&dir)
+            .output()
+            .expect("run examples/hello/fetch-inputs.sh");
+        assert!(
+            o.status.success(),
+            "fetching the example's Debian packages failed (needs apt-get and `apt-get update`): {}",
+            text(&o)
+        );
+        dir
+    })
+}
+
+fn import(store: &Path, p: &Path) -> String {
+    let o = fhsx(store)
+        .args(["store", "import"])
+        .arg(p)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "import {}: {}", p.display(), text(&o));
+    String::from_utf8_lossy(&o.stdout)
+        .split('\t')
+        .next()
+        .unwrap()
+        .to_owned()
+}
+
+fn busybox(store: &Path) -> String {
+    let deb = fs::read_dir(inputs().join("fetch-debs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.to_string_lossy().contains("busybox-static"))
+        .expect("busybox-static .deb");
+    import(store, &deb)
+}
+
+fn sh_action(dir: &Path, name: &str, closure: &str, script: &str) -> PathBuf {
+    let p = dir.join(name);
+    fs::write(
+        &p,
+        format!(
+            "[inputs]\nclosure = [\"{closure}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {script:?}]\ntimeout = \"300s\"\n"
+        ),
+    )
+    .unwrap();
+    p
+}
+
+/// A worker process; killed (SIGKILL) when dropped if still running.
+struct Worker {
+    child: Child,
+    addr: String,
+    store: PathBuf,
+}
+
+impl Worker {
+    fn start(store: &Path, tmp: &Path, jobs: usize, extra: &[&str]) -> Worker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fhsx"))
+            .arg("--store")
+            .arg(store)
+            .args(["worker", "--listen", "127.0.0.1:0", "--jobs"])
+            .arg(jobs.to_string())
+            .args(extra)
+            .env("TMPDIR", tmp)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split_whitespace()
+            .nth(4)
+            .unwrap_or_else(|| panic!("worker did not say where it listens: {line:?}"))
+            .to_owned();
+        Worker {
+            child,
+            addr,
+            store: store.to_path_buf(),
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::connect(&Endpoint::parse(&self.addr)).unwrap()
+    }
+
+    fn signal(&self, sig: i32) {
+        // Our own child, by its pid.
+        unsafe { libc::kill(self.child.id() as i32, sig) };
+    }
+
+    /// Poll the worker's stats until `f` holds.
+    fn wait_for(&self, what: &str, f: impl Fn(&worker::client::Stats) -> bool) {
+        let c = self.client();
+        let end = Instant::now() + Duration::from_secs(60);
+        loop {
+            let s = c.stats().unwrap();
+            if f(&s) {
+                return;
+            }
+            assert!(Instant::now() < end, "timed out waiting for {what}: {s:?}");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn remote(client_store: &Path, w: &Worker, action: &Path, json: bool) -> Command {
+    let mut c = fhsx(client_store);
+    if json {
+        c.arg("--json");
+    }
+    c.args(["build", "--remote", &w.addr]).arg(action);
+    c
+}
+
+/// Every directory and blob digest of the trees at `roots`.
+fn tree_objects(store: &Path, roots: &[Digest]) -> (HashSet<Digest>, HashSet<Digest>) {
+    let s = LocalStore::open(store).unwrap();
+    let (mut dirs, mut blobs) = (HashSet::new(), HashSet::new());
+    let mut stack = roots.to_vec();
+    while let Some(d) = stack.pop() {
+        if !dirs.insert(d) {
+            continue;
+        }
+        for (_, n) in s.get_directory(&d).unwrap().entries() {
+            match n {
+                Node::Directory { digest, .. } => stack.push(*digest),
+                Node::File { digest, .. } => {
+                    blobs.insert(*digest);
+                }
+                Node::Symlink { .. } => {}
+            }
+        }
+    }
+    (dirs, blobs)
+}
+
+fn store_verifies(store: &Path) {
+    let o = fhsx(store).args(["store", "verify"]).output().unwrap();
+    assert!(o.status.success(), "store verify: {}", text(&o));
+}
+
+fn no_mounts_under(dir: &Path) {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let d = dir.to_string_lossy();
+    assert!(
+        !mounts.contains(d.as_ref()),
+        "a mount is left under {d}:\n{mounts}"
+    );
+}
+
+fn running(marker: &str) -> bool {
+    let ps = Command::new("ps").args(["-eo", "args"]).output().unwrap();
+    String::from_utf8_lossy(&ps.stdout)
+        .lines()
+        .any(|l| l.contains(marker))
+}
+
+fn wait_gone(marker: &str) {
+    let end = Instant::now() + Duration::from_secs(30);
+    while running(marker) {
+        assert!(Instant::now() < end, "{marker:?} still running");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// A remote build gives the local build's output and read set; the record
+/// verifies in the client's store; a second remote build uploads nothing;
+/// the log streams to the caller.
+#[test]
+fn remote_busybox_build_matches_local() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("client-store");
+    let ws = t.path().join("worker-store");
+    let bb = busybox(&cs);
+    let action = sh_action(
+        t.path(),
+        "a.toml",
+        &bb,
+        "echo streamed-line; busybox ls /usr/bin > $out/ls; echo done > $out/f",
+    );
+    let w = Worker::start(&ws, t.path(), 2, &[]);
+    let o = remote(&cs, &w, &action, true).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(r["remote"]["uploaded"]["blobs"].as_u64().unwrap() > 0);
+    let local = fhsx(&cs)
+        .args(["--json", "build"])
+        .arg(&action)
+        .output()
+        .unwrap();
+    assert!(local.status.success(), "{}", text(&local));
+    let l: serde_json::Value = serde_json::from_slice(&local.stdout).unwrap();
+    assert_eq!(r["output"], l["output"]);
+    assert_eq!(r["read_set"], l["read_set"]);
+    assert_eq!(r["action"], l["action"]);
+    assert_ne!(r["record"], l["record"], "signed by two different keys");
+    // The downloaded record verifies locally (signature and every digest).
+    let v = fhsx(&cs)
+        .args(["record", "verify", r["record"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    assert!(v.status.success(), "{}", text(&v));
+    // The log streams live to stderr; nothing is uploaded twice.
+    let o2 = remote(&cs, &w, &action, false).output().unwrap();
+    assert!(o2.status.success(), "{}", text(&o2));
+    let out = text(&o2);
+    assert!(out.contains("streamed-line"), "{out}");
+    assert!(
+        out.contains("uploaded 0 blobs (0 bytes), 0 directories"),
+        "{out}"
+    );
+    // --trust: the worker's key passes, another is refused (exit 3).
+    let key = r["remote"]["worker_key"].as_str().unwrap();
+    let ok = fhsx(&cs)
+        .args(["build", "--remote", &w.addr, "--trust", key])
+        .arg(&action)
+        .output()
+        .unwrap();
+    assert!(ok.status.success(), "{}", text(&ok));
+    let other = format!("ed25519:{}", "11".repeat(32));
+    let bad = fhsx(&cs)
+        .args(["build", "--remote", &w.addr, "--trust", &other])
+        .arg(&action)
+        .output()
+        .unwrap();
+    assert_eq!(bad.status.code(), Some(3), "{}", text(&bad));
+    assert!(text(&bad).contains("not in --trust"), "{}", text(&bad));
+    store_verifies(&ws);
+    store_verifies(&cs);
+}
+
+/// The hello example, remote and local: same output, same read set.
+#[test]
+fn remote_hello_build_matches_local() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("client-store");
+    let ws = t.path().join("worker-store");
+    let mut files: Vec<_> = fs::read_dir(inputs().join("debs"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .collect();
+    files.sort();
+    let o = fhsx(&cs)
+        .args(["--json", "store", "import"])
+        .args(&files)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let tc: Vec<String> = v
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| format!("\"{}\"", e["root"].as_str().unwrap()))
+        .collect();
+    let src = import(&cs, &inputs().join("src/hello_2.10.orig.tar.gz"));
+    let action = t.path().join("hello.toml");
+    fs::write(
+        &action,
+        format!(
+            r#"[inputs]
+toolchain = [{}]
+source = "{src}"
+[run]
+command = ["/bin/sh", "-c", "cd hello-2.10 && ./configure --prefix=/usr && make -j2 && make install DESTDIR=$out"]
+workdir = "/build/src"
+timeout = "15m"
+"#,
+            tc.join(", ")
+        ),
+    )
+    .unwrap();
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    let o = remote(&cs, &w, &action, true).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    let local = fhsx(&cs)
+        .args(["--json", "build"])
+        .arg(&action)
+        .output()
+        .unwrap();
+    assert!(local.status.success(), "{}", text(&local));
+    let l: serde_json::Value = serde_json::from_slice(&local.stdout).unwrap();
+    assert_eq!(r["output"], l["output"], "remote and local hello differ");
+    assert_eq!(r["read_set"], l["read_set"]);
+    // The output tree was downloaded: it exports and runs.
+    let out = t.path().join("out");
+    let e = fhsx(&cs)
+        .args(["store", "export", r["output"].as_str().unwrap()])
+        .arg(&out)
+        .output()
+        .unwrap();
+    assert!(e.status.success(), "{}", text(&e));
+    let hello = Command::new(out.join("out/usr/bin/hello"))
+        .output()
+        .unwrap();
+    assert_eq!(hello.stdout, b"Hello, world!\n");
+}
+
+/// (start, end) uptimes a timing action printed to its log.
+fn intervals(log: &str) -> Vec<(f64, f64)> {
+    log.lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("INTERVAL ")?;
+            let mut it = rest.split_whitespace();
+            Some((it.next()?.parse().ok()?, it.next()?.parse().ok()?))
+        })
+        .collect()
+}
+
+fn max_overlap(iv: &[(f64, f64)]) -> usize {
+    iv.iter()
+        .map(|(s, _)| iv.iter().filter(|(a, b)| a <= s && s < b).count())
+        .max()
+        .unwrap_or(0)
+}
+
+/// Two workers (2 slots each), three clients each sending three actions at
+/// once: all complete, no worker runs more than 2 at a time (seen both by
+/// the builds' own clocks and the worker's counter), and each worker
+/// receives the shared closure exactly once.
+#[test]
+fn two_workers_many_clients_stay_within_jobs_and_upload_once() {
+    let t = tempfile::tempdir().unwrap();
+    let bb = busybox(&t.path().join("seed"));
+    let (dirs, blobs) = tree_objects(&t.path().join("seed"), &[bb.parse().unwrap()]);
+    let workers: Vec<Worker> = (0..2)
+        .map(|i| Worker::start(&t.path().join(format!("w{i}")), t.path(), 2, &[]))
+        .collect();
+    let mut clients = Vec::new();
+    for (wi, w) in workers.iter().enumerate() {
+        for ci in 0..3 {
+            let cs = t.path().join(format!("c{wi}-{ci}"));
+            fs::create_dir_all(&cs).unwrap();
+            busybox(&cs);
+            for ai in 0..3 {
+                // Distinct actions (the script differs), each ~1 s long.
+                let a = sh_action(
+                    &cs,
+                    &format!("a{ai}.toml"),
+                    &bb,
+                    &format!(
+                        "s=$(busybox cut -d' ' -f1 /proc/uptime); busybox sleep 1; e=$(busybox cut -d' ' -f1 /proc/uptime); echo \"INTERVAL $s $e\"; echo {wi}-{ci}-{ai} > $out/id"
+                    ),
+                );
+                let child = remote(&cs, w, &a, false)
+                    .stdout(Stdio::piped())
+                    .stderr(Stdio::piped())
+                    .spawn()
+                    .unwrap();
+                clients.push((wi, child));
+            }
+        }
+    }
+    let mut per_worker: Vec<Vec<(f64, f64)>> = vec![Vec::new(), Vec::new()];
+    for (wi, c) in clients {
+        let o = c.wait_with_output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let iv = intervals(&text(&o));
+        assert_eq!(iv.len(), 1, "{}", text(&o));
+        per_worker[wi].extend(iv);
+    }
+    for (wi, w) in workers.iter().enumerate() {
+        let iv = &per_worker[wi];
+        assert_eq!(iv.len(), 9);
+        let overlap = max_overlap(iv);
+        assert!(
+            overlap <= 2,
+            "worker {wi} ran {overlap} builds at once: {iv:?}"
+        );
+        let s = w.client().stats().unwrap();
+        assert_eq!(s.builds_started, 9, "{s:?}");
+        assert!(s.max_concurrent_builds <= 2, "{s:?}");
+        assert_eq!(
+            s.blobs_written,
+            blobs.len() as u64,
+            "worker {wi} stored the closure's blobs more than once: {s:?}"
+        );
+        assert_eq!(s.directories_written, dirs.len() as u64, "{s:?}");
+        assert_eq!(s.blob_bytes_written, s.bytes_received, "{s:?}");
+        store_verifies(&w.store);
+    }
+}
+
+/// `kill -9` of a worker mid-build: the client fails saying the worker went
+/// away; a restarted worker detaches the dead run's view, its store
+/// verifies clean, no process of the build is left.
+#[test]
+fn killed_worker_fails_the_client_and_restarts_clean() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("cs");
+    let ws = t.path().join("ws");
+    let bb = busybox(&cs);
+    let marker = "busybox sleep 311";
+    let a = sh_action(t.path(), "a.toml", &bb, &format!("echo started; {marker}"));
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    let client = remote(&cs, &w, &a, false)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    w.wait_for("the build to start", |s| s.builds_running == 1);
+    let end = Instant::now() + Duration::from_secs(30);
+    while !running(marker) {
+        assert!(Instant::now() < end, "the build never started its sleep");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    w.signal(libc::SIGKILL);
+    let o = client.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    let msg = text(&o);
+    assert!(
+        msg.contains("worker went away") && msg.contains(&w.addr),
+        "unclear client error: {msg}"
+    );
+    drop(w);
+    wait_gone(marker);
+    let w2 = Worker::start(&ws, t.path(), 1, &[]);
+    no_mounts_under(t.path());
+    store_verifies(&ws);
+    // And it serves: the same store, a fresh build.
+    let ok = sh_action(t.path(), "ok.toml", &bb, "echo fine > $out/f");
+    let o = remote(&cs, &w2, &ok, true).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// A client that goes away cancels its build: the sandbox is torn down,
+/// the view unmounted, the slot freed.
+#[test]
+fn client_disconnect_cancels_its_build() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("cs");
+    let ws = t.path().join("ws");
+    let bb = busybox(&cs);
+    let marker = "busybox sleep 312";
+    let a = sh_action(
+        t.path(),
+        "a.toml",
+        &bb,
+        &format!("trap '' TERM; {marker} & {marker}"),
+    );
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    let mut client = remote(&cs, &w, &a, false)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    w.wait_for("the build to start", |s| s.builds_running == 1);
+    let end = Instant::now() + Duration::from_secs(30);
+    while !running(marker) {
+        assert!(Instant::now() < end, "the build never started its sleep");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    client.kill().unwrap();
+    client.wait().unwrap();
+    w.wait_for("the build to be cancelled", |s| s.builds_running == 0);
+    wait_gone(marker);
+    no_mounts_under(t.path());
+    let left: Vec<_> = fs::read_dir(t.path())
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            let n = e.file_name().to_string_lossy().into_owned();
+            n.starts_with("fhsx-build-") || n.starts_with("fhsx-remote-")
+        })
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "scratch left behind: {left:?}");
+    // The slot is free again.
+    let ok = sh_action(t.path(), "ok.toml", &bb, "echo fine > $out/f");
+    let o = remote(&cs, &w, &ok, true).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}
+
+/// SIGTERM: no new connections, a short build finishes, a long one is
+/// cancelled at the deadline, the worker exits 0 and leaves nothing.
+#[test]
+fn sigterm_drains_then_cancels() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("cs");
+    let ws = t.path().join("ws");
+    let bb = busybox(&cs);
+    let marker = "busybox sleep 313";
+    let short = sh_action(t.path(), "s.toml", &bb, "busybox sleep 2; echo ok > $out/f");
+    let long = sh_action(t.path(), "l.toml", &bb, marker);
+    let mut w = Worker::start(&ws, t.path(), 2, &["--shutdown-grace", "4s"]);
+    let spawn = |a: &Path| {
+        remote(&cs, &w, a, false)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let cs_short = spawn(&short);
+    let cs_long = spawn(&long);
+    w.wait_for("both builds to start", |s| s.builds_running == 2);
+    w.signal(libc::SIGTERM);
+    let o = cs_short.wait_with_output().unwrap();
+    assert!(
+        o.status.success(),
+        "the short build should finish: {}",
+        text(&o)
+    );
+    let o = cs_long.wait_with_output().unwrap();
+    assert!(!o.status.success());
+    assert!(text(&o).contains("cancelled"), "{}", text(&o));
+    let status = w.child.wait().unwrap();
+    assert!(status.success(), "worker exit: {status:?}");
+    wait_gone(marker);
+    no_mounts_under(t.path());
+    store_verifies(&ws);
+}
+
+/// The worker ends the connection (after at most an Abort message).
+fn closed(s: &mut std::net::TcpStream, what: &str) {
+    let mut rest = Vec::new();
+    assert!(
+        s.read_to_end(&mut rest).is_ok(),
+        "{what}: the connection stayed open"
+    );
+}
+
+fn err<T>(r: Result<T, worker::Error>) -> String {
+    match r {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Every malformed input is refused with a clear error, the store keeps
+/// nothing of it, and the worker keeps serving.
+#[test]
+fn malformed_input_is_refused_and_the_worker_keeps_serving() {
+    let t = tempfile::tempdir().unwrap();
+    let ws = t.path().join("ws");
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    let c = w.client();
+    let data = b"some bytes".as_slice();
+    let right = Digest::of(data);
+    let wrong = Digest::of(b"other bytes");
+
+    // A blob whose bytes don't match its digest: batched and streamed.
+    let e = err(c.put_blobs_raw(&[(wrong.as_bytes(), data)]));
+    assert!(
+        e.contains("refused") && e.contains(&right.to_string()),
+        "{e}"
+    );
+    let e = err(c.put_blob_raw(wrong.as_bytes(), data.len() as u64, &[data]));
+    assert!(e.contains("hash to"), "{e}");
+    // Fewer and more bytes than announced.
+    let e = err(c.put_blob_raw(right.as_bytes(), 100, &[data]));
+    assert!(e.contains("announced"), "{e}");
+    let e = err(c.put_blob_raw(right.as_bytes(), 3, &[data]));
+    assert!(e.contains("announced"), "{e}");
+    // A digest that is not 32 bytes.
+    let e = err(c.put_blobs_raw(&[(b"short".as_slice(), data)]));
+    assert!(e.contains("32 bytes"), "{e}");
+    let e = err(c.find_missing_raw_digest(b"short"));
+    assert!(e.contains("32 bytes"), "{e}");
+    assert_eq!(c.find_missing(&[right, wrong], &[]).unwrap().0.len(), 2);
+
+    // Directories: garbage, non-canonical, missing children, wrong sizes.
+    let e = err(c.put_directory_raw(b"\xff\xff\xff"));
+    assert!(e.contains("invalid directory"), "{e}");
+    let mut d = castore::Directory::new();
+    d.insert(
+        castore::Name::new("f").unwrap(),
+        Node::File {
+            digest: right,
+            size: data.len() as u64,
+            executable: false,
+        },
+    )
+    .unwrap();
+    let e = err(c.put_directory_raw(&d.encode()));
+    assert!(
+        e.contains("does not have") && e.contains(&right.to_string()),
+        "{e}"
+    );
+    let mut nc = d.encode();
+    nc.extend_from_slice(&[0x20, 0x00]); // an explicit default: not canonical
+    let e = err(c.put_directory_raw(&nc));
+    assert!(e.contains("invalid directory"), "{e}");
+    let mut parent = castore::Directory::new();
+    parent
+        .insert(
+            castore::Name::new("sub").unwrap(),
+            Node::Directory {
+                digest: d.digest(),
+                size: 1,
+            },
+        )
+        .unwrap();
+    let e = err(c.put_directory_raw(&parent.encode()));
+    assert!(
+        e.contains("does not have") && e.contains(&d.digest().to_string()),
+        "{e}"
+    );
+    // With the blob and child present, a lying size is still refused.
+    assert!(c
+        .put_blob_raw(right.as_bytes(), data.len() as u64, &[data])
+        .unwrap());
+    let mut liar = castore::Directory::new();
+    liar.insert(
+        castore::Name::new("f").unwrap(),
+        Node::File {
+            digest: right,
+            size: 999,
+            executable: false,
+        },
+    )
+    .unwrap();
+    let e = err(c.put_directory_raw(&liar.encode()));
+    assert!(e.contains("999"), "{e}");
+    assert_eq!(c.put_directory_raw(&d.encode()).unwrap(), d.digest());
+    assert_eq!(
+        c.put_directory_raw(&parent.encode()).unwrap(),
+        parent.digest()
+    );
+
+    // Builds: an old client (protocol 0), a malformed action, record mode,
+    // a missing input.
+    let e = c.build_raw(0, "", b"").unwrap_err().to_string();
+    assert!(e.contains("protocol"), "{e}");
+    let (class, msg) = c
+        .build_raw(worker::PROTOCOL_VERSION, "[inputs\n", b"")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(class, executor_core::ExitClass::Usage, "{msg}");
+    let rec = format!(
+        "[inputs]\nclosure = [\"{}\"]\n[run]\ncommand = [\"x\"]\n[network]\nmode = \"record\"\nlock = \"fetch.lock\"\n",
+        parent.digest()
+    );
+    let (_, msg) = c
+        .build_raw(worker::PROTOCOL_VERSION, &rec, b"")
+        .unwrap()
+        .unwrap_err();
+    assert!(msg.contains("impure"), "{msg}");
+    let missing = format!(
+        "[inputs]\nclosure = [\"{}\"]\n[run]\ncommand = [\"x\"]\n",
+        Digest::of(b"absent")
+    );
+    let (class, msg) = c
+        .build_raw(worker::PROTOCOL_VERSION, &missing, b"")
+        .unwrap()
+        .unwrap_err();
+    assert_eq!(class, executor_core::ExitClass::Usage, "{msg}");
+    assert!(msg.contains("not in the store"), "{msg}");
+
+    // Oversized and malformed messages end only their own connection.
+    let addr = w.addr.clone();
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    // One segment of 2^28 words (2 GiB): above the reader's limit.
+    s.write_all(&[0, 0, 0, 0, 0, 0, 0, 0x10]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    closed(&mut s, "oversized message not refused");
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    s.write_all(&[0xff; 64]).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    closed(&mut s, "garbage not refused");
+    // A message nested past the limit: a deep chain of pointers.
+    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let words = 200u32;
+    let mut msg = Vec::new();
+    msg.extend_from_slice(&0u32.to_le_bytes());
+    msg.extend_from_slice(&words.to_le_bytes());
+    for _ in 0..words {
+        // A struct pointer with offset 0, 0 data words, 1 pointer: points
+        // at the next word, which is the same shape again.
+        msg.extend_from_slice(&[0, 0, 0, 0, 0, 0, 1, 0]);
+    }
+    s.write_all(&msg).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    closed(&mut s, "deep nesting not refused");
+
+    // Still serving, store consistent and without any refused object.
+    let c2 = w.client();
+    assert_eq!(c2.find_missing(&[wrong], &[]).unwrap().0, vec![wrong]);
+    assert_eq!(c2.get_blob(&right, 100).unwrap(), data);
+    store_verifies(&ws);
+}
