@@ -79,7 +79,8 @@ pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
 fn run_remote(g: &Globals, a: &BuildArgs, addr: &str) -> anyhow::Result<i32> {
     let store = open_store(g)?;
     let classify = |e: ::worker::Error| Classified(e.exit_class(), e.to_string());
-    let client = ::worker::client::Client::connect(&::worker::Endpoint::parse(addr)).map_err(classify)?;
+    let client =
+        ::worker::client::Client::connect(&::worker::Endpoint::parse(addr)).map_err(classify)?;
     let sink: Box<dyn std::io::Write> = if g.json && !std::io::stderr().is_terminal() {
         Box::new(std::io::sink())
     } else {

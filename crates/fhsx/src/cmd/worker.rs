@@ -5,9 +5,9 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ::worker::server::{Listen, WorkerConfig};
 use anyhow::Context;
 use clap::Args;
-use ::worker::server::{Listen, WorkerConfig};
 
 use super::store::open_store;
 use super::Globals;
@@ -16,7 +16,12 @@ use crate::exit::Classified;
 #[derive(Args, Debug)]
 pub struct WorkerArgs {
     /// TCP address to listen on (loopback unless you say otherwise; port 0 picks one).
-    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:7070", conflicts_with = "unix")]
+    #[arg(
+        long,
+        value_name = "ADDR",
+        default_value = "127.0.0.1:7070",
+        conflicts_with = "unix"
+    )]
     pub listen: SocketAddr,
     /// Listen on a UNIX socket instead.
     #[arg(long, value_name = "PATH")]
