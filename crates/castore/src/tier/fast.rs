@@ -868,3 +868,59 @@ impl Walker<'_> {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    fn tree(at: &Path) {
+        fs::create_dir_all(at.join("bin")).unwrap();
+        fs::write(at.join("bin/x"), b"same").unwrap();
+        fs::set_permissions(at.join("bin/x"), fs::Permissions::from_mode(0o755)).unwrap();
+        fs::write(at.join("doc"), b"same").unwrap();
+        std::os::unix::fs::symlink("bin/x", at.join("link")).unwrap();
+    }
+
+    #[test]
+    fn marker_sits_beside_dest() {
+        assert_eq!(
+            marker_path(Path::new("/opt/app")).unwrap(),
+            Path::new("/opt/app.fhsx-view")
+        );
+        assert_eq!(
+            marker_path(Path::new("app")).unwrap(),
+            Path::new("./app.fhsx-view")
+        );
+        assert!(marker_path(Path::new("/")).is_err());
+    }
+
+    #[test]
+    fn materialize_check_noop_and_tamper() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("store")).unwrap();
+        tree(&t.path().join("src"));
+        let root = crate::import::import_path(&store, &t.path().join("src"), &())
+            .unwrap()
+            .root;
+        let dest = t.path().join("out");
+        let r = materialize(&store, &root, &dest, &FastOptions::default(), &()).unwrap();
+        assert_eq!((r.files, r.linked, r.exec_twins_created), (2, 2, 1));
+        assert_eq!(read_marker(&dest).unwrap(), Some(root));
+        assert!(check(&store, &dest).unwrap().is_clean());
+        let again = materialize(&store, &root, &dest, &FastOptions::default(), &()).unwrap();
+        assert!(again.unchanged);
+        // Replace the symlink: --check names it; materializing repairs it.
+        fs::set_permissions(&dest, fs::Permissions::from_mode(0o755)).unwrap();
+        fs::remove_file(dest.join("link")).unwrap();
+        std::os::unix::fs::symlink("elsewhere", dest.join("link")).unwrap();
+        let c = check(&store, &dest).unwrap();
+        let paths: Vec<_> = c.problems.iter().map(|p| p.path.as_str()).collect();
+        assert_eq!(paths, ["", "link"]);
+        let fixed = materialize(&store, &root, &dest, &FastOptions::default(), &()).unwrap();
+        assert!(fixed.replaced);
+        assert!(check(&store, &dest).unwrap().is_clean());
+        remove_tree(&dest).unwrap();
+        assert!(!dest.exists());
+    }
+}
