@@ -70,7 +70,66 @@ impl Proof {
 #[derive(Debug)]
 pub struct Reaper {
     cgroup: Option<Cgroup>,
+    /// Where the run has no cgroup v2 with the pids controller but the host
+    /// mounts the cgroup v1 pids hierarchy: a per-run v1 pids cgroup, only
+    /// for `pids.max` (a fork bomb run as host root is otherwise bounded by
+    /// nothing: RLIMIT_NPROC exempts uid 0).
+    pids_v1: Option<PidsV1>,
     owned: Vec<(i32, OwnedFd)>,
+}
+
+/// A per-run cgroup v1 pids directory.
+#[derive(Debug)]
+struct PidsV1 {
+    dir: PathBuf,
+    procs: fs::File,
+}
+
+impl PidsV1 {
+    /// The v1 pids hierarchy's mount point and our cgroup in it.
+    fn base() -> Option<PathBuf> {
+        let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let (root, mount) = mounts.lines().find_map(|l| {
+            let f: Vec<&str> = l.split(' ').collect();
+            let sep = f.iter().position(|x| *x == "-")?;
+            let (fs_type, opts) = (f.get(sep + 1)?, f.get(sep + 3)?);
+            (*fs_type == "cgroup" && opts.split(',').any(|o| o == "pids"))
+                .then(|| (f[3].to_owned(), f[4].to_owned()))
+        })?;
+        let cg = fs::read_to_string("/proc/self/cgroup").ok()?;
+        let own = cg.lines().find_map(|l| {
+            let mut it = l.splitn(3, ':');
+            let (_, ctl, path) = (it.next()?, it.next()?, it.next()?);
+            ctl.split(',').any(|c| c == "pids").then(|| path.to_owned())
+        })?;
+        let rel = own.strip_prefix(root.as_str()).unwrap_or(&own);
+        Some(Path::new(&mount).join(rel.trim_start_matches('/')))
+    }
+
+    fn create(max: u64) -> Option<PidsV1> {
+        let base = Self::base()?;
+        remove_stale(&base);
+        let dir = base.join(format!(
+            "fhsx-run-{}-{}",
+            std::process::id(),
+            SEQ.fetch_add(1, Ordering::Relaxed)
+        ));
+        fs::create_dir(&dir).ok()?;
+        let set = fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("pids.max"))
+            .and_then(|mut f| f.write_all(max.to_string().as_bytes()));
+        let procs = fs::OpenOptions::new()
+            .write(true)
+            .open(dir.join("cgroup.procs"));
+        match (set, procs) {
+            (Ok(()), Ok(procs)) => Some(PidsV1 { dir, procs }),
+            _ => {
+                let _ = fs::remove_dir(&dir);
+                None
+            }
+        }
+    }
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -163,6 +222,7 @@ impl Reaper {
         };
         Reaper {
             cgroup,
+            pids_v1: None,
             owned: Vec::new(),
         }
     }
@@ -211,15 +271,26 @@ impl Reaper {
 
     /// Cap the run's process count by its cgroup (`pids.max`). False when
     /// the run has no cgroup or the pids controller is not enabled for it.
-    pub(crate) fn set_pids_max(&self, n: u64) -> bool {
-        let Some(cg) = &self.cgroup else {
-            return false;
-        };
-        fs::OpenOptions::new()
-            .write(true)
-            .open(cg.dir.join("pids.max"))
-            .and_then(|mut f| f.write_all(n.to_string().as_bytes()))
-            .is_ok()
+    /// Without that, a per-run cgroup v1 pids directory where the host
+    /// mounts that hierarchy (the child joins it by [`Self::join_pids_v1_fd`]).
+    pub(crate) fn set_pids_max(&mut self, n: u64) -> bool {
+        let v2 = self.cgroup.as_ref().is_some_and(|cg| {
+            fs::OpenOptions::new()
+                .write(true)
+                .open(cg.dir.join("pids.max"))
+                .and_then(|mut f| f.write_all(n.to_string().as_bytes()))
+                .is_ok()
+        });
+        if v2 {
+            return true;
+        }
+        self.pids_v1 = PidsV1::create(n);
+        self.pids_v1.is_some()
+    }
+
+    /// The v1 pids `cgroup.procs` fd a freshly forked child writes `0` to.
+    pub(crate) fn join_pids_v1_fd(&self) -> Option<RawFd> {
+        self.pids_v1.as_ref().map(|c| c.procs.as_raw_fd())
     }
 
     /// Register a child we forked ourselves, by its pidfd.
@@ -283,6 +354,11 @@ impl Reaper {
     /// After the run: kill what is left in the cgroup, wait until it is
     /// empty (bounded), remove it. Returns whether anything was left.
     pub fn finish(&mut self) -> bool {
+        if let Some(v1) = self.pids_v1.take() {
+            // Empty once the namespace is gone (rmdir fails until then).
+            drop(v1.procs);
+            remove_cgroup(&v1.dir);
+        }
         let Some(cg) = self.cgroup.take() else {
             return false;
         };

@@ -458,6 +458,7 @@ impl Runtime {
         let envp: [*const libc::c_char; 1] = [std::ptr::null()];
         let child_fds = ChildFds {
             join_cgroup: reaper.join_fd(),
+            join_pids_v1: reaper.join_pids_v1_fd(),
             stdin: in_hi.as_ref().map(|f| f.as_raw_fd()),
             stdout: out_hi.as_ref().map(|f| f.as_raw_fd()),
             stderr: err_hi.as_ref().map(|f| f.as_raw_fd()),
@@ -823,6 +824,8 @@ extern "C" fn child_entry(arg: *mut libc::c_void) -> ! {
 #[derive(Clone, Copy)]
 struct ChildFds {
     join_cgroup: Option<RawFd>,
+    /// A cgroup v1 pids `cgroup.procs` to join as well (see the reaper).
+    join_pids_v1: Option<RawFd>,
     stdin: Option<RawFd>,
     stdout: Option<RawFd>,
     stderr: Option<RawFd>,
@@ -846,7 +849,7 @@ unsafe fn exec_child(
     envp: &[*const libc::c_char],
 ) -> ! {
     unsafe {
-        if let Some(j) = fds.join_cgroup {
+        for j in [fds.join_cgroup, fds.join_pids_v1].into_iter().flatten() {
             if libc::write(j, b"0".as_ptr().cast(), 1) != 1 {
                 libc::_exit(126);
             }

@@ -717,7 +717,6 @@ fn exhaust(probe: &str, limits: &str, what: &str) {
 }
 
 #[test]
-#[ignore = "as host root on a cgroup-v1 host no pids limit binds yet (fix in progress)"]
 fn host_isolation_fork_bomb_is_stopped_by_limits_pids() {
     exhaust("forkbomb", "pids = 64", "a fork bomb");
 }
