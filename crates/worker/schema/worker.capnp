@@ -89,6 +89,17 @@ interface Cas {
 
   # A directory's canonical encoding.
   getDirectory @6 (digest :Data) -> (directory :Data);
+
+  # Reserve missing blobs before sending their bytes, so that clients
+  # uploading the same inputs at once send them once: `mine` are this
+  # client's to upload (reserved until uploaded or this client goes away);
+  # `others` are being uploaded by another client — wait with `awaitBlobs`.
+  # Blobs the store already has are in neither list.
+  claimBlobs @7 (digests :List(Data)) -> (mine :List(Data), others :List(Data));
+
+  # Wait until no other client is uploading these; returns those still
+  # missing (their uploader failed or went away): upload them yourself.
+  awaitBlobs @8 (digests :List(Data)) -> (missing :List(Data));
 }
 
 struct Blob {

@@ -466,12 +466,75 @@ impl Client {
         }
         let (missing_blobs, _) = self.find_missing(&candidate_blobs, &[])?;
         let mut t = Transfer::default();
+        // Reserve them first: a blob another client is sending right now is
+        // waited for, not sent twice.
+        let (mine, others) = self.claim_blobs(&missing_blobs)?;
+        self.send_blobs(store, &mine, &blob_sizes, &mut t)?;
+        let left = self.await_blobs(&others)?;
+        self.send_blobs(store, &left, &blob_sizes, &mut t)?;
 
-        // Blobs: big ones streamed, small ones batched; a few calls in flight.
+        // Directories, children before parents.
+        let order = post_order(roots, &missing_dirs);
+        t.directories = order.len() as u64;
+        self.run(async {
+            for chunk in order.chunks(BATCH_DIRS) {
+                let mut req = self.cas.put_directories_request();
+                let enc: Vec<Vec<u8>> = chunk
+                    .iter()
+                    .filter_map(|d| missing_dirs.get(d).map(|x| x.encode()))
+                    .collect();
+                let refs: Vec<&[u8]> = enc.iter().map(|e| e.as_slice()).collect();
+                raw_list(req.get().init_directories(refs.len() as u32), &refs);
+                req.send().promise.await?;
+            }
+            Ok(())
+        })?;
+        Ok(t)
+    }
+
+    fn claim_blobs(&self, blobs: &[Digest]) -> Result<(Vec<Digest>, Vec<Digest>), Error> {
+        self.run(async {
+            let (mut mine, mut others) = (Vec::new(), Vec::new());
+            for chunk in blobs.chunks(FIND_BATCH) {
+                let mut req = self.cas.claim_blobs_request();
+                let refs: Vec<&[u8]> = chunk.iter().map(|d| d.as_bytes().as_slice()).collect();
+                raw_list(req.get().init_digests(refs.len() as u32), &refs);
+                let r = req.send().promise.await?;
+                let r = r.get()?;
+                mine.extend(digests(r.get_mine()?)?);
+                others.extend(digests(r.get_others()?)?);
+            }
+            Ok((mine, others))
+        })
+    }
+
+    fn await_blobs(&self, blobs: &[Digest]) -> Result<Vec<Digest>, Error> {
+        self.run(async {
+            let mut missing = Vec::new();
+            for chunk in blobs.chunks(FIND_BATCH) {
+                let mut req = self.cas.await_blobs_request();
+                let refs: Vec<&[u8]> = chunk.iter().map(|d| d.as_bytes().as_slice()).collect();
+                raw_list(req.get().init_digests(refs.len() as u32), &refs);
+                let r = req.send().promise.await?;
+                missing.extend(digests(r.get()?.get_missing()?)?);
+            }
+            Ok(missing)
+        })
+    }
+
+    /// Send these blobs from `store`: big ones streamed, small ones batched,
+    /// a few calls in flight.
+    fn send_blobs(
+        &self,
+        store: &LocalStore,
+        blobs: &[Digest],
+        blob_sizes: &HashMap<Digest, u64>,
+        t: &mut Transfer,
+    ) -> Result<(), Error> {
         let mut small: Vec<Vec<Digest>> = vec![Vec::new()];
         let mut batch_bytes = 0usize;
         let mut big = Vec::new();
-        for d in &missing_blobs {
+        for d in blobs {
             let path = store.object_path(ObjectKind::Blob, d);
             let size = match blob_sizes.get(d) {
                 Some(s) => *s,
@@ -559,23 +622,7 @@ impl Client {
             Ok(())
         })?;
 
-        // Directories, children before parents.
-        let order = post_order(roots, &missing_dirs);
-        t.directories = order.len() as u64;
-        self.run(async {
-            for chunk in order.chunks(BATCH_DIRS) {
-                let mut req = self.cas.put_directories_request();
-                let enc: Vec<Vec<u8>> = chunk
-                    .iter()
-                    .filter_map(|d| missing_dirs.get(d).map(|x| x.encode()))
-                    .collect();
-                let refs: Vec<&[u8]> = enc.iter().map(|e| e.as_slice()).collect();
-                raw_list(req.get().init_directories(refs.len() as u32), &refs);
-                req.send().promise.await?;
-            }
-            Ok(())
-        })?;
-        Ok(t)
+        Ok(())
     }
 
     /// Download the tree at `root` into `store`: only directories and blobs

@@ -139,6 +139,32 @@ impl Shared {
         }
     }
 
+    /// Claim `key` if nobody holds it and the store lacks it; else whether
+    /// another writer holds it (`Err(true)`) or the store has it (`Err(false)`).
+    fn try_claim(self: &Rc<Self>, key: ClaimKey) -> Result<Claim, bool> {
+        if self.store.has(ObjectKind::Blob, &key.1) {
+            return Err(false);
+        }
+        if self.claims.borrow().contains_key(&key) {
+            return Err(true);
+        }
+        let (tx, rx) = watch::channel(false);
+        self.claims.borrow_mut().insert(key, rx);
+        Ok(Claim {
+            shared: self.clone(),
+            key,
+            done: tx,
+        })
+    }
+
+    /// Wait until nobody is writing `key`.
+    async fn settled(&self, key: ClaimKey) {
+        let waiting = self.claims.borrow().get(&key).cloned();
+        if let Some(mut rx) = waiting {
+            let _ = rx.wait_for(|d| *d).await;
+        }
+    }
+
     fn running_count(&self) -> usize {
         self.running.lock().map(|m| m.len()).unwrap_or(0)
     }
@@ -427,6 +453,7 @@ impl executor::Server for ExecutorImpl {
     ) -> Result<(), capnp::Error> {
         results.get().set_cas(capnp_rpc::new_client(CasImpl {
             shared: self.shared.clone(),
+            mine: RefCell::new(HashMap::new()),
         }));
         Ok(())
     }
@@ -558,6 +585,8 @@ impl executor::Server for ExecutorImpl {
 
 struct CasImpl {
     shared: Rc<Shared>,
+    /// Blobs this client reserved with `claimBlobs` and has not sent yet.
+    mine: RefCell<HashMap<Digest, Claim>>,
 }
 
 /// A blob being received in chunks, written by a blocking thread.
@@ -700,6 +729,16 @@ fn check_children(
 }
 
 impl CasImpl {
+    /// This client's reservation of blob `d`, or a fresh claim (waiting for
+    /// another writer); `None` once the store has it.
+    async fn claim_blob(&self, d: Digest) -> Option<Claim> {
+        let reserved = self.mine.borrow_mut().remove(&d);
+        match reserved {
+            Some(c) => Some(c),
+            None => self.shared.claim((true, d)).await,
+        }
+    }
+
     async fn put_dirs(&self, encoded: Vec<Vec<u8>>) -> Result<Vec<Digest>, capnp::Error> {
         let mut decoded = Vec::with_capacity(encoded.len());
         for bytes in &encoded {
@@ -780,7 +819,7 @@ impl cas::Server for CasImpl {
         let p = params.get()?;
         let digest = digest_from(p.get_digest()?)?;
         let size = p.get_size();
-        let Some(claim) = self.shared.claim((true, digest)).await else {
+        let Some(claim) = self.claim_blob(digest).await else {
             return Ok(()); // already there: no upload capability, send nothing
         };
         let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
@@ -856,7 +895,7 @@ impl cas::Server for CasImpl {
             if !seen.insert(d) {
                 continue;
             }
-            if let Some(c) = self.shared.claim((true, d)).await {
+            if let Some(c) = self.claim_blob(d).await {
                 claims.push(c);
                 todo.push(data);
             }
@@ -954,6 +993,59 @@ impl cas::Server for CasImpl {
         }
         reader.await.map_err(join_err)?;
         results.get().set_size(size);
+        Ok(())
+    }
+
+    async fn claim_blobs(
+        self: Rc<Self>,
+        params: cas::ClaimBlobsParams,
+        mut results: cas::ClaimBlobsResults,
+    ) -> Result<(), capnp::Error> {
+        let digests = data_list(params.get()?.get_digests()?)?;
+        let (mut mine, mut others) = (Vec::new(), Vec::new());
+        for d in digests {
+            if self.mine.borrow().contains_key(&d) {
+                mine.push(d);
+                continue;
+            }
+            match self.shared.try_claim((true, d)) {
+                Ok(c) => {
+                    self.mine.borrow_mut().insert(d, c);
+                    mine.push(d);
+                }
+                Err(true) => others.push(d),
+                Err(false) => {}
+            }
+        }
+        let mut r = results.get();
+        let mut l = r.reborrow().init_mine(mine.len() as u32);
+        for (i, d) in mine.iter().enumerate() {
+            l.set(i as u32, d.as_bytes());
+        }
+        let mut l = r.init_others(others.len() as u32);
+        for (i, d) in others.iter().enumerate() {
+            l.set(i as u32, d.as_bytes());
+        }
+        Ok(())
+    }
+
+    async fn await_blobs(
+        self: Rc<Self>,
+        params: cas::AwaitBlobsParams,
+        mut results: cas::AwaitBlobsResults,
+    ) -> Result<(), capnp::Error> {
+        let digests = data_list(params.get()?.get_digests()?)?;
+        let mut missing = Vec::new();
+        for d in digests {
+            self.shared.settled((true, d)).await;
+            if !self.shared.store.has(ObjectKind::Blob, &d) {
+                missing.push(d);
+            }
+        }
+        let mut l = results.get().init_missing(missing.len() as u32);
+        for (i, d) in missing.iter().enumerate() {
+            l.set(i as u32, d.as_bytes());
+        }
         Ok(())
     }
 
