@@ -1,0 +1,79 @@
+#!/usr/bin/env bash
+# Remote builds over loopback (issue 7's speed targets):
+#  1. a `true` action: `fhsx build --remote` round trip vs a local `fhsx build`
+#     (inputs already on the worker; aim ≤ 1.2×);
+#  2. upload throughput of the hello toolchain (~all its .debs) to a fresh
+#     worker vs `cp -r` of the same store objects between two local
+#     directories (aim ≥ 0.5×). Upload time = cold remote build (uploads
+#     everything) − warm remote build (uploads nothing) of the same action.
+# Env: FHSX=/path/to/fhsx (default: build this tree in release), RUNS=10.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ -z "${FHSX:-}" ]; then
+  cargo build --release -q -p fhsx
+  FHSX=$PWD/target/release/fhsx
+fi
+RUNS=${RUNS:-10}
+INPUTS=$(examples/hello/fetch-inputs.sh "$PWD/target/tmp/hello-inputs" | tail -1)
+WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-worker.XXXXXX")
+export TMPDIR=$WORK
+WPID=
+cleanup() {
+  if [ -n "$WPID" ]; then kill -TERM "$WPID" 2>/dev/null || true; wait "$WPID" 2>/dev/null || true; fi
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+now() { date +%s%N; }
+secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", (b-a)/1e9}'; }
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
+# start_worker STORE → sets ADDR, WPID
+start_worker() {
+  "$FHSX" --store "$1" worker --listen 127.0.0.1:0 > "$WORK/worker.out" 2> "$WORK/worker.err" &
+  WPID=$!
+  local i
+  for i in $(seq 1 200); do
+    ADDR=$(sed -n 's/.*listening on \([^ ]*\) .*/\1/p' "$WORK/worker.out")
+    [ -n "$ADDR" ] && return 0
+    sleep 0.05
+  done
+  cat "$WORK/worker.err" >&2; echo "worker did not come up" >&2; exit 1
+}
+stop_worker() { kill -TERM "$WPID"; wait "$WPID" || true; WPID=; }
+# total seconds of RUNS runs of CMD…
+runs() { local a b; a=$(now); for _ in $(seq 1 "$RUNS"); do "$@" >/dev/null 2>&1; done; b=$(now); secs "$a" "$b"; }
+
+CS=$WORK/client
+BB=$("$FHSX" --store "$CS" store import "$INPUTS"/fetch-debs/busybox-static_*.deb | cut -f1)
+printf '[inputs]\nclosure = ["%s"]\n[run]\ncommand = ["/bin/busybox", "true"]\n' "$BB" > "$WORK/true.toml"
+
+start_worker "$WORK/w1"
+"$FHSX" --store "$CS" build --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # upload once
+"$FHSX" --store "$CS" build "$WORK/true.toml" >/dev/null 2>&1                    # warm local
+remote=$(runs "$FHSX" --store "$CS" build --remote "$ADDR" "$WORK/true.toml")
+local_=$(runs "$FHSX" --store "$CS" build "$WORK/true.toml")
+stop_worker
+echo "true round trip: remote $(ratio "$remote" "$RUNS")s  local $(ratio "$local_" "$RUNS")s per build  ratio $(ratio "$remote" "$local_")x (aim <= 1.2)"
+
+# Upload: the hello toolchain into a fresh worker store.
+TS=$WORK/tc-client
+roots=$("$FHSX" --store "$TS" --json store import "$INPUTS"/debs/*.deb | python3 -c 'import json,sys; print(", ".join("\"%s\"" % e["root"] for e in json.load(sys.stdin)))')
+printf '[inputs]\ntoolchain = [%s]\n[run]\ncommand = ["/bin/true"]\n' "$roots" > "$WORK/tc.toml"
+start_worker "$WORK/w2"
+a=$(now); out=$("$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" 2>/dev/null); b=$(now)
+cold=$(secs "$a" "$b")
+a=$(now); "$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
+warm=$(secs "$a" "$b")
+stop_worker
+bytes=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]["uploaded"]; print(r["bytes"])')
+files=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]["uploaded"]; print(r["blobs"], "blobs,", r["directories"], "directories")')
+upload=$(awk -v a="$cold" -v b="$warm" 'BEGIN{printf "%.3f", a-b}')
+sync
+mkdir -p "$WORK/cp-dest"
+a=$(now); cp -r "$TS/blobs" "$TS/dirs" "$WORK/cp-dest/"; b=$(now)
+cp_s=$(secs "$a" "$b")
+cp_bytes=$(du -sb "$TS/blobs" | cut -f1)
+up_mbs=$(awk -v n="$bytes" -v s="$upload" 'BEGIN{printf "%.1f", n/s/1e6}')
+cp_mbs=$(awk -v n="$cp_bytes" -v s="$cp_s" 'BEGIN{printf "%.1f", n/s/1e6}')
+echo "upload: $files, $bytes bytes in ${upload}s (cold ${cold}s - warm ${warm}s) = ${up_mbs} MB/s"
+echo "cp -r:  $cp_bytes bytes in ${cp_s}s = ${cp_mbs} MB/s"
+echo "upload/cp throughput ratio $(ratio "$up_mbs" "$cp_mbs")x (aim >= 0.5)"
