@@ -1,0 +1,50 @@
+#!/usr/bin/env bash
+# fhsx build overheads, each against a native baseline in this same run:
+#  1. per-action overhead: an action running `true` (busybox closure) vs a bare
+#     `bwrap --unshare-all … true`: median of N runs each, and the difference;
+#  2. the hello build in fhsx vs the same `./configure && make` natively on
+#     the host's own toolchain, same source, same -j.
+# Usage: bench/build.sh [N=20]   (needs examples/hello/fetch-inputs.sh's network, bwrap, gcc)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-20}
+cargo build --release -q -p fhsx
+F=$PWD/target/release/fhsx
+work=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-build.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+export FHSX_STORE=$work/store
+inputs=$(examples/hello/fetch-inputs.sh "${INPUTS:-$PWD/examples/hello/inputs}" | tail -n 1)
+bb=$("$F" store import "$inputs"/fetch-debs/busybox-static_*.deb | cut -f1)
+cat > "$work/true.toml" <<A
+[inputs]
+closure = ["$bb"]
+[run]
+command = ["/bin/busybox", "true"]
+A
+ms() { date +%s%N; }
+median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
+"$F" build "$work/true.toml" >/dev/null 2>&1   # warm: key, composition
+for i in $(seq "$N"); do a=$(ms); "$F" build "$work/true.toml" >/dev/null 2>&1; b=$(ms); echo $(( (b - a) / 1000 )); done | median > "$work/fhsx_us"
+for i in $(seq "$N"); do a=$(ms); bwrap --unshare-all --ro-bind /usr /usr --symlink usr/bin /bin --symlink usr/lib64 /lib64 --symlink usr/lib /lib --proc /proc --dev /dev --tmpfs /tmp --die-with-parent /bin/true; b=$(ms); echo $(( (b - a) / 1000 )); done | median > "$work/bwrap_us"
+f=$(cat "$work/fhsx_us"); w=$(cat "$work/bwrap_us")
+printf 'action `true`: fhsx build median %.1f ms, bare bwrap median %.1f ms, added %.1f ms (aim <= 30 ms)\n' \
+  "$(echo "$f / 1000" | bc -l)" "$(echo "$w / 1000" | bc -l)" "$(echo "($f - $w) / 1000" | bc -l)"
+
+tc=$("$F" store import "$inputs"/debs/*.deb | cut -f1 | sed 's/.*/"&"/' | paste -sd, -)
+src=$("$F" store import "$inputs/src/hello_2.10.orig.tar.gz" | cut -f1)
+cat > "$work/hello.toml" <<A
+[inputs]
+toolchain = [$tc]
+source = "$src"
+[run]
+command = ["/bin/sh", "-c", "cd hello-2.10 && ./configure --prefix=/usr >/dev/null && make -j2 >/dev/null && make install DESTDIR=\$out >/dev/null"]
+workdir = "/build/src"
+timeout = "20m"
+A
+"$F" store export "$src" "$work/native-src"
+a=$(ms); (cd "$work/native-src/hello-2.10" && ./configure --prefix=/usr >/dev/null && make -j2 >/dev/null && make install DESTDIR="$work/native-out" >/dev/null); b=$(ms)
+native=$(( (b - a) / 1000 ))
+a=$(ms); "$F" build "$work/hello.toml" >/dev/null 2>&1; b=$(ms)
+sandboxed=$(( (b - a) / 1000 ))
+printf 'hello build: fhsx %.2f s, native %.2f s, ratio %.2f (aim <= 1.25)\n' \
+  "$(echo "$sandboxed / 1000000" | bc -l)" "$(echo "$native / 1000000" | bc -l)" "$(echo "$sandboxed / $native" | bc -l)"
