@@ -549,6 +549,12 @@ fn sigterm_drains_then_cancels() {
     let cs_long = spawn(&long);
     w.wait_for("both builds to start", |s| s.builds_running == 2);
     w.signal(libc::SIGTERM);
+    // It stops accepting at once, while both builds still run.
+    let end = Instant::now() + Duration::from_secs(2);
+    while std::net::TcpStream::connect(&w.addr).is_ok() {
+        assert!(Instant::now() < end, "still accepting after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let o = cs_short.wait_with_output().unwrap();
     assert!(
         o.status.success(),
@@ -732,4 +738,40 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
     assert_eq!(c2.find_missing(&[wrong], &[]).unwrap().0, vec![wrong]);
     assert_eq!(c2.get_blob(&right, 100).unwrap(), data);
     store_verifies(&ws);
+}
+
+/// `--unix PATH` serves the same protocol; `--remote unix:PATH` reaches it.
+#[test]
+fn unix_socket_worker_serves_builds() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("cs");
+    let bb = busybox(&cs);
+    let sock = t.path().join("w.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fhsx"))
+        .arg("--store")
+        .arg(t.path().join("ws"))
+        .args(["worker", "--jobs", "1", "--unix"])
+        .arg(&sock)
+        .env("TMPDIR", t.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("unix:"), "{line}");
+    let a = sh_action(t.path(), "a.toml", &bb, "echo via-unix > $out/f");
+    let o = fhsx(&cs)
+        .args(["--json", "build", "--remote"])
+        .arg(format!("unix:{}", sock.display()))
+        .arg(&a)
+        .output()
+        .unwrap();
+    // SIGTERM: an idle worker exits at once and removes its socket.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let status = child.wait().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(status.success(), "{status:?}");
+    assert!(!sock.exists(), "socket left behind");
 }

@@ -14,6 +14,17 @@
 //! and checked by [`castore::Directory::decode`]), nor argument parsing or
 //! printing (the `fhsx` binary).
 //!
+//! The Rust bindings are generated at build time: `build.rs` runs `capnpc`,
+//! which needs the `capnp` schema compiler on PATH (Debian: `capnproto`,
+//! listed in `.ci/apt-packages`). Debian's package lacks the standard
+//! `capnp/stream.capnp` that `-> stream` methods import, so the schema
+//! directory vendors it (upstream ids, unchanged). Nothing generated is
+//! checked in: edit `schema/worker.capnp` and rebuild.
+//!
+//! The worker authenticates nobody: it listens on loopback unless told
+//! otherwise, and a client trusts a result because the record is signed by
+//! the worker's key (`--trust` pins which keys), not because of the channel.
+//!
 //! Limits on what a peer may send are set on every message reader
 //! ([`reader_options`]): a message above [`MAX_MESSAGE_BYTES`] or nested
 //! deeper than [`NESTING_LIMIT`] ends that connection, never the worker.
