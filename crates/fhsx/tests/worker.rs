@@ -775,3 +775,82 @@ fn unix_socket_worker_serves_builds() {
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "socket left behind");
 }
+
+/// A loopback HTTP server answering every request with `body`.
+fn mirror(body: &'static [u8]) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        while !flag.load(Ordering::SeqCst) {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).unwrap();
+                    let mut buf = [0u8; 4096];
+                    let _ = s.read(&mut buf);
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = s.write_all(head.as_bytes());
+                    let _ = s.write_all(body);
+                }
+                Err(_) => std::thread::sleep(Duration::from_millis(5)),
+            }
+        }
+    });
+    (port, stop)
+}
+
+/// Record is refused remotely (impure, exit 2, before connecting
+/// anything); a replay runs remotely with the lock and its bodies uploaded,
+/// upstream gone, and gives the local replay's output.
+#[test]
+fn remote_replay_uploads_the_lock_and_its_bodies_and_record_is_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("cs");
+    let bb = busybox(&cs);
+    let (port, stop) = mirror(b"upstream payload for the worker\n");
+    let url = format!("http://127.0.0.1:{port}/pub/file-1.0.tar.gz");
+    let action = |mode: &str| {
+        let p = t.path().join(format!("{mode}.toml"));
+        fs::write(
+            &p,
+            format!(
+                "[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"wget\", \"-O\", \"/build/out/file\", \"{url}\"]\ntimeout = \"60s\"\n[network]\nmode = \"{mode}\"\nlock = \"fetch.lock\"\n"
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let rec = action("record");
+    let w = Worker::start(&t.path().join("ws"), t.path(), 1, &[]);
+    let o = remote(&cs, &w, &rec, true).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("impure"), "{}", text(&o));
+    let o = fhsx(&cs)
+        .args(["--json", "build", "--record"])
+        .arg(&rec)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let rep = action("replay");
+    let local = fhsx(&cs)
+        .args(["--json", "build"])
+        .arg(&rep)
+        .output()
+        .unwrap();
+    assert!(local.status.success(), "{}", text(&local));
+    let l: serde_json::Value = serde_json::from_slice(&local.stdout).unwrap();
+    let o = remote(&cs, &w, &rep, true).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(r["output"], l["output"]);
+    assert_eq!(r["action"], l["action"], "the lock digest differs remotely");
+    let body = Digest::of(b"upstream payload for the worker\n");
+    assert!(w.client().find_missing(&[body], &[]).unwrap().0.is_empty());
+}

@@ -813,6 +813,10 @@ impl Client {
         for d in &dirs {
             txn.put_directory(d)?;
         }
+        if !lock.is_empty() {
+            // The record names the lock by digest: keep the bytes sent.
+            txn.put_blob(&lock)?;
+        }
         txn.put_blob(&bytes)?;
         txn.commit()?;
 
