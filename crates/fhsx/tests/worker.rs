@@ -718,7 +718,8 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
     s.write_all(&[0xff; 64]).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     closed(&mut s, "garbage not refused");
-    // A message nested past the limit: a deep chain of pointers.
+    // A well-framed message that is no RPC message (a deep chain of
+    // pointers; the nesting limit itself is unit-tested in the crate).
     let mut s = std::net::TcpStream::connect(&addr).unwrap();
     let words = 200u32;
     let mut msg = Vec::new();
@@ -731,7 +732,7 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
     }
     s.write_all(&msg).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    closed(&mut s, "deep nesting not refused");
+    closed(&mut s, "a non-RPC message not refused");
 
     // Still serving, store consistent and without any refused object.
     let c2 = w.client();

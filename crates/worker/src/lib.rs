@@ -93,3 +93,57 @@ fn digest_from(b: &[u8]) -> Result<castore::Digest, capnp::Error> {
         ))
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A message of one segment: a chain of `depth` struct pointers, each
+    /// to a struct of no data and one pointer (the next link).
+    fn chain(depth: u32) -> Vec<u8> {
+        let mut m = Vec::new();
+        m.extend_from_slice(&0u32.to_le_bytes());
+        m.extend_from_slice(&(depth + 1).to_le_bytes());
+        for _ in 0..depth {
+            m.extend_from_slice(&[0, 0, 0, 0, 0, 0, 1, 0]);
+        }
+        m.extend_from_slice(&[0; 8]);
+        m
+    }
+
+    fn total(bytes: &[u8]) -> capnp::Result<u64> {
+        let r = capnp::serialize::read_message(bytes, reader_options())?;
+        let root: capnp::any_pointer::Reader = r.get_root()?;
+        Ok(root.target_size()?.word_count)
+    }
+
+    #[test]
+    fn readers_refuse_deep_nesting() {
+        assert!(total(&chain(NESTING_LIMIT as u32 - 2)).is_ok());
+        let e = total(&chain(200)).unwrap_err();
+        assert!(e.to_string().contains("nest"), "{e}");
+    }
+
+    #[test]
+    fn readers_refuse_oversized_messages() {
+        let mut m = Vec::new();
+        m.extend_from_slice(&0u32.to_le_bytes());
+        m.extend_from_slice(&((MAX_MESSAGE_BYTES / 8) as u32 + 1).to_le_bytes());
+        let Err(e) = capnp::serialize::read_message(&m[..], reader_options()) else {
+            panic!("an oversized message was accepted");
+        };
+        assert!(e.to_string().contains("too large"), "{e}");
+    }
+
+    #[test]
+    fn endpoints_parse() {
+        assert_eq!(
+            Endpoint::parse("unix:/run/w.sock"),
+            Endpoint::Unix("/run/w.sock".into())
+        );
+        assert_eq!(
+            Endpoint::parse("127.0.0.1:7070"),
+            Endpoint::Tcp("127.0.0.1:7070".into())
+        );
+    }
+}
