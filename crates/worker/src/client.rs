@@ -94,23 +94,29 @@ impl log_sink::Server for LogSinkImpl {
     }
 }
 
+/// Receives a blob into an unnamed temporary file: bounded memory for any
+/// size.
 struct ByteSinkImpl {
-    buf: Rc<RefCell<Vec<u8>>>,
+    file: Rc<RefCell<std::fs::File>>,
+    written: std::cell::Cell<u64>,
     limit: u64,
 }
 
 impl byte_sink::Server for ByteSinkImpl {
     async fn write(self: Rc<Self>, params: byte_sink::WriteParams) -> Result<(), capnp::Error> {
         let chunk = params.get()?.get_chunk()?;
-        let mut b = self.buf.borrow_mut();
-        if (b.len() + chunk.len()) as u64 > self.limit {
+        let n = self.written.get() + chunk.len() as u64;
+        if n > self.limit {
             return Err(capnp::Error::failed(format!(
                 "the worker sent more than the {} bytes the tree names",
                 self.limit
             )));
         }
-        b.extend_from_slice(chunk);
-        Ok(())
+        self.written.set(n);
+        self.file
+            .borrow_mut()
+            .write_all(chunk)
+            .map_err(|e| capnp::Error::failed(format!("writing a downloaded blob: {e}")))
     }
 }
 
@@ -373,16 +379,10 @@ impl Client {
     }
 
     async fn get_blob_async(&self, digest: Digest, limit: u64) -> Result<Vec<u8>, capnp::Error> {
-        let buf = Rc::new(RefCell::new(Vec::new()));
-        let sink: byte_sink::Client = capnp_rpc::new_client(ByteSinkImpl {
-            buf: buf.clone(),
-            limit,
-        });
-        let mut req = self.cas.get_blob_request();
-        req.get().set_digest(digest.as_bytes());
-        req.get().set_sink(sink);
-        req.send().promise.await?;
-        let bytes = std::mem::take(&mut *buf.borrow_mut());
+        let mut f = self.get_blob_file(digest, limit).await?;
+        let mut bytes = Vec::new();
+        f.read_to_end(&mut bytes)
+            .map_err(|e| capnp::Error::failed(format!("reading a downloaded blob: {e}")))?;
         let got = Digest::of(&bytes);
         if got != digest {
             return Err(capnp::Error::failed(format!(
@@ -390,6 +390,32 @@ impl Client {
             )));
         }
         Ok(bytes)
+    }
+
+    /// Download a blob into a temporary file, rewound. Not yet checked
+    /// against `digest`: the caller hashes it as it stores it.
+    async fn get_blob_file(
+        &self,
+        digest: Digest,
+        limit: u64,
+    ) -> Result<std::fs::File, capnp::Error> {
+        use std::io::Seek;
+        let io = |e: std::io::Error| {
+            capnp::Error::failed(format!("a temporary file for a download: {e}"))
+        };
+        let file = Rc::new(RefCell::new(tempfile::tempfile().map_err(io)?));
+        let sink: byte_sink::Client = capnp_rpc::new_client(ByteSinkImpl {
+            file: file.clone(),
+            written: std::cell::Cell::new(0),
+            limit,
+        });
+        let mut req = self.cas.get_blob_request();
+        req.get().set_digest(digest.as_bytes());
+        req.get().set_sink(sink);
+        req.send().promise.await?;
+        let mut f = file.borrow().try_clone().map_err(io)?;
+        f.rewind().map_err(io)?;
+        Ok(f)
     }
 
     /// Send `Executor.build` as given — any protocol number, the action's
@@ -771,7 +797,8 @@ impl Client {
 
         // Download what the record names.
         let rec = &record.record;
-        let downloaded = self.run(async {
+        let txn = store.txn()?;
+        let t = self.run(async {
             let mut dirs = Vec::new();
             let mut blobs = Vec::new();
             let mut seen = HashSet::new();
@@ -794,25 +821,25 @@ impl Client {
                     blobs.push((d, u64::MAX));
                 }
             }
-            let mut got = Vec::with_capacity(blobs.len());
+            let failed = |e: castore::Error| capnp::Error::failed(e.to_string());
             let mut t = Transfer::default();
             for (d, size) in &blobs {
-                let b = self.get_blob_async(*d, *size).await?;
+                let mut f = self.get_blob_file(*d, *size).await?;
+                let (got, n) = txn.put_blob_reader(&mut f).map_err(failed)?;
+                if got != *d {
+                    return Err(capnp::Error::failed(format!(
+                        "blob {d} from the worker hashes to {got}: refused"
+                    )));
+                }
                 t.blobs += 1;
-                t.bytes += b.len() as u64;
-                got.push(b);
+                t.bytes += n;
+            }
+            for d in &dirs {
+                txn.put_directory(d).map_err(failed)?;
             }
             t.directories = dirs.len() as u64;
-            Ok((t, dirs, got))
+            Ok(t)
         })?;
-        let (t, dirs, blobs) = downloaded;
-        let txn = store.txn()?;
-        for b in &blobs {
-            txn.put_blob(b)?;
-        }
-        for d in &dirs {
-            txn.put_directory(d)?;
-        }
         if !lock.is_empty() {
             // The record names the lock by digest: keep the bytes sent.
             txn.put_blob(&lock)?;
