@@ -61,7 +61,11 @@
 //! covered (bwrap leaves both writable to host uid 0); PID 1 non-dumpable
 //! (the command can neither ptrace it nor read its fds); a fresh session
 //! keyring; a seccomp filter ([`seccomp`]) that refuses setuid/setgid
-//! modes, since a file made in the workspace is root's on the host. The
+//! modes, since a file made in the workspace is root's on the host, and
+//! what namespaces leave open (`TIOCSTI`/`TIOCLINUX`, keyrings,
+//! `perf_event_open`, `ptrace`, the new mount API, `personality`); a
+//! process limit that binds host root too (cgroup v2 `pids.max`, else a
+//! cgroup v1 pids cgroup: `RLIMIT_NPROC` exempts uid 0). The
 //! writable places are the work directory, a private `/tmp`
 //! and a private `/dev/shm` (a tmpfs like `/tmp`: POSIX shared memory needs
 //! it).

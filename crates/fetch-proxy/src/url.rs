@@ -166,6 +166,9 @@ pub fn split_authority(authority: &str, scheme: Scheme) -> Result<(String, u16),
         (host, port)
     } else {
         match hostport.rsplit_once(':') {
+            // A colon in a host is only an IPv6 literal, and those are
+            // bracketed: `user:pw:443` (no `@`) is not a host.
+            Some((h, _)) if h.contains(':') => return Err(bad()),
             Some((h, p)) => (h, Some(p)),
             None => (hostport, None),
         }
@@ -383,5 +386,16 @@ mod tests {
             "https://h/a"
         );
         assert_eq!(sanitize_location("/next?a=1"), "/next?a=1");
+    }
+
+    /// Found by fuzz/ (url_normalise): an unbracketed host with a colon
+    /// normalised to a bracketed form that did not parse again.
+    #[test]
+    fn fuzz_regression_unbracketed_colon_host_is_refused() {
+        assert!(NormUrl::parse("https://user:p:443/x?X-Am~-Signatur&e=s").is_err());
+        assert!(NormUrl::parse("http://a:b/").is_err());
+        let u = NormUrl::parse("https://user:p@h:443/x").unwrap();
+        assert_eq!(NormUrl::parse(&u.to_string()).unwrap(), u);
+        assert!(NormUrl::parse("http://[::1]:8080/").is_ok());
     }
 }

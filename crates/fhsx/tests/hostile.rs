@@ -379,6 +379,8 @@ fn no_write_outside_build_scratch_view_root_and_store_by_any_path() {
         .expect("a blob in the store")
         .display()
         .to_string();
+    fs::create_dir(w.path().join("precious")).unwrap();
+    fs::write(w.path().join("precious/keep.txt"), "keep").unwrap();
     let before_host: Vec<_> = list(w.path());
     let script = format!(
         r#"
@@ -391,6 +393,11 @@ fn no_write_outside_build_scratch_view_root_and_store_by_any_path() {
         done
         for d in /newdir /usr/newdir {host}/newdir {store}/newdir /proc/1/root{store}/newdir; do $A mkdir=$d; done
         busybox touch /build/ok && echo ok > $out/fine
+        # Traps for the host-side cleanup of the scratch: it must delete
+        # the links, not what they point at.
+        busybox ln -s {host}/precious /build/trap-dir
+        busybox ln -s {host}/precious/keep.txt /build/trap-file
+        busybox mkdir -p /build/deep/er && busybox ln -s {host} /build/deep/er/up
         "#
     );
     let a = w.action("write.toml", &script, "");
@@ -420,6 +427,11 @@ fn no_write_outside_build_scratch_view_root_and_store_by_any_path() {
         "new host files: {new:?}"
     );
     assert!(!Path::new(&format!("{store}/evil")).exists());
+    assert_eq!(
+        fs::read_to_string(w.path().join("precious/keep.txt")).unwrap(),
+        "keep",
+        "removing the scratch followed a planted symlink"
+    );
     w.verify_store();
     no_leftovers(w.path());
 }
