@@ -550,13 +550,24 @@ impl executor::Server for ExecutorImpl {
         let store = sh.store.clone();
         let running = sh.running.clone();
         let flag = cancel.clone();
+        let jobs = sh.jobs;
         let handle = tokio::task::spawn_blocking(move || {
+            let now = running.lock().map(|m| m.len()).unwrap_or(0);
+            eprintln!("fhsx worker: build {id} started ({now}/{jobs} slots busy)");
             let r = run_build(store, action, lock, flag, tx);
             // The slot and the registry entry go only once the sandbox is down.
             if let Ok(mut m) = running.lock() {
                 m.remove(&id);
             }
             drop(permit);
+            match &r {
+                BuildResult::Done { digest, .. } => {
+                    eprintln!("fhsx worker: build {id} done: record {digest}")
+                }
+                BuildResult::Failed { message, .. } => {
+                    eprintln!("fhsx worker: build {id} failed: {message}")
+                }
+            }
             r
         });
         while let Some(chunk) = rx.recv().await {
