@@ -26,9 +26,9 @@ use crate::worker_capnp::{byte_sink, cas, executor, log_sink, ExitClass as WireC
 use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
 
 /// Blobs at least this big are streamed in chunks; smaller ones are batched.
-const STREAM_MIN: u64 = 4 << 20;
+const STREAM_MIN: u64 = 16 << 20;
 /// Bytes per `putBlobs` batch.
-const BATCH_BYTES: usize = 8 << 20;
+const BATCH_BYTES: usize = 32 << 20;
 /// Directories per `putDirectories` batch.
 const BATCH_DIRS: usize = 4096;
 /// Digests per `findMissing` call.
