@@ -214,7 +214,15 @@ pub fn norm_pct(s: &str) -> String {
         if b[i] == b'%' && i + 2 < b.len() {
             if let (Some(h), Some(l)) = (hexval(b[i + 1]), hexval(b[i + 2])) {
                 let v = h * 16 + l;
-                if is_unreserved(v) {
+                // A decoded hex digit right after a stray `%` (or `%X`)
+                // would make a new escape, and a second pass would decode
+                // that: keep it encoded so normalising is idempotent.
+                let ob = out.as_bytes();
+                let n = ob.len();
+                let would_escape = v.is_ascii_hexdigit()
+                    && (ob.last() == Some(&b'%')
+                        || (n >= 2 && ob[n - 2] == b'%' && ob[n - 1].is_ascii_hexdigit()));
+                if is_unreserved(v) && !would_escape {
                     out.push(v as char);
                 } else {
                     out.push('%');
@@ -397,5 +405,21 @@ mod tests {
         let u = NormUrl::parse("https://user:p@h:443/x").unwrap();
         assert_eq!(NormUrl::parse(&u.to_string()).unwrap(), u);
         assert!(NormUrl::parse("http://[::1]:8080/").is_ok());
+    }
+
+    /// Found by fuzz/ (url_normalise): a stray `%` before an escaped hex
+    /// digit made a new escape, so a second normalisation changed the URL.
+    #[test]
+    fn fuzz_regression_stray_percent_before_escaped_hex_digit_is_idempotent() {
+        for raw in [
+            "https://h:8447/%%641%zz?",
+            "http://h/%4%31",
+            "http://h/%%41",
+        ] {
+            let once = NormUrl::parse(raw).unwrap().to_string();
+            let twice = NormUrl::parse(&once).unwrap().to_string();
+            assert_eq!(once, twice, "{raw}");
+        }
+        assert_eq!(norm_pct("%7euser"), "~user");
     }
 }
