@@ -43,6 +43,9 @@ pub struct WorkerConfig {
     pub shutdown_grace: Duration,
 }
 
+/// Connections served at once; more are closed as they arrive.
+pub const MAX_CONNECTIONS: usize = 256;
+
 /// Where to listen.
 #[derive(Debug, Clone)]
 pub enum Listen {
@@ -248,19 +251,28 @@ async fn serve_async(
         shared: shared.clone(),
     });
     ready(&bound);
+    let open = Rc::new(Cell::new(0usize));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(io("install a SIGTERM handler for", bound.clone()))?;
     let mut int = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
         .map_err(io("install a SIGINT handler for", bound.clone()))?;
     loop {
-        let accepted: std::io::Result<Box<dyn FnOnce() + 'static>> = tokio::select! {
+        let accepted: std::io::Result<Start> = tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
             r = accept(&listener, bootstrap.clone()) => r,
         };
         match accepted {
-            Ok(start) => start(),
+            Ok(start) => {
+                if open.get() >= MAX_CONNECTIONS {
+                    // Dropping the stream closes it: bounded memory however
+                    // many peers connect (each may hold a full message).
+                    eprintln!("fhsx worker: refusing a connection: {MAX_CONNECTIONS} are open");
+                    continue;
+                }
+                start(open.clone())
+            }
             Err(e) => {
                 eprintln!("fhsx worker: accept failed: {e}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
@@ -303,25 +315,24 @@ async fn serve_async(
     Ok(())
 }
 
-async fn accept(
-    listener: &Listener,
-    bootstrap: executor::Client,
-) -> std::io::Result<Box<dyn FnOnce() + 'static>> {
+type Start = Box<dyn FnOnce(Rc<Cell<usize>>) + 'static>;
+
+async fn accept(listener: &Listener, bootstrap: executor::Client) -> std::io::Result<Start> {
     use tokio_util::compat::TokioAsyncReadCompatExt;
     Ok(match listener {
         Listener::Tcp(l) => {
             let (s, _) = l.accept().await?;
             let _ = s.set_nodelay(true);
-            Box::new(move || spawn_connection(s.compat(), bootstrap))
+            Box::new(move |open| spawn_connection(s.compat(), bootstrap, open))
         }
         Listener::Unix(l, _) => {
             let (s, _) = l.accept().await?;
-            Box::new(move || spawn_connection(s.compat(), bootstrap))
+            Box::new(move |open| spawn_connection(s.compat(), bootstrap, open))
         }
     })
 }
 
-fn spawn_connection<S>(stream: S, bootstrap: executor::Client)
+fn spawn_connection<S>(stream: S, bootstrap: executor::Client, open: Rc<Cell<usize>>)
 where
     S: futures::AsyncRead + futures::AsyncWrite + Unpin + 'static,
 {
@@ -333,8 +344,11 @@ where
         reader_options(),
     );
     let rpc = RpcSystem::new(Box::new(network), Some(bootstrap.client));
+    open.set(open.get() + 1);
     tokio::task::spawn_local(async move {
-        if let Err(e) = rpc.await {
+        let r = rpc.await;
+        open.set(open.get().saturating_sub(1));
+        if let Err(e) = r {
             // A malformed or oversized message, or a peer that went away:
             // only this connection ends.
             if e.kind != capnp::ErrorKind::Disconnected {
