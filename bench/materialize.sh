@@ -10,6 +10,8 @@
 #   fast (cold)      first materialization in a fresh store (makes the exec twins)
 #   fast (warm)      a second DEST from the same store (twins exist): the steady state
 #   fast (no-op)     the same view to the same DEST again
+#   cp -al           a hard-link farm of the exported tree by cp: this filesystem's
+#                    floor for one link per file, for reference
 set -euo pipefail
 cd "$(dirname "$0")/.."
 cargo build --release -q -p fhsx
@@ -17,7 +19,7 @@ FHSX=$PWD/target/release/fhsx
 SRCS=("$@")
 [ ${#SRCS[@]} -gt 0 ] || SRCS=(/usr/lib/x86_64-linux-gnu /usr/include /usr/share/doc /usr/bin)
 WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-materialize.XXXXXX")
-trap 'chmod -R u+w "$WORK" 2>/dev/null; rm -rf "$WORK"' EXIT
+[ -n "${KEEP:-}" ] || trap 'chmod -R u+w "$WORK" 2>/dev/null; rm -rf "$WORK"' EXIT
 mkdir -p "$WORK/src"
 for s in "${SRCS[@]}"; do cp -a "$s" "$WORK/src/$(echo "$s" | tr / _)"; done
 F=("$FHSX" --store "$WORK/store")
@@ -32,6 +34,7 @@ find "$WORK/tree" "$WORK/store/blobs" -type f -print0 | xargs -0 cat >/dev/null
 now() { date +%s.%N; }
 t() { local a b; sync; a=$(now); "$@" >/dev/null; b=$(now); echo "$b - $a" | bc -l; }
 CP=$(t cp -a "$WORK/tree" "$WORK/cp")
+CPL=$(t cp -al "$WORK/tree" "$WORK/cpl")
 COLD=$(t "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast1")
 WARM=$(t "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast2")
 NOOP=$(t "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast2")
@@ -41,4 +44,5 @@ printf 'cp -a              %8.3f s\n' "$CP"
 printf 'fast (cold)        %8.3f s   cp/fast = %6.1fx\n' "$COLD" "$(echo "$CP / $COLD" | bc -l)"
 printf 'fast (warm)        %8.3f s   cp/fast = %6.1fx  (aim >= 10)\n' "$WARM" "$(echo "$CP / $WARM" | bc -l)"
 printf 'fast (no-op)       %8.3f s   cp/fast = %6.1fx\n' "$NOOP" "$(echo "$CP / $NOOP" | bc -l)"
+printf 'cp -al (reference) %8.3f s   cp/cpl  = %6.1fx\n' "$CPL" "$(echo "$CP / $CPL" | bc -l)"
 printf 'materialize --check %7.3f s   (re-hashes every file)\n' "$CHECK"

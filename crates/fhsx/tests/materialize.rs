@@ -237,6 +237,17 @@ fn fast_tree_equals_store_export_and_is_read_only() {
         fs::read(dest.join("usr/share/doc/tool/example.sh")).unwrap(),
         shared
     );
+    // New twins were published under their names; no temporaries remain.
+    let twins: Vec<PathBuf> = fs::read_dir(store.join("exec-blobs"))
+        .unwrap()
+        .flat_map(|shard| fs::read_dir(shard.unwrap().path()).unwrap())
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(twins.len(), 3, "one twin per executable blob: {twins:?}");
+    assert!(twins
+        .iter()
+        .all(|t| fs::metadata(t).unwrap().mode() & 0o7777 == 0o555
+            && !t.file_name().unwrap().to_string_lossy().starts_with('.')));
     // A second tree links the same executable twin: made once per store.
     let dest2 = w.path().join("fast2");
     let r2 = materialize_json(&store, &view, &dest2, &[]);

@@ -7,8 +7,11 @@
 //! 1. **hard link** to the immutable blob file. A blob is mode 0444, so an
 //!    executable file (0555) cannot share its inode; executables link to a
 //!    per-store *executable twin* instead, `STORE/exec-blobs/ab/<hex>`, a
-//!    0555 copy made once (hashed against its digest while copying, fsynced,
-//!    renamed into place) and reused by every later materialization. Links
+//!    0555 copy made once (hashed against its digest while copying) and
+//!    reused by every later materialization. A run's new twins are made
+//!    durable together, one `syncfs` once the tree is built, and only then
+//!    renamed into place: an `fsync` each made a first materialization of
+//!    /usr/bin several times slower. Links
 //!    need the same filesystem (and, with `protected_hardlinks`, a store the
 //!    caller owns); `EXDEV`/`EPERM` turn them off for the rest of the run,
 //!    `EMLINK` (an inode at its link limit) for that one file;
@@ -231,6 +234,7 @@ pub fn materialize(
         ctx.write_dir(root, &staging, "", progress)?;
         finish_dir(&staging)
     })();
+    ctx.publish_twins(built.is_ok());
     if let Err(e) = built {
         let _ = remove_tree(&staging);
         return Err(e);
@@ -290,7 +294,9 @@ fn install(staging: &Path, dest: &Path, marker: &Path, exists: bool) -> Result<(
     match renameat_with(CWD, staging, CWD, dest, RenameFlags::EXCHANGE) {
         Ok(()) => remove_tree(staging),
         Err(rustix::io::Errno::INVAL) | Err(rustix::io::Errno::NOSYS) => {
-            let old = staging.with_extension("old");
+            let mut old = staging.as_os_str().to_os_string();
+            old.push(".old");
+            let old = PathBuf::from(old);
             fs::rename(dest, &old).map_err(io("move aside", dest))?;
             fs::rename(staging, dest).map_err(io("rename into place", dest))?;
             remove_tree(&old)
@@ -363,6 +369,8 @@ struct Ctx<'s> {
     reflinked: AtomicU64,
     copied: AtomicU64,
     twins_created: AtomicU64,
+    /// Twins made by this run, still under their temporary names.
+    pending: std::sync::Mutex<std::collections::HashMap<Digest, PathBuf>>,
 }
 
 enum Placed {
@@ -394,6 +402,7 @@ impl<'s> Ctx<'s> {
             reflinked: AtomicU64::new(0),
             copied: AtomicU64::new(0),
             twins_created: AtomicU64::new(0),
+            pending: Default::default(),
         }
     }
 
@@ -602,16 +611,41 @@ impl<'s> Ctx<'s> {
                 }));
             }
             dst.set_permissions(fs::Permissions::from_mode(EXEC_MODE))
-                .map_err(io("chmod", &tmp))?;
-            dst.sync_all().map_err(io("sync", &tmp))?;
-            fs::rename(&tmp, &p).map_err(io("rename into place", &p))
+                .map_err(io("chmod", &tmp))
         })();
         if made.is_err() {
             let _ = fs::remove_file(&tmp);
         }
         made?;
+        // Shared from its temporary name for now; published (one syncfs for
+        // all, then renames) once the tree is built — see `publish_twins`.
+        let mut pending = self.pending.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(other) = pending.get(d) {
+            let _ = fs::remove_file(&tmp);
+            return Ok(Some(other.clone()));
+        }
+        pending.insert(*d, tmp.clone());
         self.twins_created.fetch_add(1, Ordering::Relaxed);
-        Ok(Some(p))
+        Ok(Some(tmp))
+    }
+
+    /// Make this run's new twins durable with one `syncfs` and rename them
+    /// into place (best effort: they are a cache; the tree's links to them
+    /// stay valid either way). With `keep` false they are removed instead.
+    fn publish_twins(&self, keep: bool) {
+        let pending = std::mem::take(&mut *self.pending.lock().unwrap_or_else(|e| e.into_inner()));
+        if pending.is_empty() {
+            return;
+        }
+        let synced = keep
+            && File::open(self.store.root().join(EXEC_BLOBS))
+                .ok()
+                .is_some_and(|f| rustix::fs::syncfs(&f).is_ok());
+        for (d, tmp) in pending {
+            if !synced || fs::rename(&tmp, twin_path(self.store, &d)).is_err() {
+                let _ = fs::remove_file(&tmp);
+            }
+        }
     }
 
     fn no_twins(&self, e: std::io::Error, at: &Path) -> Result<Option<PathBuf>> {
