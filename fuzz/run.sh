@@ -29,7 +29,7 @@ for t in "${targets[@]}"; do
   echo "== $t (${secs}s)"
   mkdir -p fuzz/artifacts
   log="fuzz/artifacts/$t.log"
-  if cargo +nightly fuzz run --fuzz-dir fuzz --features libfuzzer "$t" -- \
+  if cargo +nightly fuzz run -O --fuzz-dir fuzz --features libfuzzer "$t" -- \
       -max_total_time="$secs" -rss_limit_mb=2048 -max_len=65536 -timeout=20 >"$log" 2>&1; then
     grep -E '^Done [0-9]+ runs' "$log" | tail -1
   else
