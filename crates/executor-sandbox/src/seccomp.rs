@@ -31,7 +31,12 @@
 //!   `fsopen`, `fsconfig`, `fsmount`, `fspick`, `mount_setattr` (`mount`
 //!   and `pivot_root` already fail without `CAP_SYS_ADMIN`);
 //! - `personality` with anything but `PER_LINUX` (0) or the query
-//!   `0xffffffff` (no `ADDR_NO_RANDOMIZE`, `READ_IMPLIES_EXEC`, …).
+//!   `0xffffffff` (no `ADDR_NO_RANDOMIZE`, `READ_IMPLIES_EXEC`, …);
+//! - `userfaultfd` (a tool for widening kernel race windows).
+//!
+//! And with `ENOSYS`, so programs fall back as on a kernel without it:
+//! `io_uring_setup`/`io_uring_enter`/`io_uring_register` (its operations
+//! bypass this filter, and it has been a steady source of kernel bugs).
 
 /// One classic-BPF instruction (`struct sock_filter`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -121,6 +126,10 @@ const NATIVE: Table = &[
     (433, Rule::Deny),                           // fspick
     (442, Rule::Deny),                           // mount_setattr
     (467, Rule::Deny),                           // open_tree_attr
+    (323, Rule::Deny),                           // userfaultfd
+    (425, Rule::NoSys),                          // io_uring_setup
+    (426, Rule::NoSys),                          // io_uring_enter
+    (427, Rule::NoSys),                          // io_uring_register
 ];
 #[cfg(target_arch = "x86_64")]
 const COMPAT: Option<(u32, Table)> = Some((
@@ -151,6 +160,10 @@ const COMPAT: Option<(u32, Table)> = Some((
         (433, Rule::Deny),                           // fspick
         (442, Rule::Deny),                           // mount_setattr
         (467, Rule::Deny),                           // open_tree_attr
+        (374, Rule::Deny),                           // userfaultfd
+        (425, Rule::NoSys),                          // io_uring_setup
+        (426, Rule::NoSys),                          // io_uring_enter
+        (427, Rule::NoSys),                          // io_uring_register
     ],
 ));
 /// x32 system calls arrive with the native arch and this bit set.
@@ -182,6 +195,10 @@ const NATIVE: Table = &[
     (433, Rule::Deny),                          // fspick
     (442, Rule::Deny),                          // mount_setattr
     (467, Rule::Deny),                          // open_tree_attr
+    (282, Rule::Deny),                          // userfaultfd
+    (425, Rule::NoSys),                         // io_uring_setup
+    (426, Rule::NoSys),                         // io_uring_enter
+    (427, Rule::NoSys),                         // io_uring_register
 ];
 #[cfg(target_arch = "aarch64")]
 const COMPAT: Option<(u32, Table)> = None;
@@ -507,7 +524,14 @@ mod tests {
         }
         // Neighbours of the refused numbers still pass (mount, umount2,
         // pivot_root fail on capabilities, not here; unshare on --disable-userns).
-        for nr in [165, 166, 155, 272, 427, 434, 441, 443] {
+        // userfaultfd: EPERM; io_uring: ENOSYS (callers fall back).
+        assert_eq!(run(&p, 323, x, [0; 6]), deny);
+        assert_eq!(run(&p, 374, i386, [0; 6]), deny);
+        for nr in [425, 426, 427] {
+            assert_eq!(run(&p, nr, x, [0; 6]), RET_ERRNO | ENOSYS, "{nr}");
+            assert_eq!(run(&p, nr, i386, [0; 6]), RET_ERRNO | ENOSYS, "{nr}");
+        }
+        for nr in [165, 166, 155, 272, 424, 434, 441, 443] {
             assert_eq!(run(&p, nr, x, [0; 6]), RET_ALLOW, "{nr}");
         }
         // The setuid rules still hold with the new ones in place.

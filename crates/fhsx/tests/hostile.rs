@@ -578,7 +578,7 @@ fn host_isolation_seccomp_refuses_tiocsti_tioclinux_keyrings_perf_namespaces_mou
     let w = World::new();
     let a = w.action(
         "seccomp.toml",
-        "$A tty keys perf namespaces mount personality",
+        "$A tty keys perf namespaces mount personality kernel-surface",
         "",
     );
     let (o, v) = w.build(&a);
@@ -596,6 +596,8 @@ fn host_isolation_seccomp_refuses_tiocsti_tioclinux_keyrings_perf_namespaces_mou
             "pivot_root",
             "newmount",
             "personality",
+            "io_uring",
+            "userfaultfd",
         ],
     );
     // Without the filter, TIOCSTI on a pipe is ENOTTY and add_key works in
@@ -608,6 +610,7 @@ fn host_isolation_seccomp_refuses_tiocsti_tioclinux_keyrings_perf_namespaces_mou
         "perf_event_open(self, sw clock): Operation not permitted",
         "fsopen(tmpfs): Operation not permitted",
         "personality(ADDR_NO_RANDOMIZE): Operation not permitted",
+        "io_uring_setup(8): Function not implemented",
     ] {
         assert!(log.contains(needle), "missing {needle:?}:\n{log}");
     }

@@ -293,6 +293,13 @@ static void p_mount(void) {
     expect_fail("newmount", "fsconfig", syscall(431, -1, 0, NULL, NULL, 0));
 }
 
+static void p_kernel_surface(void) {
+    unsigned char params[120] = {0}; /* struct io_uring_params */
+    expect_fail("io_uring", "io_uring_setup(8)", syscall(425, 8, params));
+    expect_fail("io_uring", "io_uring_enter(-1)", syscall(426, -1, 0, 0, 0, NULL, 0));
+    expect_fail("userfaultfd", "userfaultfd(0)", syscall(SYS_userfaultfd, 0));
+}
+
 static void p_personality(void) {
     long cur = syscall(SYS_personality, 0xffffffffUL);
     printf("INFO personality query: %#lx\n", cur);
@@ -432,6 +439,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(name, "namespaces")) p_namespaces();
         else if (!strcmp(name, "mount")) p_mount();
         else if (!strcmp(name, "personality")) p_personality();
+        else if (!strcmp(name, "kernel-surface")) p_kernel_surface();
         else if (!strcmp(name, "setuid")) p_setuid(arg);
         else if (!strcmp(name, "mknod")) p_mknod(arg);
         else if (!strcmp(name, "forkbomb")) p_forkbomb();
