@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fast-tier materialization against `cp -a` of the same tree, on the same disk
-# in this one run (issue 9: aim >= 10x faster).
+# in this one run (issue 9: aim >= 10x faster); each figure best of 3 but cold.
 #
 #   bench/materialize.sh [SRC_DIR…]   (default: /usr/lib/x86_64-linux-gnu /usr/include /usr/share/doc /usr/bin)
 #
@@ -33,13 +33,21 @@ echo "view $VIEW: $FILES files ($EXECS executable), $((BYTES / 1048576)) MiB"
 find "$WORK/tree" "$WORK/store/blobs" -type f -print0 | xargs -0 cat >/dev/null
 now() { date +%s.%N; }
 t() { local a b; sync; a=$(now); "$@" >/dev/null; b=$(now); echo "$b - $a" | bc -l; }
-CP=$(t cp -a "$WORK/tree" "$WORK/cp")
-CPL=$(t cp -al "$WORK/tree" "$WORK/cpl")
+# Best of 3 (cold: once, it needs a fresh store): this VM's disk is shared
+# and single runs vary by 2-4x.
+best() { local b=999999 x i; for i in 1 2 3; do x=$(t "$@" "$i"); b=$(echo "if ($x < $b) $x else $b" | bc -l); done; echo "$b"; }
+cpa() { cp -a "$WORK/tree" "$WORK/cp$1"; }
+cpl() { cp -al "$WORK/tree" "$WORK/cpl$1"; }
+warm() { "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast2-$1"; }
+noop() { "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast2-1"; }
+check() { "${F[@]}" materialize --check "$WORK/fast2-1"; }
+CP=$(best cpa)
+CPL=$(best cpl)
 COLD=$(t "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast1")
-WARM=$(t "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast2")
-NOOP=$(t "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast2")
-CHECK=$(t "${F[@]}" materialize --check "$WORK/fast2")
-diff -r --no-dereference "$WORK/tree" "$WORK/fast2" >/dev/null || { echo "fast tree differs from the export" >&2; exit 1; }
+WARM=$(best warm)
+NOOP=$(best noop)
+CHECK=$(t check)
+diff -r --no-dereference "$WORK/tree" "$WORK/fast2-1" >/dev/null || { echo "fast tree differs from the export" >&2; exit 1; }
 printf 'cp -a              %8.3f s\n' "$CP"
 printf 'fast (cold)        %8.3f s   cp/fast = %6.1fx\n' "$COLD" "$(echo "$CP / $COLD" | bc -l)"
 printf 'fast (warm)        %8.3f s   cp/fast = %6.1fx  (aim >= 10)\n' "$WARM" "$(echo "$CP / $WARM" | bc -l)"
