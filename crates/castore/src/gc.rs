@@ -71,6 +71,33 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<GcReport> {
             }
         }
     }
+    // The Fast tier's caches: executable twins of dead blobs (and temp files
+    // a killed run left), and cached roots of dead views.
+    let twins = store.root().join(crate::tier::fast::EXEC_BLOBS);
+    for shard in fs::read_dir(&twins).into_iter().flatten().flatten() {
+        for e in fs::read_dir(shard.path()).into_iter().flatten().flatten() {
+            let name = e.file_name();
+            let live = name
+                .to_str()
+                .and_then(|h| format!("b3:{h}").parse::<Digest>().ok())
+                .is_some_and(|d| live_blobs.contains(&d));
+            if !live && fs::remove_file(e.path()).is_ok() {
+                r.deleted_blobs += 1;
+            }
+        }
+    }
+    let fast = store.root().join("fast");
+    for e in fs::read_dir(&fast).into_iter().flatten().flatten() {
+        let name = e.file_name();
+        let hex = name.to_string_lossy();
+        let hex = hex.trim_end_matches(".fhsx-view");
+        let live = format!("b3:{hex}")
+            .parse::<Digest>()
+            .is_ok_and(|d| live_dirs.contains(&d));
+        if !live {
+            remove_read_only_tree(&e.path());
+        }
+    }
     // Composition records whose root is gone.
     let comps = store.root().join("compositions");
     for e in fs::read_dir(&comps).into_iter().flatten().flatten() {
@@ -83,4 +110,21 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<GcReport> {
         }
     }
     Ok(r)
+}
+
+/// Remove a tree whose directories are read-only (a Fast-tier root):
+/// make each directory writable first, then delete.
+fn remove_read_only_tree(p: &std::path::Path) {
+    use std::os::unix::fs::PermissionsExt;
+    if let Ok(m) = fs::symlink_metadata(p) {
+        if m.is_dir() {
+            let _ = fs::set_permissions(p, fs::Permissions::from_mode(0o755));
+            for e in fs::read_dir(p).into_iter().flatten().flatten() {
+                remove_read_only_tree(&e.path());
+            }
+            let _ = fs::remove_dir(p);
+        } else {
+            let _ = fs::remove_file(p);
+        }
+    }
 }

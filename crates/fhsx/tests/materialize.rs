@@ -817,3 +817,39 @@ fn run_view_runs_a_binary_from_a_fast_tier_root() {
     assert_eq!(inodes(&root), before, "the cached root was rebuilt");
     ok(fhsx(&store).args(["materialize", "--check"]).arg(&root));
 }
+
+#[test]
+fn gc_sweeps_the_fast_tier_caches_of_views_not_kept() {
+    let w = workdir();
+    let store = w.path().join("store");
+    let src = w.path().join("src");
+    fixture(&src);
+    let view = import(&store, &src);
+    let other_src = w.path().join("other");
+    write(&other_src.join("keep.txt"), b"kept\n", 0o644);
+    let other = import(&store, &other_src);
+    let dest = w.path().join("dest");
+    ok(fhsx(&store).args(["materialize", &view]).arg(&dest));
+    let twins = store.join("exec-blobs");
+    let count = |d: &Path| -> usize {
+        fs::read_dir(d)
+            .map(|r| {
+                r.flatten()
+                    .map(|s| fs::read_dir(s.path()).map(|x| x.count()).unwrap_or(0))
+                    .sum()
+            })
+            .unwrap_or(0)
+    };
+    assert!(count(&twins) > 0, "the fixture's executables made no twins");
+    // Keeping the view keeps its twins.
+    ok(fhsx(&store).args(["store", "gc", "--keep", &view, &other]));
+    assert!(count(&twins) > 0, "gc removed twins of a kept view");
+    // Dropping it sweeps them; the materialized DEST (its own inodes) still reads.
+    ok(fhsx(&store).args(["store", "gc", "--keep", &other]));
+    assert_eq!(count(&twins), 0, "twins of dead blobs survived gc");
+    assert_eq!(
+        fs::read(dest.join("usr/bin/tool")).unwrap(),
+        b"#!/bin/sh\necho shared blob\n"
+    );
+    ok(fhsx(&store).args(["store", "verify"]));
+}

@@ -41,8 +41,10 @@
 //! [`FastOptions::verify`] to hash every blob (and executable twin) before
 //! it is shared. A twin that fails the check is only a cache: it is remade.
 //!
-//! Not yet known to `gc`/`store verify`: `STORE/exec-blobs/` and the
-//! `STORE/fast/` roots of `fhsx run --view` are caches outside their sweep.
+//! `gc` sweeps both caches: executable twins of blobs no kept root reaches,
+//! and the `STORE/fast/` roots of `fhsx run --view` for views not kept.
+//! `store verify` does not check them: they are caches, and a twin that
+//! fails [`FastOptions::verify`] is remade.
 
 use std::fs::{self, File};
 use std::io::Write;
