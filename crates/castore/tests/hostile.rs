@@ -224,3 +224,16 @@ fn special_files_in_a_directory_are_refused() {
     assert!(err.to_string().contains("FIFOs"), "{err}");
     assert_eq!(snapshot(&env.store), before);
 }
+
+/// Found by fuzz/ (archive_import): an ar member named `/<digits>` (a GNU
+/// long-name reference with no name table) made the `ar` crate panic. A
+/// hostile .deb must be a clear error, not a crash.
+#[test]
+fn deb_with_a_dangling_gnu_long_name_is_refused_not_a_panic() {
+    let env = Env::new();
+    let mut deb = b"!<arch>\n/".to_vec();
+    deb.extend(std::iter::repeat_n(b'7', 79));
+    let p = env.path("dangling.deb");
+    std::fs::write(&p, &deb).unwrap();
+    assert_refused(&env, &p, ".deb");
+}

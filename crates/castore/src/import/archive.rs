@@ -277,7 +277,17 @@ pub(super) fn import_deb(
     progress: &dyn Progress,
 ) -> Result<Imported> {
     let mut ar = ar::Archive::new(input);
-    while let Some(member) = ar.next_entry() {
+    loop {
+        // The `ar` crate panics on some malformed headers (a GNU long-name
+        // reference with no name table, found by fuzzing): a hostile .deb
+        // must be an error, not a crash.
+        let ar = &mut ar;
+        let next = std::panic::catch_unwind(std::panic::AssertUnwindSafe(move || {
+            let ar = ar; // moved out: the closure is FnOnce, the entry may borrow it
+            ar.next_entry()
+        }))
+        .map_err(|_| hostile(path, "corrupt .deb (ar) archive: malformed member header"))?;
+        let Some(member) = next else { break };
         let member =
             member.map_err(|e| hostile(path, format!("corrupt .deb (ar) archive: {e}")))?;
         if let Some(c) = Compression::from_member_name(member.header().identifier()) {
