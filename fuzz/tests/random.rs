@@ -211,3 +211,25 @@ fn fuzz_rpc_frame() {
         fhsx_fuzz::rpc_frame,
     );
 }
+
+/// Every input a fuzzer once crashed on (fuzz/regressions/<target>/).
+#[test]
+fn fuzz_regressions_replay() {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("regressions");
+    let targets: [(&str, fn(&[u8])); 6] = [
+        ("directory_decode", fhsx_fuzz::directory_decode),
+        ("archive_import", fhsx_fuzz::archive_import),
+        ("action_parse", fhsx_fuzz::action_parse),
+        ("lock_parse", fhsx_fuzz::lock_parse),
+        ("url_normalise", fhsx_fuzz::url_normalise),
+        ("rpc_frame", fhsx_fuzz::rpc_frame),
+    ];
+    for (name, f) in targets {
+        let Ok(rd) = std::fs::read_dir(root.join(name)) else {
+            continue;
+        };
+        for e in rd.flatten() {
+            f(&std::fs::read(e.path()).unwrap());
+        }
+    }
+}
