@@ -458,9 +458,18 @@ pub fn cleanup_stale_mounts(registry: &Path) -> Result<Vec<PathBuf>> {
     for ent in rd.flatten() {
         let p = ent.path();
         if p.extension().and_then(|e| e.to_str()) != Some("json") {
-            // A torn temp file of a killed writer.
-            if p.extension()
-                .is_some_and(|e| e.to_string_lossy().starts_with("tmp"))
+            // A torn temp file of a killed writer — but a live writer's is
+            // renamed within microseconds, and removing it would leave its
+            // mount unregistered (and so never cleaned up): only old ones.
+            let old = ent
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > Duration::from_secs(60));
+            if old
+                && p.extension()
+                    .is_some_and(|e| e.to_string_lossy().starts_with("tmp"))
             {
                 let _ = fs::remove_file(&p);
             }
