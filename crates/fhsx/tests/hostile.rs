@@ -23,12 +23,15 @@
 //! (castore-fuse unmounts with umount2, which needs root; it would need
 //! `fusermount3 -u`) and some hosts ship `/dev/fuse` as 0600.
 
+mod support;
+
 use std::fs;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
+use support::{repo, text};
 
 fn fhsx(store: &Path) -> Command {
     let mut c = Command::new(fhsx_exe());
@@ -45,18 +48,6 @@ fn fhsx_exe() -> PathBuf {
     std::env::var_os("FHSX_HOSTILE_EXE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fhsx")))
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
 /// busybox-static's .deb, fetched once per target dir (or handed in).

@@ -2,80 +2,20 @@
 //! loopback, real builds (busybox-static and the hello toolchain, real
 //! Debian packages fetched by examples/hello/fetch-inputs.sh).
 
+mod support;
+
 use std::collections::HashSet;
 use std::fs;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use castore::store::{DirectoryStore, LocalStore};
 use castore::{Digest, Node};
+use support::{busybox, fhsx, import, inputs, text};
 use worker::client::Client;
 use worker::Endpoint;
-
-fn fhsx(store: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_fhsx"));
-    c.arg("--store").arg(store);
-    if let Some(parent) = store.parent() {
-        c.env("TMPDIR", parent);
-    }
-    c
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
-
-fn repo() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
-}
-
-fn inputs() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hello-inputs");
-        let o = Command::new(repo().join("examples/hello/fetch-inputs.sh"))
-            .arg(&dir)
-            .output()
-            .expect("run examples/hello/fetch-inputs.sh");
-        assert!(
-            o.status.success(),
-            "fetching the example's Debian packages failed (needs apt-get and `apt-get update`): {}",
-            text(&o)
-        );
-        dir
-    })
-}
-
-fn import(store: &Path, p: &Path) -> String {
-    let o = fhsx(store)
-        .args(["store", "import"])
-        .arg(p)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "import {}: {}", p.display(), text(&o));
-    String::from_utf8_lossy(&o.stdout)
-        .split('\t')
-        .next()
-        .unwrap()
-        .to_owned()
-}
-
-fn busybox(store: &Path) -> String {
-    let deb = fs::read_dir(inputs().join("fetch-debs"))
-        .unwrap()
-        .flatten()
-        .map(|e| e.path())
-        .find(|p| p.to_string_lossy().contains("busybox-static"))
-        .expect("busybox-static .deb");
-    import(store, &deb)
-}
 
 fn sh_action(dir: &Path, name: &str, closure: &str, script: &str) -> PathBuf {
     let p = dir.join(name);
