@@ -8,7 +8,7 @@ mod support;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-use support::{busybox, fhsx, import, inputs, text};
+use support::{busybox, fhsx, import, inputs, mirror, no_leftovers, text};
 
 /// Import every toolchain .deb; returns (package name, atom digest).
 fn toolchain(store: &Path) -> Vec<(String, String)> {
@@ -61,25 +61,6 @@ fn build(store: &Path, action: &Path) -> (Output, Option<serde_json::Value>) {
         .unwrap();
     let v = serde_json::from_slice(&o.stdout).ok();
     (o, v)
-}
-
-/// No mount and no build directory left behind in `dir`, where this test's
-/// builds keep their scratch (`TMPDIR`). Tests run in parallel, so other
-/// tests' live mounts elsewhere are not ours to judge.
-fn no_leftovers(dir: &Path) {
-    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let d = dir.to_string_lossy();
-    assert!(
-        !mounts.contains(d.as_ref()),
-        "a mount is left under {d}:\n{mounts}"
-    );
-    let left: Vec<_> = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("fhsx-build-"))
-        .map(|e| e.path())
-        .collect();
-    assert!(left.is_empty(), "build directories left behind: {left:?}");
 }
 
 fn hello_action(tc: &[String], src: &str) -> String {
@@ -397,37 +378,6 @@ fn bad_action_files_exit_2_with_a_clear_error() {
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
-}
-
-/// A loopback HTTP server answering every GET with `body`; returns its port
-/// and a stop flag. Stands in for an upstream mirror.
-fn mirror(body: &'static [u8]) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
-    use std::io::{Read, Write};
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    listener.set_nonblocking(true).unwrap();
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    std::thread::spawn(move || {
-        while !flag.load(Ordering::SeqCst) {
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    s.set_nonblocking(false).unwrap();
-                    let mut buf = [0u8; 4096];
-                    let _ = s.read(&mut buf);
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = s.write_all(head.as_bytes());
-                    let _ = s.write_all(body);
-                }
-                Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
-            }
-        }
-    });
-    (port, stop)
 }
 
 fn fetch_action(bb: &str, url: &str, mode: &str) -> String {

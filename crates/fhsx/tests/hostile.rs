@@ -31,24 +31,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
-use support::{repo, text};
-
-fn fhsx(store: &Path) -> Command {
-    let mut c = Command::new(fhsx_exe());
-    c.arg("--store").arg(store);
-    // Builds keep their scratch next to the store, so leftovers are visible per test.
-    if let Some(parent) = store.parent() {
-        c.env("TMPDIR", parent);
-    }
-    c
-}
-
-/// The fhsx binary (a copy the unprivileged user can run, when set).
-fn fhsx_exe() -> PathBuf {
-    std::env::var_os("FHSX_HOSTILE_EXE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fhsx")))
-}
+use support::{fhsx, import, no_leftovers, repo, text};
 
 /// busybox-static's .deb, fetched once per target dir (or handed in).
 fn busybox_deb() -> PathBuf {
@@ -212,37 +195,6 @@ impl World {
             .unwrap();
         assert!(o.status.success(), "store damaged: {}", text(&o));
     }
-}
-
-fn import(store: &Path, p: &Path) -> String {
-    let o = fhsx(store)
-        .args(["store", "import"])
-        .arg(p)
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "import {}: {}", p.display(), text(&o));
-    String::from_utf8_lossy(&o.stdout)
-        .split('\t')
-        .next()
-        .unwrap()
-        .to_owned()
-}
-
-/// No mount and no build directory left behind in `dir`.
-fn no_leftovers(dir: &Path) {
-    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let d = dir.to_string_lossy();
-    assert!(
-        !mounts.contains(d.as_ref()),
-        "a mount is left under {d}:\n{mounts}"
-    );
-    let left: Vec<_> = fs::read_dir(dir)
-        .unwrap()
-        .flatten()
-        .filter(|e| e.file_name().to_string_lossy().starts_with("fhsx-build-"))
-        .map(|e| e.path())
-        .collect();
-    assert!(left.is_empty(), "build directories left behind: {left:?}");
 }
 
 /// Every probe reported, none escaped.

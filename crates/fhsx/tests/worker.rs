@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 
 use castore::store::{DirectoryStore, LocalStore};
 use castore::{Digest, Node};
-use support::{busybox, fhsx, import, inputs, text};
+use support::{busybox, fhsx, import, inputs, mirror, text};
 use worker::client::Client;
 use worker::Endpoint;
 
@@ -715,35 +715,6 @@ fn unix_socket_worker_serves_builds() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "socket left behind");
-}
-
-/// A loopback HTTP server answering every request with `body`.
-fn mirror(body: &'static [u8]) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
-    use std::sync::atomic::{AtomicBool, Ordering};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    listener.set_nonblocking(true).unwrap();
-    let stop = std::sync::Arc::new(AtomicBool::new(false));
-    let flag = stop.clone();
-    std::thread::spawn(move || {
-        while !flag.load(Ordering::SeqCst) {
-            match listener.accept() {
-                Ok((mut s, _)) => {
-                    s.set_nonblocking(false).unwrap();
-                    let mut buf = [0u8; 4096];
-                    let _ = s.read(&mut buf);
-                    let head = format!(
-                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
-                        body.len()
-                    );
-                    let _ = s.write_all(head.as_bytes());
-                    let _ = s.write_all(body);
-                }
-                Err(_) => std::thread::sleep(Duration::from_millis(5)),
-            }
-        }
-    });
-    (port, stop)
 }
 
 /// Record is refused remotely (impure, exit 2, before connecting

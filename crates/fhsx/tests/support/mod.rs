@@ -7,8 +7,16 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::OnceLock;
 
+/// The fhsx binary; `FHSX_HOSTILE_EXE` names a copy an unprivileged user
+/// can run (the hostile suite's non-root pass).
+pub fn fhsx_exe() -> PathBuf {
+    std::env::var_os("FHSX_HOSTILE_EXE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_BIN_EXE_fhsx")))
+}
+
 pub fn fhsx(store: &Path) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_fhsx"));
+    let mut c = Command::new(fhsx_exe());
     c.arg("--store").arg(store);
     // Builds keep their scratch next to the store, so leftovers are visible per test.
     if let Some(parent) = store.parent() {
@@ -71,4 +79,54 @@ pub fn busybox(store: &Path) -> String {
         .find(|p| p.to_string_lossy().contains("busybox-static"))
         .expect("busybox-static .deb (examples/hello/fetch-inputs.sh fetches it)");
     import(store, &deb)
+}
+
+/// A loopback HTTP server answering every GET with `body`; returns its port
+/// and a stop flag. Stands in for an upstream mirror.
+pub fn mirror(body: &'static [u8]) -> (u16, std::sync::Arc<std::sync::atomic::AtomicBool>) {
+    use std::io::{Read, Write};
+    use std::sync::atomic::{AtomicBool, Ordering};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    listener.set_nonblocking(true).unwrap();
+    let stop = std::sync::Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    std::thread::spawn(move || {
+        while !flag.load(Ordering::SeqCst) {
+            match listener.accept() {
+                Ok((mut s, _)) => {
+                    s.set_nonblocking(false).unwrap();
+                    let mut buf = [0u8; 4096];
+                    let _ = s.read(&mut buf);
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nContent-Type: application/octet-stream\r\nConnection: close\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = s.write_all(head.as_bytes());
+                    let _ = s.write_all(body);
+                }
+                Err(_) => std::thread::sleep(std::time::Duration::from_millis(5)),
+            }
+        }
+    });
+    (port, stop)
+}
+
+/// No mount and no build directory left behind in `dir`, where this test's
+/// builds keep their scratch (`TMPDIR`). Tests run in parallel, so other
+/// tests' live mounts elsewhere are not ours to judge.
+pub fn no_leftovers(dir: &Path) {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let d = dir.to_string_lossy();
+    assert!(
+        !mounts.contains(d.as_ref()),
+        "a mount is left under {d}:\n{mounts}"
+    );
+    let left: Vec<_> = fs::read_dir(dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with("fhsx-build-"))
+        .map(|e| e.path())
+        .collect();
+    assert!(left.is_empty(), "build directories left behind: {left:?}");
 }
