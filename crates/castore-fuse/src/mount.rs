@@ -84,8 +84,15 @@ pub fn preflight() -> Result<()> {
         return Err(Error::FuseUnavailable("/dev/fuse does not exist".into()));
     }
     if let Err(e) = fs::File::options().read(true).write(true).open(dev) {
+        // fusermount3 opens the device with the caller's permissions too,
+        // so a non-root user needs the mode udev gives it on a stock host.
         return Err(Error::FuseUnavailable(format!(
-            "cannot open /dev/fuse: {e}"
+            "cannot open /dev/fuse: {e}{}",
+            if is_root() {
+                ""
+            } else {
+                " (a non-root user needs it mode 0666, as udev sets it on a stock system: `chmod 0666 /dev/fuse` as root)"
+            }
         )));
     }
     if !is_root() && which("fusermount3").is_none() {
@@ -328,8 +335,31 @@ fn detach(path: &Path) -> std::io::Result<()> {
     let e = std::io::Error::last_os_error();
     match e.raw_os_error() {
         Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(()),
+        // Not root: only the setuid fusermount3 may unmount, and it checks
+        // that the mount is a FUSE mount of ours before it does.
+        Some(libc::EPERM) => fusermount_detach(path),
         _ => Err(e),
     }
+}
+
+/// `fusermount3 -u -z -- PATH`, the unprivileged owner's lazy unmount;
+/// "no longer mounted" counts as done.
+fn fusermount_detach(path: &Path) -> std::io::Result<()> {
+    let out = std::process::Command::new("fusermount3")
+        .args(["-u", "-z", "-q", "--"])
+        .arg(path)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .output()?;
+    if out.status.success() || !live_mounts().iter().any(|m| m == path) {
+        return Ok(());
+    }
+    Err(std::io::Error::other(format!(
+        "fusermount3 -u {} failed: {}",
+        path.display(),
+        String::from_utf8_lossy(&out.stderr).trim()
+    )))
 }
 
 /// The FUSE connection number of the mount at `path`: its device minor.

@@ -16,12 +16,13 @@
 //! `host_isolation` (`[eos-build-sandbox-host-isolation]`).
 //!
 //! Run as root (CI) these prove the root path (sandbox uid maps to host 0,
-//! caps dropped, seccomp, cgroup limits). The same binary runs unchanged as
-//! an unprivileged user (`FHSX_HOSTILE_EXE`, `FHSX_HOSTILE_ATTACK` and
-//! `FHSX_HOSTILE_BUSYBOX` hand in copies it can read); that run is not
-//! automated yet, because `fhsx build` as non-root cannot unmount its view
-//! (castore-fuse unmounts with umount2, which needs root; it would need
-//! `fusermount3 -u`) and some hosts ship `/dev/fuse` as 0600.
+//! caps dropped, seccomp, cgroup limits). `zz_every_hostile_action_also_
+//! fails_as_an_unprivileged_user` then re-runs every other test as a
+//! created system user (`FHSX_HOSTILE_EXE`, `FHSX_HOSTILE_ATTACK` and
+//! `FHSX_HOSTILE_BUSYBOX` hand in copies it can read): bwrap over user
+//! namespaces, pidfd reaper, `RLIMIT_NPROC`, the view mounted and unmounted
+//! through the setuid `fusermount3` (which needs `/dev/fuse` mode 0666, as
+//! udev sets it on a stock host; `.ci/run` makes it so in containers).
 
 mod support;
 
@@ -734,4 +735,88 @@ impl Drop for Cancel {
         }
         let _ = self.0.wait();
     }
+}
+
+const HOSTILE_USER: &str = "fhsx-hostile";
+
+/// The whole suite again as an unprivileged user: without root, bwrap
+/// builds on user namespaces, the reaper falls back to pidfds and
+/// `RLIMIT_NPROC`, and the FUSE view is mounted and unmounted through the
+/// setuid `fusermount3` — each a different path to the same promises. As
+/// root this creates a system user and re-runs this test binary as that
+/// user (every test but this one), handing in copies of the fhsx binary,
+/// the probe and busybox it can read.
+#[test]
+fn zz_every_hostile_action_also_fails_as_an_unprivileged_user() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Already unprivileged: the other tests in this run are the proof.
+        return;
+    }
+    let add = Command::new("useradd")
+        .args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            HOSTILE_USER,
+        ])
+        .output()
+        .expect("useradd is needed to create the unprivileged test user: `apt-get install passwd`");
+    // 9: the user already exists.
+    assert!(
+        add.status.success() || add.status.code() == Some(9),
+        "useradd failed: {}",
+        String::from_utf8_lossy(&add.stderr)
+    );
+    assert!(
+        Path::new("/usr/bin/fusermount3").exists(),
+        "an unprivileged user mounts the view through fusermount3: `apt-get install fuse3`"
+    );
+    let mode = fs::metadata("/dev/fuse").map(|m| m.permissions().mode() & 0o777);
+    assert_eq!(
+        mode.ok(),
+        Some(0o666),
+        "an unprivileged user needs /dev/fuse mode 0666 (udev's default on a stock host): `chmod 0666 /dev/fuse`"
+    );
+    // Copies the user can surely read and run: the checkout and the target
+    // directory may sit below a directory only root can enter.
+    let dir = tempfile::Builder::new()
+        .prefix("hostile-unpriv-")
+        .tempdir()
+        .unwrap();
+    let copy = |src: &Path, name: &str, mode: u32| {
+        let dst = dir.path().join(name);
+        fs::copy(src, &dst).unwrap();
+        fs::set_permissions(&dst, fs::Permissions::from_mode(mode)).unwrap();
+        dst
+    };
+    fs::set_permissions(dir.path(), fs::Permissions::from_mode(0o755)).unwrap();
+    let suite = copy(&std::env::current_exe().unwrap(), "hostile-suite", 0o755);
+    let exe = copy(&support::fhsx_exe(), "fhsx", 0o755);
+    let attack = copy(&attack_bin(), "attack", 0o755);
+    let busybox = copy(&busybox_deb(), "busybox-static.deb", 0o644);
+    let run = Command::new("runuser")
+        .args(["-u", HOSTILE_USER, "--", "env", "-i"])
+        .arg(format!(
+            "PATH={}",
+            std::env::var("PATH").unwrap_or_else(|_| "/usr/bin:/bin".into())
+        ))
+        .arg("TMPDIR=/tmp")
+        .arg(format!("FHSX_HOSTILE_EXE={}", exe.display()))
+        .arg(format!("FHSX_HOSTILE_ATTACK={}", attack.display()))
+        .arg(format!("FHSX_HOSTILE_BUSYBOX={}", busybox.display()))
+        .arg(&suite)
+        .args(["--skip", "zz_every_hostile_action", "--test-threads=2"])
+        .output()
+        .expect(
+            "runuser (util-linux) is needed to run as the test user: `apt-get install util-linux`",
+        );
+    let so = String::from_utf8_lossy(&run.stdout);
+    let se = String::from_utf8_lossy(&run.stderr);
+    assert!(
+        run.status.success() && so.contains("test result: ok") && !so.contains(" 0 passed"),
+        "the hostile suite failed as user {HOSTILE_USER}:\n{so}\n{se}"
+    );
+    println!("as {HOSTILE_USER}:\n{so}");
 }
