@@ -15,7 +15,8 @@ use std::process::Command;
 
 fn main() {
     let src = PathBuf::from("supervisor/main.rs");
-    println!("cargo:rerun-if-changed={}", src.display());
+    // The whole directory: main.rs pulls in its sibling modules.
+    println!("cargo:rerun-if-changed=supervisor");
     println!("cargo:rerun-if-changed=build.rs");
 
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").expect("cargo sets OUT_DIR"));

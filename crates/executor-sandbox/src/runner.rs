@@ -147,6 +147,9 @@ pub struct RunReport {
     /// Whether the reaper found anything left in the run's cgroup at the end.
     pub cgroup_leftovers: bool,
     pub reaper: ReaperMode,
+    /// The Landlock ABI the command ran under (0: the kernel has none, so
+    /// the mount layout and namespaces alone held).
+    pub landlock_abi: u32,
     pub elapsed: Duration,
     /// Captured output (empty unless `capture_output` or
     /// [`Output::Capture`]).
@@ -692,6 +695,7 @@ impl Runtime {
         Ok(RunReport {
             outcome,
             lingering_killed: report.lingering,
+            landlock_abi: report.landlock,
             cgroup_leftovers,
             reaper: reaper_mode,
             elapsed: started.elapsed(),
@@ -761,12 +765,14 @@ enum End {
 struct ControlReport {
     end: Option<End>,
     lingering: u32,
+    landlock: u32,
 }
 
 fn parse_control(buf: &[u8]) -> ControlReport {
     let mut r = ControlReport {
         end: None,
         lingering: 0,
+        landlock: 0,
     };
     for line in String::from_utf8_lossy(buf).lines() {
         let mut it = line.split_whitespace();
@@ -778,6 +784,7 @@ fn parse_control(buf: &[u8]) -> ControlReport {
             "SIGNAL" => r.end = Some(End::Signal(v as i32)),
             "NOEXEC" => r.end = Some(End::NoExec),
             "LINGER" => r.lingering = v as u32,
+            "LANDLOCK" => r.landlock = v as u32,
             _ => {}
         }
     }

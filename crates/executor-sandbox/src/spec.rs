@@ -561,6 +561,14 @@ impl SandboxSpec {
                 a.push(v.to_string());
             }
         }
+        for p in layers::mounts::writable_inside(self) {
+            a.push("--landlock-rw");
+            a.push(p);
+        }
+        for p in layers::mounts::WRITE_EXISTING_INSIDE {
+            a.push("--landlock-files");
+            a.push(p);
+        }
         if let Some(p) = &self.proxy {
             a.push("--proxy-port");
             a.push(p.port.to_string());

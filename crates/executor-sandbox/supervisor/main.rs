@@ -6,7 +6,11 @@
 //!
 //! Usage: `fhsx-supervisor [--control-fd N] [--nproc N] [--rlimit-fsize N]
 //! [--rlimit-nofile N] [--rlimit-as N] [--proxy-port P --proxy-socket PATH]
-//! -- CMD [ARGS...]`
+//! [--landlock-rw PATH]... [--landlock-files PATH]... -- CMD [ARGS...]`
+//!
+//! With any `--landlock-*` path, CMD runs inside a Landlock domain (see
+//! `landlock.rs`): writes only beneath those paths, and no signal or
+//! abstract-socket connection out of the domain.
 //!
 //! The `--rlimit-*` limits (and `--nproc`) are set on CMD only, just before
 //! it execs; a value above the current hard limit is clamped to it.
@@ -28,8 +32,10 @@
 //!
 //! Control protocol (lines on the control fd, a stream socket):
 //! host -> supervisor: `TERM`; supervisor -> host: `START` once running,
-//! then `EXIT <code>` or `SIGNAL <n>` or `NOEXEC <errno>`, then
+//! `LANDLOCK <abi>` (0: none) when asked for Landlock, then `EXIT <code>` or `SIGNAL <n>` or `NOEXEC <errno>`, then
 //! `LINGER <count>`.
+
+mod landlock;
 
 use std::ffi::OsString;
 use std::io::{Read, Write};
@@ -135,10 +141,12 @@ struct Args {
     rlimits: Vec<(c_int, u64)>,
     proxy_port: Option<u16>,
     proxy_socket: Option<OsString>,
+    landlock_rw: Vec<OsString>,
+    landlock_files: Vec<OsString>,
     command: Vec<OsString>,
 }
 
-const USAGE: &str = "usage: fhsx-supervisor [--control-fd N] [--nproc N] [--rlimit-fsize N] [--rlimit-nofile N] [--rlimit-as N] [--proxy-port P --proxy-socket PATH] -- CMD [ARGS...]";
+const USAGE: &str = "usage: fhsx-supervisor [--control-fd N] [--nproc N] [--rlimit-fsize N] [--rlimit-nofile N] [--rlimit-as N] [--proxy-port P --proxy-socket PATH] [--landlock-rw PATH]... [--landlock-files PATH]... -- CMD [ARGS...]";
 
 fn parse_args() -> Args {
     let mut it = std::env::args_os().skip(1);
@@ -148,6 +156,8 @@ fn parse_args() -> Args {
         rlimits: Vec::new(),
         proxy_port: None,
         proxy_socket: None,
+        landlock_rw: Vec::new(),
+        landlock_files: Vec::new(),
         command: Vec::new(),
     };
     while let Some(arg) = it.next() {
@@ -187,6 +197,16 @@ fn parse_args() -> Args {
                     it.next()
                         .unwrap_or_else(|| die("--proxy-socket needs a path")),
                 );
+            }
+            Some(flag @ ("--landlock-rw" | "--landlock-files")) => {
+                let p = it
+                    .next()
+                    .unwrap_or_else(|| die(&format!("{flag} needs a path")));
+                if flag == "--landlock-rw" {
+                    a.landlock_rw.push(p);
+                } else {
+                    a.landlock_files.push(p);
+                }
             }
             Some("--") => {
                 a.command = it.collect();
@@ -367,6 +387,18 @@ fn main() {
         })
         .collect();
 
+    let ruleset = if args.landlock_rw.is_empty() && args.landlock_files.is_empty() {
+        None
+    } else {
+        match landlock::build(&args.landlock_rw, &args.landlock_files) {
+            Ok(r) => {
+                control.send(&format!("LANDLOCK {}", r.as_ref().map_or(0, |r| r.abi)));
+                r
+            }
+            Err(e) => die(&e),
+        }
+    };
+
     let nproc = args.nproc;
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
@@ -387,6 +419,11 @@ fn main() {
                 if setrlimit(*res, lim) != 0 {
                     return Err(std::io::Error::from_raw_os_error(errno()));
                 }
+            }
+            // Last, so nothing above runs restricted; the supervisor itself
+            // stays outside the domain (and so out of the command's reach).
+            if let Some(r) = &ruleset {
+                r.restrict_self().map_err(std::io::Error::from_raw_os_error)?;
             }
             Ok(())
         });

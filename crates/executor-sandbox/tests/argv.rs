@@ -91,7 +91,11 @@ const GOLDEN: &[&str] = &[
     "--setenv", "PATH", "/usr/bin:/bin",
     "--setenv", "WF_RPC_SOCK", "/run/wf.sock",
     // the command, under the supervisor
-    "--", "/run/fhsx/supervisor", "--control-fd", "3", "--", "make", "-j2",
+    "--", "/run/fhsx/supervisor", "--control-fd", "3",
+    // Landlock restates the writable places, and nothing else
+    "--landlock-rw", "/workspace", "--landlock-rw", "/tmp", "--landlock-rw", "/dev/shm",
+    "--landlock-files", "/dev", "--landlock-files", "/proc",
+    "--", "make", "-j2",
 ];
 
 #[test]

@@ -375,11 +375,16 @@ fn host_isolation_hostname_and_host_paths_in_proc_1_cmdline_are_hidden() {
     assert_eq!(lines.next(), Some("fhsx"));
     assert!(!o.contains(host_name.trim()), "host hostname leaked:\n{o}");
     let ws_s = ws.path().to_str().unwrap();
-    let tmp = std::env::temp_dir();
-    for needle in [ws_s, tmp.to_str().unwrap(), "bwrap", "fhsx-0", "/root"] {
+    // The host's temp dir below which runtimes live ("/tmp" alone is the
+    // sandbox's own, named in the supervisor's Landlock flags).
+    let tmp = format!("{}/", std::env::temp_dir().display());
+    for needle in [ws_s, tmp.as_str(), "bwrap", "fhsx-0", "/root"] {
         assert!(!o.contains(needle), "{needle:?} visible in a cmdline:\n{o}");
     }
-    assert!(o.contains("/run/fhsx/supervisor --control-fd 3 --"), "{o}");
+    assert!(
+        o.contains("/run/fhsx/supervisor --control-fd 3 --landlock-rw /workspace"),
+        "{o}"
+    );
 }
 
 #[test]

@@ -103,6 +103,22 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
     binds
 }
 
+/// The places inside the sandbox this layer makes writable, which the
+/// supervisor's Landlock ruleset restates (every other path refuses
+/// writes twice: read-only mounts, then Landlock).
+pub(crate) fn writable_inside(spec: &SandboxSpec) -> [&'static str; 3] {
+    let own = match &spec.root {
+        RootProvider::Host { .. } => WORKSPACE_DIR,
+        RootProvider::View { .. } => SCRATCH_DIR,
+    };
+    [own, "/tmp", "/dev/shm"]
+}
+
+/// Where existing files may be written but nothing created or removed:
+/// device nodes (`/dev/null`, ttys, …) and a process's own `/proc` knobs
+/// (`oom_score_adj`, `comm`; `/proc/sys` is a read-only mount).
+pub(crate) const WRITE_EXISTING_INSIDE: [&str; 2] = ["/dev", "/proc"];
+
 /// `/proc` (hardened), `/dev`, and the private tmpfs mounts.
 ///
 /// bwrap covers `/proc/sys` only when its directory is writable, which it
