@@ -118,6 +118,11 @@ pub struct Limits {
     pub file_size: u64,
     #[serde(default = "Limits::default_open_files")]
     pub open_files: u64,
+    /// Bytes the build may keep in its scratch directory at once (all
+    /// files together), enforced by a file system of that size where the
+    /// host allows it.
+    #[serde(default = "Limits::default_disk")]
+    pub disk: u64,
 }
 
 impl Limits {
@@ -133,6 +138,9 @@ impl Limits {
     fn default_open_files() -> u64 {
         4096
     }
+    fn default_disk() -> u64 {
+        32 << 30
+    }
 }
 
 impl Default for Limits {
@@ -142,6 +150,7 @@ impl Default for Limits {
             memory: Self::default_memory(),
             file_size: Self::default_file_size(),
             open_files: Self::default_open_files(),
+            disk: Self::default_disk(),
         }
     }
 }
@@ -222,8 +231,13 @@ impl Action {
             return Err("[network] mode replay/record needs `lock = \"fetch.lock\"`".into());
         }
         let l = &self.limits;
-        if l.pids == 0 || l.memory < (16 << 20) || l.open_files < 16 || l.file_size == 0 {
-            return Err("[limits] are too small to run anything (pids ≥ 1, memory ≥ 16 MiB, open_files ≥ 16)".into());
+        if l.pids == 0
+            || l.memory < (16 << 20)
+            || l.open_files < 16
+            || l.file_size == 0
+            || l.disk < (8 << 20)
+        {
+            return Err("[limits] are too small to run anything (pids ≥ 1, memory ≥ 16 MiB, open_files ≥ 16, file_size ≥ 1, disk ≥ 8 MiB)".into());
         }
         Ok(())
     }

@@ -25,6 +25,7 @@ use executor_core::{
 };
 use executor_sandbox::{Outcome, Output, RealFs, RunOptions, Runtime, SandboxSpec, Stdin};
 
+use crate::scratch::{DiskLimit, WorkArea};
 use crate::{ingest, keys, manifest, sign, Error};
 
 /// The primary FHS executor over a local store.
@@ -172,12 +173,16 @@ impl FhsExecutor {
         atoms.extend_from_slice(&action.inputs.toolchain);
         let view = self.compose_view(&atoms)?;
 
-        // Private working area: scratch (→ /build) and the mount point.
-        let work = tempfile::Builder::new()
-            .prefix("fhsx-build-")
-            .tempdir()
-            .map_err(|e| Error::io("create build directory in", &std::env::temp_dir(), e))?;
-        let scratch = work.path().join("build");
+        // Private working area: scratch (→ /build, size-capped where the
+        // host allows) and the mount point.
+        let work = WorkArea::create(action.limits.disk)?;
+        // fhsx's own lines, ahead of the build's in the stored log.
+        let mut notes = Vec::new();
+        if let DiskLimit::NotEnforced(why) = &work.disk {
+            let _ = writeln!(notes, "fhsx: [limits] disk is not enforced here: {why}");
+            let _ = log.write_all(&notes);
+        }
+        let scratch = work.scratch().to_path_buf();
         let mnt = work.path().join("view");
         for d in [&scratch, &mnt, &scratch.join("home"), &scratch.join("out")] {
             fs::create_dir_all(d).map_err(|e| Error::io("create", d, e))?;
@@ -248,6 +253,7 @@ impl FhsExecutor {
             .map_err(|e| Error::Other(format!("unmounting the view: {e}")))?;
         let fetch = proxy.map(|p| p.finish()).transpose()?;
         let report = ran?;
+        log_bytes.splice(0..0, notes);
         let mut violations = Vec::new();
         let mut fetch_lock_digest = lock_digest;
         if let Some(f) = &fetch {
@@ -303,12 +309,20 @@ impl FhsExecutor {
         let record_digest = sign::store_record(&self.store, &signed)?;
         let failed = !signed.record.exit.success() || !violations.is_empty();
         if failed && self.keep_failed {
+            let own_fs = matches!(work.disk, DiskLimit::Enforced(_));
             let kept = work.keep();
             let _ = writeln!(
                 log,
                 "fhsx: kept the failed build's scratch at {}/build",
                 kept.display()
             );
+            if own_fs {
+                let _ = writeln!(
+                    log,
+                    "fhsx: it is its own size-capped file system: `umount {}/build` when done",
+                    kept.display()
+                );
+            }
         } else {
             drop(work);
         }

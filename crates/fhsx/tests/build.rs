@@ -562,10 +562,75 @@ fn keep_failed_keeps_the_scratch_and_says_where() {
         "clue\n"
     );
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    let t_s = t.path().to_string_lossy().to_string();
     assert!(
-        !mounts.contains(&t.path().to_string_lossy().to_string()),
+        !mounts
+            .lines()
+            .any(|l| l.contains(&t_s) && l.contains("fhsx-view")),
         "the view stayed mounted"
     );
+    // As root the scratch is its own file system, kept mounted for
+    // inspection; the message says how to let it go.
+    if mounts.lines().any(|l| l.contains(dir)) {
+        assert!(err.contains(&format!("`umount {dir}` when done")), "{err}");
+        let u = Command::new("umount").arg(dir).output().unwrap();
+        assert!(u.status.success(), "{}", text(&u));
+    }
+}
+
+/// A build killed outright (SIGKILL: no cleanup at all) leaves its working
+/// area — scratch file system and view mounted — behind; the next build
+/// finds its lock free and removes it all.
+#[test]
+fn a_killed_build_is_swept_by_the_next_one() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let action = write_action(
+        t.path(),
+        "long.toml",
+        &sh_action(&bb, "echo started; busybox sleep 300", "").replace("\"60s\"", "\"10m\""),
+    );
+    let mut child = fhsx(&store)
+        .arg("build")
+        .arg(&action)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut err = std::io::BufReader::new(child.stderr.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("started") {
+        line.clear();
+        use std::io::BufRead;
+        assert!(
+            err.read_line(&mut line).unwrap() > 0,
+            "the build never started"
+        );
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    let areas = || -> Vec<PathBuf> {
+        fs::read_dir(t.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with("fhsx-build-"))
+            .map(|e| e.path())
+            .collect()
+    };
+    let left = areas();
+    assert_eq!(left.len(), 1, "SIGKILL should leave the area: {left:?}");
+    // The orphaned sandbox dies with its bwrap parent (--die-with-parent).
+    let quick = write_action(t.path(), "quick.toml", &sh_action(&bb, "echo hi", ""));
+    let (o, _) = build(&store, &quick);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        areas().is_empty(),
+        "the killed build's area is still there: {:?}",
+        areas()
+    );
+    no_leftovers(t.path());
 }
 
 #[test]

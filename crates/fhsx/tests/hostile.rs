@@ -651,7 +651,7 @@ fn host_isolation_no_fd_passing_between_concurrent_builds_via_abstract_socket() 
 
 /// A resource exhaustion attempt ends as a clean build failure (exit 1, no
 /// leftovers, no process left) and the host can still start processes.
-fn exhaust(probe: &str, limits: &str, what: &str) {
+fn exhaust(probe: &str, limits: &str, what: &str) -> String {
     let w = World::new();
     let a = w.action(
         "exhaust.toml",
@@ -677,6 +677,7 @@ fn exhaust(probe: &str, limits: &str, what: &str) {
         Command::new("true").status().unwrap().success(),
         "the host cannot start a process after {what}"
     );
+    log
 }
 
 #[test]
@@ -692,6 +693,36 @@ fn host_isolation_memory_hog_is_stopped_by_limits_memory() {
 #[test]
 fn host_isolation_disk_filler_is_stopped_by_limits_file_size() {
     exhaust("disk=64", "file_size = 1048576", "a disk filler");
+}
+
+/// Files of 512 KiB each, 256 MiB in all: `file_size` cannot stop this,
+/// only the scratch's own size-capped file system can. Without root there
+/// is none, and the build must say so rather than pretend.
+#[test]
+fn host_isolation_many_file_disk_filler_is_stopped_by_limits_disk() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        let log = exhaust(
+            "diskfiles=256",
+            "disk = 33554432\nfile_size = 1048576",
+            "a many-file disk filler",
+        );
+        assert!(log.contains("No space left on device"), "{log}");
+        return;
+    }
+    let w = World::new();
+    let a = w.action(
+        "fill.toml",
+        "exec $A diskfiles=16",
+        "[limits]\ndisk = 33554432\n",
+    );
+    let (o, v) = w.build(&a);
+    let log = w.log(&o, &v);
+    assert!(
+        log.contains("[limits] disk is not enforced here: only root"),
+        "an unenforced disk limit went unmentioned:\n{log}"
+    );
+    no_leftovers(w.path());
 }
 
 #[test]

@@ -199,8 +199,9 @@ async fn serve_async(
     listen: Listen,
     ready: impl FnOnce(&str),
 ) -> Result<(), Error> {
-    // A killed predecessor may have left a view mounted: detach it.
-    let _ = castore_fuse::cleanup_stale_mounts(&castore_fuse::default_registry());
+    // A killed predecessor may have left views and scratch file systems
+    // mounted, and working areas behind: detach and remove them.
+    fhs_executor::scratch::sweep_abandoned(&std::env::temp_dir());
     let exec = FhsExecutor::open(config.store.clone())?;
     let io = |what: &'static str, ep: String| {
         move |source| Error::Io {

@@ -385,6 +385,29 @@ static void p_disk(const char *mb) {
     exit(0);
 }
 
+/* Many files, each well under any per-file limit: only a cap on the sum
+ * (the scratch's own file system) stops this. */
+static void p_diskfiles(const char *mb) {
+    signal(SIGXFSZ, SIG_IGN);
+    size_t total = (size_t)atol(mb) << 20, done = 0;
+    static char buf[1 << 16];
+    memset(buf, 'x', sizeof buf);
+    for (int i = 0; done < total; i++) {
+        char name[64];
+        snprintf(name, sizeof name, "/build/fill-%d", i);
+        int fd = open(name, O_WRONLY | O_CREAT | O_TRUNC, 0644);
+        if (fd < 0) { printf("DISK refused after %zu KiB: %s\n", done >> 10, strerror(errno)); fflush(stdout); exit(1); }
+        for (int k = 0; k < 8; k++) {
+            ssize_t n = write(fd, buf, sizeof buf);
+            if (n <= 0) { printf("DISK refused after %zu KiB: %s\n", done >> 10, strerror(errno)); fflush(stdout); exit(1); }
+            done += n;
+        }
+        close(fd);
+    }
+    printf("WROTE %zu MiB\n", done >> 20);
+    exit(0);
+}
+
 static void p_files(const char *count) {
     long want = atol(count), n = 0;
     for (; n < want; n++) if (open("/dev/null", O_RDONLY) < 0) break;
@@ -446,6 +469,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(name, "memory")) p_memory(arg);
         else if (!strcmp(name, "disk")) p_disk(arg);
         else if (!strcmp(name, "files")) p_files(arg);
+        else if (!strcmp(name, "diskfiles")) p_diskfiles(arg);
         else if (!strcmp(name, "proxy")) p_proxy(arg);
         else { printf("SETUP unknown probe %s\n", name); return 2; }
     }
