@@ -132,7 +132,12 @@ pub fn compose(store: &LocalStore, atoms: &[Digest]) -> Result<Composition> {
         map: map_blob,
     };
     let rec = serde_json::to_vec_pretty(&c).map_err(|e| Error::InvalidDirectory(e.to_string()))?;
-    txn.put_record(&composition_path(store, &root), &rec)?;
+    let dest = composition_path(store, &root);
+    // The same composition again (every rebuild of an action) changes
+    // nothing: leave the record alone so the commit has nothing to flush.
+    if fs::read(&dest).ok().as_deref() != Some(rec.as_slice()) {
+        txn.put_record(&dest, &rec)?;
+    }
     txn.commit()?;
     Ok(c)
 }

@@ -207,6 +207,13 @@ impl<'s> Txn<'s> {
     /// Make everything staged durable and visible.
     pub fn commit(mut self) -> Result<()> {
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
+        if staged.blobs.is_empty() && staged.dirs.is_empty() && staged.records.is_empty() {
+            // Everything was already in the store: nothing to make durable,
+            // and a syncfs would flush every other writer's dirty data too.
+            self.committed = true;
+            let _ = fs::remove_dir_all(&self.staging);
+            return Ok(());
+        }
         let dir = File::open(&self.staging).map_err(io("open", &self.staging))?;
         rustix::fs::syncfs(&dir).map_err(|e| Error::Io {
             op: "syncfs",
