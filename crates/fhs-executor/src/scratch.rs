@@ -6,8 +6,8 @@
 //! sum, so a build writing many files could fill the host's disk. Where it
 //! can (root, with loop devices), the scratch is therefore a file system of
 //! its own: a sparse ext4 image of `[limits] disk` bytes (never more than
-//! 90% of the free space, so the host keeps room), loop-mounted `nosuid`,
-//! `nodev`. A full scratch is `ENOSPC` for the build, a clean failure, and
+//! 90% of the free space, so the host keeps room), on an autoclearing loop
+//! device, mounted `nosuid`, `nodev`. A full scratch is `ENOSPC` for the build, a clean failure, and
 //! the host never notices. Elsewhere the limit is not enforced, and the
 //! build says so in its log.
 //!
@@ -121,10 +121,10 @@ impl WorkArea {
             .args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
             .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
             .arg(&image))?;
-        run(Command::new("mount")
-            .args(["-t", "ext4", "-o", "loop,nosuid,nodev,noatime"])
-            .arg(&image)
-            .arg(&self.scratch))?;
+        // The device's fd stays open until the mount holds the device:
+        // autoclear detaches it at the last close of an unmounted device.
+        let (dev, _dev_fd) = loopdev::attach(&image)?;
+        mount_ext4(&dev, &self.scratch)?;
         self.mounted = true;
         // Space is taken from the host as the build writes; the file is
         // gone from the directory once mounted (the loop device holds it).
@@ -143,6 +143,109 @@ impl Drop for WorkArea {
     }
 }
 
+/// mount(2) the ext4 on `dev` at `at`, `nosuid,nodev,noatime,noinit_itable`.
+fn mount_ext4(dev: &Path, at: &Path) -> Result<(), String> {
+    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).ok();
+    let (Some(src), Some(dst)) = (c(dev), c(at)) else {
+        return Err("a path holds a NUL byte".into());
+    };
+    // SAFETY: every pointer is a NUL-terminated string or null.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            c"ext4".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME,
+            // Never zero the inode tables in the background: a scratch of
+            // tens of GiB would otherwise write hundreds of MiB of zeros
+            // to the host's disk during every build.
+            c"noinit_itable".as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "mounting {} at {}: {}",
+            dev.display(),
+            at.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// Loop devices by ioctl (the `mount` binary costs more than the mount).
+mod loopdev {
+    use std::fs::File;
+    use std::os::fd::AsRawFd;
+    use std::path::{Path, PathBuf};
+
+    const LOOP_CTL_GET_FREE: libc::c_ulong = 0x4C82;
+    const LOOP_CONFIGURE: libc::c_ulong = 0x4C0A;
+    const LO_FLAGS_AUTOCLEAR: u32 = 4;
+
+    #[repr(C)]
+    struct LoopInfo64 {
+        device: u64,
+        inode: u64,
+        rdevice: u64,
+        offset: u64,
+        sizelimit: u64,
+        number: u32,
+        encrypt_type: u32,
+        encrypt_key_size: u32,
+        flags: u32,
+        file_name: [u8; 64],
+        crypt_name: [u8; 64],
+        encrypt_key: [u8; 32],
+        init: [u64; 2],
+    }
+
+    #[repr(C)]
+    struct LoopConfig {
+        fd: u32,
+        block_size: u32,
+        info: LoopInfo64,
+        reserved: [u64; 8],
+    }
+
+    /// Bind `image` to a free loop device that detaches itself once the
+    /// file system on it is unmounted (autoclear); returns the device and
+    /// its fd, to be held until the device is mounted.
+    pub(super) fn attach(image: &Path) -> Result<(PathBuf, File), String> {
+        let open_rw = |p: &Path| File::options().read(true).write(true).open(p);
+        let ctl = open_rw(Path::new("/dev/loop-control"))
+            .map_err(|e| format!("opening /dev/loop-control (modprobe loop): {e}"))?;
+        let backing = open_rw(image).map_err(|e| format!("opening {}: {e}", image.display()))?;
+        // Another process may take the device between GET_FREE and
+        // CONFIGURE (EBUSY): ask again.
+        for _ in 0..16 {
+            // SAFETY: a plain ioctl without argument.
+            let n = unsafe { libc::ioctl(ctl.as_raw_fd(), LOOP_CTL_GET_FREE) };
+            if n < 0 {
+                return Err(format!(
+                    "no free loop device: {}",
+                    std::io::Error::last_os_error()
+                ));
+            }
+            let dev = PathBuf::from(format!("/dev/loop{n}"));
+            let f = open_rw(&dev).map_err(|e| format!("opening {}: {e}", dev.display()))?;
+            // SAFETY: all-zero is a valid LoopConfig (no flags, no offset).
+            let mut cfg: LoopConfig = unsafe { std::mem::zeroed() };
+            cfg.fd = backing.as_raw_fd() as u32;
+            cfg.info.flags = LO_FLAGS_AUTOCLEAR;
+            // SAFETY: cfg is a valid loop_config for the call.
+            if unsafe { libc::ioctl(f.as_raw_fd(), LOOP_CONFIGURE, &cfg) } == 0 {
+                return Ok((dev, f));
+            }
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() != Some(libc::EBUSY) {
+                return Err(format!("configuring {}: {e}", dev.display()));
+            }
+        }
+        Err("every free loop device was taken before it could be configured".into())
+    }
+}
+
 /// Run a setup command; its stderr is the error.
 fn run(cmd: &mut Command) -> Result<(), String> {
     let name = cmd.get_program().to_string_lossy().into_owned();
@@ -151,7 +254,7 @@ fn run(cmd: &mut Command) -> Result<(), String> {
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
         .output()
-        .map_err(|e| format!("cannot run {name} (apt-get install e2fsprogs mount): {e}"))?;
+        .map_err(|e| format!("cannot run {name} (apt-get install e2fsprogs): {e}"))?;
     if out.status.success() {
         Ok(())
     } else {
