@@ -19,6 +19,7 @@
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
@@ -107,20 +108,19 @@ impl WorkArea {
             return Err("only root can mount the size-capped scratch file system".into());
         }
         let image = self.path().join("scratch.img");
-        let bytes = want.min(free_bytes(self.path()).saturating_mul(9) / 10);
+        let room = free_bytes(self.path()).saturating_mul(9) / 10;
+        // Clamped sizes are rounded down to whole GiB, so a host short of
+        // space reuses a few templates rather than making one per build.
+        let bytes = if want <= room {
+            want
+        } else if room >= 1 << 30 {
+            room & !((1 << 30) - 1)
+        } else {
+            room
+        };
         // ext4 needs a few MiB for its own metadata.
         let bytes = bytes.max(8 << 20);
-        let f =
-            fs::File::create(&image).map_err(|e| format!("creating {}: {e}", image.display()))?;
-        f.set_len(bytes)
-            .map_err(|e| format!("sizing {}: {e}", image.display()))?;
-        drop(f);
-        // No journal (the scratch never outlives a crash), no reserved
-        // blocks, lazy init: about 30 ms even for tens of GiB.
-        run(Command::new("mkfs.ext4")
-            .args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
-            .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
-            .arg(&image))?;
+        fresh_image(&image, bytes)?;
         // The device's fd stays open until the mount holds the device:
         // autoclear detaches it at the last close of an unmounted device.
         let (dev, _dev_fd) = loopdev::attach(&image)?;
@@ -141,6 +141,104 @@ impl Drop for WorkArea {
         }
         // The TempDir's own drop removes the directory.
     }
+}
+
+/// Make `image` an empty ext4 of `bytes`: a sparse copy of a cached
+/// template of that size (a few MiB of metadata, ~2 ms), made once with
+/// mkfs (~10 ms). The cache is root's private runtime directory.
+fn fresh_image(image: &Path, bytes: u64) -> Result<(), String> {
+    let cache = std::env::temp_dir().join("fhsx-0");
+    let template = cache.join(format!("scratch-{bytes}.ext4"));
+    if !template.exists() {
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .recursive(true)
+            .create(&cache)
+            .map_err(|e| format!("creating {}: {e}", cache.display()))?;
+        let tmp = cache.join(format!("scratch-{bytes}.ext4.tmp{}", std::process::id()));
+        let made = make_ext4(&tmp, bytes).and_then(|()| {
+            fs::rename(&tmp, &template)
+                .map_err(|e| format!("installing {}: {e}", template.display()))
+        });
+        if made.is_err() {
+            let _ = fs::remove_file(&tmp);
+        }
+        made?;
+        sweep_templates(&cache, &template);
+    }
+    let from =
+        fs::File::open(&template).map_err(|e| format!("opening {}: {e}", template.display()))?;
+    let to = fs::File::create(image).map_err(|e| format!("creating {}: {e}", image.display()))?;
+    copy_sparse(&from, &to, bytes).map_err(|e| format!("copying {}: {e}", template.display()))
+}
+
+/// Templates of other sizes not used for a week go when a new one is made.
+fn sweep_templates(cache: &Path, keep: &Path) {
+    let Ok(rd) = fs::read_dir(cache) else { return };
+    let week = std::time::Duration::from_secs(7 * 24 * 3600);
+    for e in rd.flatten() {
+        let p = e.path();
+        let is_template = e.file_name().to_string_lossy().starts_with("scratch-");
+        let old = e
+            .metadata()
+            .and_then(|m| m.accessed())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > week);
+        if is_template && p != keep && old {
+            let _ = fs::remove_file(p);
+        }
+    }
+}
+
+fn make_ext4(image: &Path, bytes: u64) -> Result<(), String> {
+    let f = fs::File::create(image).map_err(|e| format!("creating {}: {e}", image.display()))?;
+    f.set_len(bytes)
+        .map_err(|e| format!("sizing {}: {e}", image.display()))?;
+    drop(f);
+    // No journal (the scratch never outlives a crash), no reserved blocks,
+    // lazy init: about 10 ms even for tens of GiB.
+    run(Command::new("mkfs.ext4")
+        .args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
+        .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
+        .arg(image))
+}
+
+/// Copy the data extents of `from` (SEEK_DATA/SEEK_HOLE) and leave its
+/// holes holes, then size `to` to `len`.
+fn copy_sparse(from: &fs::File, to: &fs::File, len: u64) -> std::io::Result<()> {
+    let (src, dst) = (from.as_raw_fd(), to.as_raw_fd());
+    let mut off: i64 = 0;
+    loop {
+        // SAFETY: lseek on an fd we own.
+        let data = unsafe { libc::lseek64(src, off, libc::SEEK_DATA) };
+        if data < 0 {
+            let e = std::io::Error::last_os_error();
+            if e.raw_os_error() == Some(libc::ENXIO) {
+                break;
+            }
+            return Err(e);
+        }
+        // SAFETY: as above.
+        let hole = unsafe { libc::lseek64(src, data, libc::SEEK_HOLE) };
+        if hole < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        let (mut a, mut b) = (data, data);
+        while a < hole {
+            // SAFETY: both offsets point at live i64s; the fds are ours.
+            let n =
+                unsafe { libc::copy_file_range(src, &mut a, dst, &mut b, (hole - a) as usize, 0) };
+            if n < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            if n == 0 {
+                break;
+            }
+        }
+        off = hole;
+    }
+    to.set_len(len)
 }
 
 /// mount(2) the ext4 on `dev` at `at`, `nosuid,nodev,noatime,noinit_itable`.
