@@ -37,6 +37,13 @@
 //! And with `ENOSYS`, so programs fall back as on a kernel without it:
 //! `io_uring_setup`/`io_uring_enter`/`io_uring_register` (its operations
 //! bypass this filter, and it has been a steady source of kernel bugs).
+//!
+//! Why hand-assembled rather than the `seccompiler` crate: a seccompiler
+//! filter validates one architecture and kills the process on any other,
+//! so a build running i386 code (`gcc -m32` test binaries) would die
+//! instead of meeting the same rules; and one filter has one match action,
+//! where this one needs both `EPERM` and `ENOSYS`. The program is small,
+//! and `tests` run it through a classic-BPF interpreter.
 
 /// One classic-BPF instruction (`struct sock_filter`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
