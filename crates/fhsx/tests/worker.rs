@@ -66,7 +66,7 @@ impl Worker {
     }
 
     fn client(&self) -> Client {
-        Client::connect(&Endpoint::parse(&self.addr)).unwrap()
+        Client::connect(&Endpoint::parse(&self.addr), b"").unwrap()
     }
 
     fn signal(&self, sig: i32) {
@@ -765,4 +765,88 @@ fn remote_replay_uploads_the_lock_and_its_bodies_and_record_is_refused() {
     assert_eq!(r["action"], l["action"], "the lock digest differs remotely");
     let body = Digest::of(b"upstream payload for the worker\n");
     assert!(w.client().find_missing(&[body], &[]).unwrap().0.is_empty());
+}
+
+/// A worker with an access token serves only clients presenting it: no
+/// token and a wrong one are refused before any capability but the version
+/// is reachable (nothing uploaded, nothing built), the right one builds.
+/// Without a token a worker will not listen beyond loopback, and a token
+/// too short to resist guessing is refused.
+#[test]
+fn access_token_gates_the_worker() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("client-store");
+    let ws = t.path().join("worker-store");
+    let bb = busybox(&cs);
+    let action = sh_action(t.path(), "a.toml", &bb, "echo built > $out/f");
+    let token = t.path().join("token");
+    fs::write(&token, "c2VjcmV0LXRva2VuLWZvci10ZXN0cw==\n").unwrap();
+    let wrong = t.path().join("wrong");
+    fs::write(&wrong, "d3JvbmctdG9rZW4tZm9yLXRlc3Rz\n").unwrap();
+    let w = Worker::start(&ws, t.path(), 1, &["--token-file", token.to_str().unwrap()]);
+
+    for (what, extra) in [
+        ("no token", vec![]),
+        (
+            "a wrong token",
+            vec!["--token-file", wrong.to_str().unwrap()],
+        ),
+    ] {
+        let o = fhsx(&cs)
+            .args(["build", "--remote", &w.addr])
+            .args(&extra)
+            .arg(&action)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{what}: {}", text(&o));
+        assert!(
+            text(&o).contains("refused the access token"),
+            "{what}: {}",
+            text(&o)
+        );
+    }
+    // The library client, too: the executor is out of reach.
+    let e = err(Client::connect(
+        &Endpoint::parse(&w.addr),
+        b"not-the-token-at-all",
+    ));
+    assert!(e.contains("refused the access token"), "{e}");
+    let s = Client::connect(
+        &Endpoint::parse(&w.addr),
+        b"c2VjcmV0LXRva2VuLWZvci10ZXN0cw==",
+    )
+    .unwrap()
+    .stats()
+    .unwrap();
+    assert_eq!(
+        (s.builds_started, s.blobs_written),
+        (0, 0),
+        "a refused client got something in"
+    );
+
+    let o = fhsx(&cs)
+        .args(["build", "--remote", &w.addr, "--token-file"])
+        .arg(&token)
+        .arg(&action)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+
+    // No token: loopback only.
+    let o = fhsx(&ws)
+        .args(["worker", "--listen", "0.0.0.0:0"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--token-file"), "{}", text(&o));
+    // A short token.
+    let short = t.path().join("short");
+    fs::write(&short, "abc\n").unwrap();
+    let o = fhsx(&ws)
+        .args(["worker", "--token-file"])
+        .arg(&short)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("at least 16"), "{}", text(&o));
 }

@@ -6,21 +6,27 @@
 # so their digest is the BLAKE3 of exactly those bytes.
 #
 # Versioning: `protocolVersion` below is bumped on any incompatible change.
-# A client calls `Executor.version` first and stops on a mismatch; `build`
+# A client calls `Gate.version` first and stops on a mismatch; `build`
 # carries the client's version too, so a client that never asks (or an old
 # one that sends no version, i.e. 0) gets a clear error instead of a
 # misread request.
 
 @0xf3b8852e38e2468f;
 
-const protocolVersion :UInt32 = 1;
+const protocolVersion :UInt32 = 2;
 
-interface Executor {
+# What a connection gets first. Anyone may ask the version; the executor
+# takes the worker's access token (empty when the worker was started without
+# one, which it allows only on loopback and UNIX sockets).
+interface Gate {
   # What this worker speaks and who signs its records.
   version @0 () -> (protocol :UInt32, executor :Text, publicKey :Text);
+  login @1 (protocol :UInt32, token :Data) -> (executor :Executor);
+}
 
+interface Executor {
   # The worker's content-addressed store: upload inputs, download outputs.
-  cas @1 () -> (cas :Cas);
+  cas @0 () -> (cas :Cas);
 
   # Run one action. `action` is the action file's TOML text; `lock` the
   # fetch lock's bytes (network mode "replay"; empty otherwise — "record"
@@ -31,11 +37,11 @@ interface Executor {
   # digest. Dropping the call (or the connection) cancels the build.
   # A build the executor refused or could not finish (an input missing, a
   # containment violation, cancelled) returns `failure` instead of a record.
-  build @2 (protocol :UInt32, action :Text, lock :Data, logSink :LogSink)
+  build @1 (protocol :UInt32, action :Text, lock :Data, logSink :LogSink)
         -> (recordDigest :Data, record :Data, failure :Failure);
 
   # Counters, for tests and monitoring.
-  stats @3 () -> (stats :Stats);
+  stats @2 () -> (stats :Stats);
 }
 
 struct Failure {

@@ -22,7 +22,7 @@ use castore::{Digest, Directory, Node};
 use executor_core::{Action, ExitClass, NetworkMode, SignedRecord};
 use futures::{AsyncReadExt, StreamExt};
 
-use crate::worker_capnp::{byte_sink, cas, executor, log_sink, ExitClass as WireClass};
+use crate::worker_capnp::{byte_sink, cas, executor, gate, log_sink, ExitClass as WireClass};
 use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
 
 /// Blobs at least this big are streamed in chunks; smaller ones are batched.
@@ -131,21 +131,9 @@ fn digests(l: capnp::data_list::Reader) -> Result<Vec<Digest>, capnp::Error> {
 }
 
 impl Client {
-    /// Connect and check the protocol version.
-    pub fn connect(endpoint: &Endpoint) -> Result<Client, Error> {
-        let c = Client::connect_unchecked(endpoint)?;
-        if c.protocol != PROTOCOL_VERSION {
-            return Err(Error::Version {
-                endpoint: c.endpoint.clone(),
-                worker: c.protocol,
-                client: PROTOCOL_VERSION,
-            });
-        }
-        Ok(c)
-    }
-
-    /// Connect without refusing another protocol version (for tests).
-    pub fn connect_unchecked(endpoint: &Endpoint) -> Result<Client, Error> {
+    /// Connect, check the protocol version and present `token` (the
+    /// worker's access token; empty for a worker that has none).
+    pub fn connect(endpoint: &Endpoint, token: &[u8]) -> Result<Client, Error> {
         use tokio_util::compat::TokioAsyncReadCompatExt;
         let ep = endpoint.to_string();
         let io = |what: &'static str| {
@@ -190,7 +178,7 @@ impl Client {
                 reader_options(),
             );
             let mut rpc = RpcSystem::new(Box::new(network), None);
-            let executor: executor::Client = rpc.bootstrap(Side::Server);
+            let gate: gate::Client = rpc.bootstrap(Side::Server);
             tokio::task::spawn_local(async move {
                 let _ = rpc.await;
             });
@@ -198,7 +186,7 @@ impl Client {
                 endpoint: ep.clone(),
                 source,
             };
-            let v = executor
+            let v = gate
                 .version_request()
                 .send()
                 .promise
@@ -210,8 +198,32 @@ impl Client {
             };
             let name = text(v.get_executor()).map_err(rpc_err)?;
             let key = text(v.get_public_key()).map_err(rpc_err)?;
+            let protocol = v.get_protocol();
+            if protocol != PROTOCOL_VERSION {
+                return Err(Error::Version {
+                    endpoint: ep.clone(),
+                    worker: protocol,
+                    client: PROTOCOL_VERSION,
+                });
+            }
+            let mut login = gate.login_request();
+            login.get().set_protocol(PROTOCOL_VERSION);
+            login.get().set_token(token);
+            let logged_in = login.send().promise.await.map_err(|e| {
+                if e.extra.contains("access denied") {
+                    Error::Denied {
+                        endpoint: ep.clone(),
+                    }
+                } else {
+                    rpc_err(e)
+                }
+            })?;
+            let executor = logged_in
+                .get()
+                .and_then(|r| r.get_executor())
+                .map_err(rpc_err)?;
             let cas = executor.cas_request().send().pipeline.get_cas();
-            Ok::<_, Error>((executor, v.get_protocol(), name, key, cas))
+            Ok::<_, Error>((executor, protocol, name, key, cas))
         })?;
         let (executor, protocol, name, key, cas) = connected;
         let c = Client {

@@ -29,6 +29,8 @@ pub enum Error {
         worker: u32,
         client: u32,
     },
+    #[error("the worker at {endpoint} refused the access token: pass the worker's token with --token-file")]
+    Denied { endpoint: String },
     /// The worker ran (or refused) the build and reported why.
     #[error("the remote build failed on {endpoint}: {message}")]
     Remote {
@@ -52,7 +54,9 @@ impl Error {
                 castore::ErrorKind::Io => ExitClass::BuildFailed,
             },
             Error::Executor(e) => e.exit_class(),
-            Error::Action(_) | Error::Usage(_) | Error::Version { .. } => ExitClass::Usage,
+            Error::Action(_) | Error::Usage(_) | Error::Version { .. } | Error::Denied { .. } => {
+                ExitClass::Usage
+            }
             Error::Remote { class, .. } => *class,
             Error::BadRecord { .. } => ExitClass::Integrity,
             Error::Rpc { .. } | Error::Io { .. } => ExitClass::BuildFailed,

@@ -21,8 +21,12 @@
 //! directory vendors it (upstream ids, unchanged). Nothing generated is
 //! checked in: edit `schema/worker.capnp` and rebuild.
 //!
-//! The worker authenticates nobody: it listens on loopback unless told
-//! otherwise, and a client trusts a result because the record is signed by
+//! Who may build: the bootstrap capability is a `Gate` that hands out the
+//! executor only for the worker's access token (a file both sides read,
+//! [`read_token_file`]). A worker without one may listen only on loopback
+//! or a UNIX socket. The token says who may use the worker; it does not
+//! protect the channel (there is no TLS: run it over a trusted network or
+//! a tunnel). A client trusts a *result* because the record is signed by
 //! the worker's key (`--trust` pins which keys), not because of the channel.
 //!
 //! Limits on what a peer may send are set on every message reader
@@ -92,6 +96,28 @@ fn digest_from(b: &[u8]) -> Result<castore::Digest, capnp::Error> {
             b.len()
         ))
     })
+}
+
+/// Read an access token from `path`: its bytes without surrounding
+/// whitespace, at least [`server::MIN_TOKEN_BYTES`] of them.
+pub fn read_token_file(path: &std::path::Path) -> Result<Vec<u8>, Error> {
+    let bytes = std::fs::read(path).map_err(|e| {
+        Error::Usage(format!(
+            "cannot read the access token {}: {e}",
+            path.display()
+        ))
+    })?;
+    let token = bytes.trim_ascii().to_vec();
+    if token.len() < server::MIN_TOKEN_BYTES {
+        return Err(Error::Usage(format!(
+            "the access token in {} is {} bytes; use at least {} random ones (e.g. `head -c 32 /dev/urandom | base64 > {}`)",
+            path.display(),
+            token.len(),
+            server::MIN_TOKEN_BYTES,
+            path.display()
+        )));
+    }
+    Ok(token)
 }
 
 #[cfg(test)]

@@ -29,7 +29,7 @@ use fhs_executor::FhsExecutor;
 use futures::AsyncReadExt;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::worker_capnp::{blob_upload, byte_sink, cas, executor, ExitClass as WireClass};
+use crate::worker_capnp::{blob_upload, byte_sink, cas, executor, gate, ExitClass as WireClass};
 use crate::{digest_from, reader_options, Error, CHUNK, PROTOCOL_VERSION};
 
 /// How the worker is run.
@@ -41,7 +41,13 @@ pub struct WorkerConfig {
     /// On SIGTERM/SIGINT, how long running builds may go on before they
     /// are cancelled.
     pub shutdown_grace: Duration,
+    /// The access token a client must present (`Gate.login`). Required to
+    /// listen on anything but loopback or a UNIX socket.
+    pub token: Option<Vec<u8>>,
 }
+
+/// The shortest access token accepted: guessing must not be an option.
+pub const MIN_TOKEN_BYTES: usize = 16;
 
 /// Connections served at once; more are closed as they arrive.
 pub const MAX_CONNECTIONS: usize = 256;
@@ -199,6 +205,20 @@ async fn serve_async(
     listen: Listen,
     ready: impl FnOnce(&str),
 ) -> Result<(), Error> {
+    if let Some(t) = &config.token {
+        if t.len() < MIN_TOKEN_BYTES {
+            return Err(Error::Usage(format!(
+                "the access token is {} bytes; use at least {MIN_TOKEN_BYTES} random ones (e.g. `head -c 32 /dev/urandom | base64 > token`)",
+                t.len()
+            )));
+        }
+    } else if let Listen::Tcp(a) = &listen {
+        if !a.ip().is_loopback() {
+            return Err(Error::Usage(format!(
+                "{a} is reachable from other hosts and this worker has no access token: give it --token-file (and its clients the same file), or listen on loopback"
+            )));
+        }
+    }
     // A killed predecessor may have left views and scratch file systems
     // mounted, and working areas behind: detach and remove them.
     fhs_executor::scratch::sweep_abandoned(&std::env::temp_dir());
@@ -248,8 +268,13 @@ async fn serve_async(
         claims: RefCell::new(HashMap::new()),
     });
     drop(exec);
-    let bootstrap: executor::Client = capnp_rpc::new_client(ExecutorImpl {
+    let executor: executor::Client = capnp_rpc::new_client(ExecutorImpl {
         shared: shared.clone(),
+    });
+    let bootstrap: gate::Client = capnp_rpc::new_client(GateImpl {
+        shared: shared.clone(),
+        token: config.token.as_deref().map(blake3::hash),
+        executor,
     });
     ready(&bound);
     let open = Rc::new(Cell::new(0usize));
@@ -318,7 +343,7 @@ async fn serve_async(
 
 type Start = Box<dyn FnOnce(Rc<Cell<usize>>) + 'static>;
 
-async fn accept(listener: &Listener, bootstrap: executor::Client) -> std::io::Result<Start> {
+async fn accept(listener: &Listener, bootstrap: gate::Client) -> std::io::Result<Start> {
     use tokio_util::compat::TokioAsyncReadCompatExt;
     Ok(match listener {
         Listener::Tcp(l) => {
@@ -333,7 +358,7 @@ async fn accept(listener: &Listener, bootstrap: executor::Client) -> std::io::Re
     })
 }
 
-fn spawn_connection<S>(stream: S, bootstrap: executor::Client, open: Rc<Cell<usize>>)
+fn spawn_connection<S>(stream: S, bootstrap: gate::Client, open: Rc<Cell<usize>>)
 where
     S: futures::AsyncRead + futures::AsyncWrite + Unpin + 'static,
 {
@@ -357,6 +382,53 @@ where
             }
         }
     });
+}
+
+/// The bootstrap capability: the version for anyone, the executor for a
+/// client holding the token.
+struct GateImpl {
+    shared: Rc<Shared>,
+    /// BLAKE3 of the token: comparing hashes (constant time in `blake3`)
+    /// leaks nothing of the token through timing.
+    token: Option<blake3::Hash>,
+    executor: executor::Client,
+}
+
+impl gate::Server for GateImpl {
+    async fn version(
+        self: Rc<Self>,
+        _: gate::VersionParams,
+        mut results: gate::VersionResults,
+    ) -> Result<(), capnp::Error> {
+        let mut r = results.get();
+        r.set_protocol(PROTOCOL_VERSION);
+        r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
+        r.set_public_key(&self.shared.public_key);
+        Ok(())
+    }
+
+    async fn login(
+        self: Rc<Self>,
+        params: gate::LoginParams,
+        mut results: gate::LoginResults,
+    ) -> Result<(), capnp::Error> {
+        let p = params.get()?;
+        if p.get_protocol() != PROTOCOL_VERSION {
+            return Err(fail(format!(
+                "this worker speaks protocol {PROTOCOL_VERSION}, the client {}: upgrade the older of the two",
+                p.get_protocol()
+            )));
+        }
+        if let Some(want) = &self.token {
+            if blake3::hash(p.get_token()?) != *want {
+                return Err(fail(
+                    "access denied: the worker refused the access token; pass the worker's --token-file to the client",
+                ));
+            }
+        }
+        results.get().set_executor(self.executor.clone());
+        Ok(())
+    }
 }
 
 struct ExecutorImpl {
@@ -449,18 +521,6 @@ fn run_build(
 }
 
 impl executor::Server for ExecutorImpl {
-    async fn version(
-        self: Rc<Self>,
-        _: executor::VersionParams,
-        mut results: executor::VersionResults,
-    ) -> Result<(), capnp::Error> {
-        let mut r = results.get();
-        r.set_protocol(PROTOCOL_VERSION);
-        r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
-        r.set_public_key(&self.shared.public_key);
-        Ok(())
-    }
-
     async fn cas(
         self: Rc<Self>,
         _: executor::CasParams,

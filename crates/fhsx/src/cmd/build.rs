@@ -37,6 +37,9 @@ pub struct BuildArgs {
     /// With --remote: accept only a worker whose key (`ed25519:<hex>`) is listed. Repeatable.
     #[arg(long, value_name = "KEY", requires = "remote")]
     pub trust: Vec<String>,
+    /// With --remote: the worker's access token (the file given to `fhsx worker --token-file`).
+    #[arg(long, value_name = "FILE", requires = "remote")]
+    pub token_file: Option<PathBuf>,
 }
 
 pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
@@ -79,8 +82,12 @@ pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
 fn run_remote(g: &Globals, a: &BuildArgs, addr: &str) -> anyhow::Result<i32> {
     let store = open_store(g)?;
     let classify = |e: ::worker::Error| Classified(e.exit_class(), e.to_string());
-    let client =
-        ::worker::client::Client::connect(&::worker::Endpoint::parse(addr)).map_err(classify)?;
+    let token = match &a.token_file {
+        Some(p) => ::worker::read_token_file(p).map_err(classify)?,
+        None => Vec::new(),
+    };
+    let client = ::worker::client::Client::connect(&::worker::Endpoint::parse(addr), &token)
+        .map_err(classify)?;
     let sink: Box<dyn std::io::Write> = if g.json && !std::io::stderr().is_terminal() {
         Box::new(std::io::sink())
     } else {

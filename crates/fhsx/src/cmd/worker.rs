@@ -32,6 +32,11 @@ pub struct WorkerArgs {
     /// On SIGTERM, how long running builds may go on before they are cancelled ("90s", "5m").
     #[arg(long, value_name = "DURATION", default_value = "60s")]
     pub shutdown_grace: String,
+    /// Serve only clients presenting this access token (a file of at least
+    /// 16 random bytes; clients pass the same file). Required to listen on
+    /// anything but loopback or a UNIX socket.
+    #[arg(long, value_name = "FILE")]
+    pub token_file: Option<PathBuf>,
 }
 
 pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
@@ -51,11 +56,18 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
         Some(p) => Listen::Unix(p),
         None => Listen::Tcp(a.listen),
     };
+    let token = a
+        .token_file
+        .as_deref()
+        .map(::worker::read_token_file)
+        .transpose()
+        .map_err(|e| Classified(e.exit_class(), e.to_string()))?;
     let json = g.json;
     let config = WorkerConfig {
         store,
         jobs,
         shutdown_grace: grace,
+        token,
     };
     ::worker::server::serve(config, listen, |addr| {
         if json {
