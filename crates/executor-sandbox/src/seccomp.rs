@@ -32,7 +32,10 @@
 //!   and `pivot_root` already fail without `CAP_SYS_ADMIN`);
 //! - `personality` with anything but `PER_LINUX` (0) or the query
 //!   `0xffffffff` (no `ADDR_NO_RANDOMIZE`, `READ_IMPLIES_EXEC`, …);
-//! - `userfaultfd` (a tool for widening kernel race windows).
+//! - `userfaultfd` (a tool for widening kernel race windows);
+//! - `bpf` (the verifier and JIT are a kernel attack surface wherever
+//!   unprivileged BPF is enabled) and `syslog` (the host's kernel log where
+//!   `dmesg_restrict` is off), as Docker's default profile does.
 //!
 //! And with `ENOSYS`, so programs fall back as on a kernel without it:
 //! `io_uring_setup`/`io_uring_enter`/`io_uring_register` (its operations
@@ -134,6 +137,8 @@ const NATIVE: Table = &[
     (442, Rule::Deny),                           // mount_setattr
     (467, Rule::Deny),                           // open_tree_attr
     (323, Rule::Deny),                           // userfaultfd
+    (321, Rule::Deny),                           // bpf
+    (103, Rule::Deny),                           // syslog
     (425, Rule::NoSys),                          // io_uring_setup
     (426, Rule::NoSys),                          // io_uring_enter
     (427, Rule::NoSys),                          // io_uring_register
@@ -168,6 +173,8 @@ const COMPAT: Option<(u32, Table)> = Some((
         (442, Rule::Deny),                           // mount_setattr
         (467, Rule::Deny),                           // open_tree_attr
         (374, Rule::Deny),                           // userfaultfd
+        (357, Rule::Deny),                           // bpf
+        (103, Rule::Deny),                           // syslog
         (425, Rule::NoSys),                          // io_uring_setup
         (426, Rule::NoSys),                          // io_uring_enter
         (427, Rule::NoSys),                          // io_uring_register
@@ -203,6 +210,8 @@ const NATIVE: Table = &[
     (442, Rule::Deny),                          // mount_setattr
     (467, Rule::Deny),                          // open_tree_attr
     (282, Rule::Deny),                          // userfaultfd
+    (280, Rule::Deny),                          // bpf
+    (116, Rule::Deny),                          // syslog
     (425, Rule::NoSys),                         // io_uring_setup
     (426, Rule::NoSys),                         // io_uring_enter
     (427, Rule::NoSys),                         // io_uring_register
@@ -534,6 +543,10 @@ mod tests {
         // userfaultfd: EPERM; io_uring: ENOSYS (callers fall back).
         assert_eq!(run(&p, 323, x, [0; 6]), deny);
         assert_eq!(run(&p, 374, i386, [0; 6]), deny);
+        // bpf, syslog: refused on both entry points.
+        for (nr, arch) in [(321, x), (103, x), (357, i386), (103, i386)] {
+            assert_eq!(run(&p, nr, arch, [5, 0, 0, 0, 0, 0]), deny, "{nr}");
+        }
         for nr in [425, 426, 427] {
             assert_eq!(run(&p, nr, x, [0; 6]), RET_ERRNO | ENOSYS, "{nr}");
             assert_eq!(run(&p, nr, i386, [0; 6]), RET_ERRNO | ENOSYS, "{nr}");

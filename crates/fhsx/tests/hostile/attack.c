@@ -298,6 +298,13 @@ static void p_kernel_surface(void) {
     expect_fail("io_uring", "io_uring_setup(8)", syscall(425, 8, params));
     expect_fail("io_uring", "io_uring_enter(-1)", syscall(426, -1, 0, 0, 0, NULL, 0));
     expect_fail("userfaultfd", "userfaultfd(0)", syscall(SYS_userfaultfd, 0));
+    /* BPF_MAP_CREATE with a zeroed attr: EINVAL from a kernel that let it
+     * through, EPERM from the filter. */
+    unsigned char attr[128] = {0};
+    expect_fail("bpf", "bpf(BPF_MAP_CREATE)", syscall(SYS_bpf, 0, attr, sizeof attr));
+    /* SYSLOG_ACTION_SIZE_BUFFER (10) needs no capability where
+     * dmesg_restrict is 0: only the filter refuses it everywhere. */
+    expect_fail("syslog", "syslog(SIZE_BUFFER)", syscall(SYS_syslog, 10, NULL, 0));
 }
 
 static void p_personality(void) {
