@@ -83,6 +83,16 @@ impl FhsExecutor {
         &self.store
     }
 
+    /// Sign the binding of a TLS certificate to this executor's key (see
+    /// [`sign::tls_binding_message`]).
+    pub fn sign_tls_binding(&self, cert_der: &[u8]) -> Vec<u8> {
+        use ed25519_dalek::Signer;
+        self.key
+            .sign(&sign::tls_binding_message(cert_der))
+            .to_bytes()
+            .to_vec()
+    }
+
     pub fn public_key(&self) -> String {
         keys::public_key_string(&self.key.verifying_key())
     }

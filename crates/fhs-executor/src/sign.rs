@@ -17,6 +17,31 @@ pub fn sign(record: BuildRecord, key: &SigningKey) -> SignedRecord {
     }
 }
 
+/// Prefix of what a worker signs to bind its TLS certificate to its record
+/// key. A record's signed bytes are canonical JSON and begin with `{`, so
+/// neither signature can pass for the other.
+pub const TLS_BINDING_CONTEXT: &[u8] = b"fhsx-worker-tls-binding-v1\0";
+
+/// The bytes a worker signs for the certificate `cert_der`.
+pub fn tls_binding_message(cert_der: &[u8]) -> Vec<u8> {
+    let mut m = TLS_BINDING_CONTEXT.to_vec();
+    m.extend_from_slice(blake3::hash(cert_der).as_bytes());
+    m
+}
+
+/// Whether `signature` binds `cert_der` to the key `public_key`
+/// (`ed25519:<hex>`).
+pub fn verify_tls_binding(public_key: &str, cert_der: &[u8], signature: &[u8]) -> bool {
+    let Ok(key) = parse_public_key(public_key) else {
+        return false;
+    };
+    let Ok(sig) = <[u8; 64]>::try_from(signature) else {
+        return false;
+    };
+    key.verify_strict(&tls_binding_message(cert_der), &Signature::from_bytes(&sig))
+        .is_ok()
+}
+
 /// Store a signed record as a blob; its digest names the record.
 pub fn store_record(store: &LocalStore, rec: &SignedRecord) -> Result<Digest, Error> {
     let bytes = serde_json::to_vec_pretty(rec).map_err(|e| Error::BadRecord(e.to_string()))?;
@@ -89,4 +114,28 @@ pub fn verify(
         trusted,
         problems,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The binding holds for exactly the certificate and key it was made
+    /// for; a record signature (same key, other bytes) is no binding.
+    #[test]
+    fn tls_binding_binds_one_certificate_to_one_key() {
+        let key = SigningKey::from_bytes(&[7; 32]);
+        let other = SigningKey::from_bytes(&[8; 32]);
+        let pk = public_key_string(&key.verifying_key());
+        let cert = b"a certificate's DER";
+        let sig = key.sign(&tls_binding_message(cert)).to_bytes();
+        assert!(verify_tls_binding(&pk, cert, &sig));
+        assert!(!verify_tls_binding(&pk, b"another certificate", &sig));
+        let forged = other.sign(&tls_binding_message(cert)).to_bytes();
+        assert!(!verify_tls_binding(&pk, cert, &forged));
+        let as_record = key.sign(cert).to_bytes();
+        assert!(!verify_tls_binding(&pk, cert, &as_record));
+        assert!(!verify_tls_binding(&pk, cert, &sig[..63]));
+        assert!(!verify_tls_binding("ed25519:zz", cert, &sig));
+    }
 }

@@ -66,7 +66,11 @@ impl Worker {
     }
 
     fn client(&self) -> Client {
-        Client::connect(&Endpoint::parse(&self.addr), b"").unwrap()
+        self.client_with(b"")
+    }
+
+    fn client_with(&self, token: &[u8]) -> Client {
+        Client::connect(&Endpoint::parse(&self.addr), token, &[]).unwrap()
     }
 
     fn signal(&self, sig: i32) {
@@ -512,7 +516,7 @@ fn sigterm_drains_then_cancels() {
 }
 
 /// The worker ends the connection (after at most an Abort message).
-fn closed(s: &mut std::net::TcpStream, what: &str) {
+fn closed(s: &mut impl Read, what: &str) {
     let mut rest = Vec::new();
     assert!(
         s.read_to_end(&mut rest).is_ok(),
@@ -647,20 +651,44 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
     assert_eq!(class, executor_core::ExitClass::Usage, "{msg}");
     assert!(msg.contains("not in the store"), "{msg}");
 
-    // Oversized and malformed messages end only their own connection.
-    let addr = w.addr.clone();
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
-    // One segment of 2^28 words (2 GiB): above the reader's limit.
-    s.write_all(&[0, 0, 0, 0, 0, 0, 0, 0x10]).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
-    closed(&mut s, "oversized message not refused");
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    // TCP speaks TLS: bytes that are not a handshake end their connection.
+    let mut s = std::net::TcpStream::connect(&w.addr).unwrap();
     s.write_all(&[0xff; 64]).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    closed(&mut s, "garbage instead of a TLS handshake not refused");
+
+    // Oversized and malformed Cap'n Proto messages end only their own
+    // connection: sent raw to the same store's worker on a UNIX socket
+    // (plain Cap'n Proto, the same message reader and limits).
+    let sock = t.path().join("raw.sock");
+    let mut uw = Command::new(env!("CARGO_BIN_EXE_fhsx"))
+        .arg("--store")
+        .arg(&ws)
+        .args(["worker", "--jobs", "1", "--unix"])
+        .arg(&sock)
+        .env("TMPDIR", t.path())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(uw.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let raw = || {
+        let s = std::os::unix::net::UnixStream::connect(&sock).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        s
+    };
+    let mut s = raw();
+    // One segment of 2^28 words (2 GiB): above the reader's limit.
+    s.write_all(&[0, 0, 0, 0, 0, 0, 0, 0x10]).unwrap();
+    closed(&mut s, "oversized message not refused");
+    let mut s = raw();
+    s.write_all(&[0xff; 64]).unwrap();
     closed(&mut s, "garbage not refused");
     // A well-framed message that is no RPC message (a deep chain of
     // pointers; the nesting limit itself is unit-tested in the crate).
-    let mut s = std::net::TcpStream::connect(&addr).unwrap();
+    let mut s = raw();
     let words = 200u32;
     let mut msg = Vec::new();
     msg.extend_from_slice(&0u32.to_le_bytes());
@@ -671,8 +699,17 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
         msg.extend_from_slice(&[0, 0, 0, 0, 0, 0, 1, 0]);
     }
     s.write_all(&msg).unwrap();
-    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     closed(&mut s, "a non-RPC message not refused");
+    let uc = Client::connect(
+        &Endpoint::parse(&format!("unix:{}", sock.display())),
+        b"",
+        &[],
+    )
+    .unwrap();
+    assert_eq!(uc.get_blob(&right, 100).unwrap(), data);
+    drop(uc);
+    let _ = uw.kill();
+    let _ = uw.wait();
 
     // Still serving, store consistent and without any refused object.
     let c2 = w.client();
@@ -809,11 +846,13 @@ fn access_token_gates_the_worker() {
     let e = err(Client::connect(
         &Endpoint::parse(&w.addr),
         b"not-the-token-at-all",
+        &[],
     ));
     assert!(e.contains("refused the access token"), "{e}");
     let s = Client::connect(
         &Endpoint::parse(&w.addr),
         b"c2VjcmV0LXRva2VuLWZvci10ZXN0cw==",
+        &[],
     )
     .unwrap()
     .stats()
@@ -849,4 +888,108 @@ fn access_token_gates_the_worker() {
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("at least 16"), "{}", text(&o));
+}
+
+/// A loopback relay in front of `to`, keeping every byte the client sends.
+fn recording_relay(to: &str) -> (String, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
+    use std::sync::{Arc, Mutex};
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let (to, keep) = (to.to_owned(), seen.clone());
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let Ok(mut w) = std::net::TcpStream::connect(&to) else {
+                return;
+            };
+            let (mut c2, mut w2) = (c.try_clone().unwrap(), w.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut w2, &mut c2);
+                let _ = c2.shutdown(std::net::Shutdown::Write);
+            });
+            let keep = keep.clone();
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 65536];
+                loop {
+                    match c.read(&mut buf) {
+                        Ok(0) | Err(_) => break,
+                        Ok(n) => {
+                            keep.lock().unwrap().extend_from_slice(&buf[..n]);
+                            if w.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                    }
+                }
+                let _ = w.shutdown(std::net::Shutdown::Write);
+            });
+        }
+    });
+    (addr, seen)
+}
+
+/// On TCP the token, the action and the inputs cross the wire inside TLS,
+/// and a client pinning worker keys (`--trust`) finds out whom it reached
+/// before it sends the token.
+#[test]
+fn tcp_is_tls_and_an_untrusted_worker_never_sees_the_token() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("client-store");
+    let ws = t.path().join("worker-store");
+    let bb = busybox(&cs);
+    let marker = "MARKER-in-the-action-7f3a";
+    let action = sh_action(t.path(), "a.toml", &bb, &format!("echo {marker} > $out/f"));
+    let token_text = "dG9rZW4tdGhhdC1tdXN0LW5vdC1sZWFr";
+    let token = t.path().join("token");
+    fs::write(&token, token_text).unwrap();
+    let w = Worker::start(&ws, t.path(), 1, &["--token-file", token.to_str().unwrap()]);
+    let (relay, seen) = recording_relay(&w.addr);
+
+    let o = fhsx(&cs)
+        .args(["build", "--remote", &relay, "--token-file"])
+        .arg(&token)
+        .arg(&action)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let wire = seen.lock().unwrap().clone();
+    assert_eq!(
+        wire.first(),
+        Some(&0x16),
+        "the client did not open with a TLS handshake"
+    );
+    for (what, needle) in [
+        ("the token", token_text.as_bytes()),
+        ("the action", marker.as_bytes()),
+    ] {
+        assert!(
+            !wire.windows(needle.len()).any(|w| w == needle),
+            "{what} crossed the wire in the clear"
+        );
+    }
+
+    // Pinning another key: refused before the token leaves (exit 3).
+    seen.lock().unwrap().clear();
+    let other = format!("ed25519:{}", "11".repeat(32));
+    let o = fhsx(&cs)
+        .args([
+            "build",
+            "--remote",
+            &relay,
+            "--trust",
+            &other,
+            "--token-file",
+        ])
+        .arg(&token)
+        .arg(&action)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(3), "{}", text(&o));
+    assert!(text(&o).contains("nothing was sent to it"), "{}", text(&o));
+    let stats = w.client_with(token_text.as_bytes()).stats().unwrap();
+    assert_eq!(
+        stats.builds_started, 1,
+        "the refused client built something"
+    );
 }

@@ -19,8 +19,11 @@ const protocolVersion :UInt32 = 2;
 # takes the worker's access token (empty when the worker was started without
 # one, which it allows only on loopback and UNIX sockets).
 interface Gate {
-  # What this worker speaks and who signs its records.
-  version @0 () -> (protocol :UInt32, executor :Text, publicKey :Text);
+  # What this worker speaks and who signs its records. On TCP (TLS),
+  # `tlsBinding` is the record key's ed25519 signature over
+  # "fhsx-worker-tls-binding-v1\0" ++ BLAKE3(the TLS certificate's DER):
+  # the client checks it before it sends the token. Empty on UNIX sockets.
+  version @0 () -> (protocol :UInt32, executor :Text, publicKey :Text, tlsBinding :Data);
   login @1 (protocol :UInt32, token :Data) -> (executor :Executor);
 }
 

@@ -131,9 +131,12 @@ fn digests(l: capnp::data_list::Reader) -> Result<Vec<Digest>, capnp::Error> {
 }
 
 impl Client {
-    /// Connect, check the protocol version and present `token` (the
-    /// worker's access token; empty for a worker that has none).
-    pub fn connect(endpoint: &Endpoint, token: &[u8]) -> Result<Client, Error> {
+    /// Connect (TLS on TCP), check the protocol version and, on TCP, that
+    /// the TLS certificate is bound to the worker's record key — and that
+    /// key is in `trust` when that is not empty — and only then present
+    /// `token` (the worker's access token; empty for a worker that has
+    /// none).
+    pub fn connect(endpoint: &Endpoint, token: &[u8], trust: &[String]) -> Result<Client, Error> {
         use tokio_util::compat::TokioAsyncReadCompatExt;
         let ep = endpoint.to_string();
         let io = |what: &'static str| {
@@ -150,6 +153,7 @@ impl Client {
             .build()
             .map_err(io("start a runtime to reach"))?;
         let local = tokio::task::LocalSet::new();
+        let mut tls_cert: Option<Vec<u8>> = None;
         let connected = local.block_on(&rt, async {
             let (r, w): (
                 Box<dyn futures::AsyncRead + Unpin>,
@@ -160,7 +164,15 @@ impl Client {
                         .await
                         .map_err(io("connect to the worker at"))?;
                     let _ = s.set_nodelay(true);
-                    let (r, w) = s.compat().split();
+                    let (cfg, seen) = crate::tls::client_config().map_err(Error::Usage)?;
+                    let name = rustls::pki_types::ServerName::try_from(crate::tls::SERVER_NAME)
+                        .map_err(|e| Error::Usage(e.to_string()))?;
+                    let t = tokio_rustls::TlsConnector::from(cfg)
+                        .connect(name, s)
+                        .await
+                        .map_err(io("finish the TLS handshake with the worker at"))?;
+                    tls_cert = seen.lock().unwrap_or_else(|p| p.into_inner()).take();
+                    let (r, w) = crate::tls::CleanEof(t.compat()).split();
                     (Box::new(r), Box::new(w))
                 }
                 Endpoint::Unix(p) => {
@@ -204,6 +216,24 @@ impl Client {
                     endpoint: ep.clone(),
                     worker: protocol,
                     client: PROTOCOL_VERSION,
+                });
+            }
+            // Whom did we reach? Settle it before the token leaves.
+            if let Some(cert) = &tls_cert {
+                let binding = v.get_tls_binding().map_err(rpc_err)?;
+                if !fhs_executor::sign::verify_tls_binding(&key, cert, binding) {
+                    return Err(Error::Untrusted {
+                        endpoint: ep.clone(),
+                        reason: format!(
+                            "its TLS certificate is not bound to the key {key} it names: something between us and the worker answered"
+                        ),
+                    });
+                }
+            }
+            if !trust.is_empty() && !trust.iter().any(|k| k.trim() == key) {
+                return Err(Error::Untrusted {
+                    endpoint: ep.clone(),
+                    reason: format!("its key {key} is not in --trust; nothing was sent to it"),
                 });
             }
             let mut login = gate.login_request();

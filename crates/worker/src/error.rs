@@ -40,6 +40,9 @@ pub enum Error {
     },
     #[error("the record from {endpoint} does not verify: {reason}")]
     BadRecord { endpoint: String, reason: String },
+    /// The peer is not the worker it claims to be, or not one we trust.
+    #[error("the worker at {endpoint} is not trusted: {reason}")]
+    Untrusted { endpoint: String, reason: String },
     #[error("{0}")]
     Usage(String),
 }
@@ -58,7 +61,7 @@ impl Error {
                 ExitClass::Usage
             }
             Error::Remote { class, .. } => *class,
-            Error::BadRecord { .. } => ExitClass::Integrity,
+            Error::BadRecord { .. } | Error::Untrusted { .. } => ExitClass::Integrity,
             Error::Rpc { .. } | Error::Io { .. } => ExitClass::BuildFailed,
         }
     }

@@ -24,10 +24,11 @@
 //! Who may build: the bootstrap capability is a `Gate` that hands out the
 //! executor only for the worker's access token (a file both sides read,
 //! [`read_token_file`]). A worker without one may listen only on loopback
-//! or a UNIX socket. The token says who may use the worker; it does not
-//! protect the channel (there is no TLS: run it over a trusted network or
-//! a tunnel). A client trusts a *result* because the record is signed by
-//! the worker's key (`--trust` pins which keys), not because of the channel.
+//! or a UNIX socket. TCP carries TLS with a per-start self-signed
+//! certificate bound to the worker's record key (`tls`): the client checks
+//! the binding — and `--trust`, when given — before the token leaves. A
+//! client trusts a *result* because the record is signed by the worker's
+//! key (`--trust` pins which keys), not because of the channel.
 //!
 //! Limits on what a peer may send are set on every message reader
 //! ([`reader_options`]): a message above [`MAX_MESSAGE_BYTES`] or nested
@@ -36,6 +37,7 @@
 pub mod client;
 mod error;
 pub mod server;
+mod tls;
 
 #[allow(clippy::all, clippy::pedantic, dead_code, unused, unreachable_pub)]
 pub mod worker_capnp {

@@ -91,6 +91,9 @@ struct Shared {
     store: LocalStore,
     jobs: usize,
     public_key: String,
+    /// The record key's signature binding this worker's TLS certificate
+    /// (empty without TLS).
+    tls_binding: Vec<u8>,
     slots: Arc<Semaphore>,
     counters: Arc<Counters>,
     /// Cancel flags of builds whose sandbox is live (removed by the build
@@ -196,9 +199,13 @@ pub fn serve(config: WorkerConfig, listen: Listen, ready: impl FnOnce(&str)) -> 
 }
 
 enum Listener {
-    Tcp(tokio::net::TcpListener),
+    /// TCP carries TLS (see `tls`).
+    Tcp(tokio::net::TcpListener, tokio_rustls::TlsAcceptor),
     Unix(tokio::net::UnixListener, PathBuf),
 }
+
+/// How long a TCP peer may take to finish the TLS handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 async fn serve_async(
     config: WorkerConfig,
@@ -230,12 +237,18 @@ async fn serve_async(
             source,
         }
     };
+    let mut tls_cert = None;
     let listener = match &listen {
-        Listen::Tcp(a) => Listener::Tcp(
-            tokio::net::TcpListener::bind(a)
-                .await
-                .map_err(io("listen on", a.to_string()))?,
-        ),
+        Listen::Tcp(a) => {
+            let (cfg, cert) = crate::tls::server_identity().map_err(Error::Usage)?;
+            tls_cert = Some(cert);
+            Listener::Tcp(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .map_err(io("listen on", a.to_string()))?,
+                tokio_rustls::TlsAcceptor::from(cfg),
+            )
+        }
         Listen::Unix(p) => {
             // A socket file left by a killed worker refuses the bind.
             if std::os::unix::net::UnixStream::connect(p).is_err() {
@@ -249,7 +262,7 @@ async fn serve_async(
         }
     };
     let bound = match &listener {
-        Listener::Tcp(l) => l
+        Listener::Tcp(l, _) => l
             .local_addr()
             .map(|a| a.to_string())
             .unwrap_or_else(|_| format!("{listen:?}")),
@@ -260,6 +273,10 @@ async fn serve_async(
         store: config.store.clone(),
         jobs,
         public_key: exec.public_key(),
+        tls_binding: tls_cert
+            .as_deref()
+            .map(|c| exec.sign_tls_binding(c))
+            .unwrap_or_default(),
         slots: Arc::new(Semaphore::new(jobs)),
         counters: Arc::new(Counters::default()),
         running: Arc::new(Mutex::new(HashMap::new())),
@@ -346,10 +363,28 @@ type Start = Box<dyn FnOnce(Rc<Cell<usize>>) + 'static>;
 async fn accept(listener: &Listener, bootstrap: gate::Client) -> std::io::Result<Start> {
     use tokio_util::compat::TokioAsyncReadCompatExt;
     Ok(match listener {
-        Listener::Tcp(l) => {
-            let (s, _) = l.accept().await?;
+        Listener::Tcp(l, tls) => {
+            let (s, peer) = l.accept().await?;
             let _ = s.set_nodelay(true);
-            Box::new(move |open| spawn_connection(s.compat(), bootstrap, open))
+            let tls = tls.clone();
+            Box::new(move |open| {
+                // The handshake runs in its own task: a peer that stalls
+                // it holds up nobody else, and gives up after a while.
+                open.set(open.get() + 1);
+                tokio::task::spawn_local(async move {
+                    let shaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(s)).await;
+                    open.set(open.get().saturating_sub(1));
+                    match shaken {
+                        Ok(Ok(t)) => {
+                            spawn_connection(crate::tls::CleanEof(t.compat()), bootstrap, open)
+                        }
+                        Ok(Err(e)) => {
+                            eprintln!("fhsx worker: TLS handshake with {peer} failed: {e}")
+                        }
+                        Err(_) => eprintln!("fhsx worker: TLS handshake with {peer} timed out"),
+                    }
+                });
+            })
         }
         Listener::Unix(l, _) => {
             let (s, _) = l.accept().await?;
@@ -404,6 +439,7 @@ impl gate::Server for GateImpl {
         r.set_protocol(PROTOCOL_VERSION);
         r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
         r.set_public_key(&self.shared.public_key);
+        r.set_tls_binding(&self.shared.tls_binding);
         Ok(())
     }
 

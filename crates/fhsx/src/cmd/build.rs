@@ -86,8 +86,9 @@ fn run_remote(g: &Globals, a: &BuildArgs, addr: &str) -> anyhow::Result<i32> {
         Some(p) => ::worker::read_token_file(p).map_err(classify)?,
         None => Vec::new(),
     };
-    let client = ::worker::client::Client::connect(&::worker::Endpoint::parse(addr), &token)
-        .map_err(classify)?;
+    let client =
+        ::worker::client::Client::connect(&::worker::Endpoint::parse(addr), &token, &a.trust)
+            .map_err(classify)?;
     let sink: Box<dyn std::io::Write> = if g.json && !std::io::stderr().is_terminal() {
         Box::new(std::io::sink())
     } else {
