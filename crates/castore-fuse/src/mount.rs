@@ -324,8 +324,9 @@ fn wait_finished(t: &std::thread::JoinHandle<std::io::Result<()>>, limit: Durati
     true
 }
 
-/// Lazily unmount `path`; "not mounted" is success.
-fn detach(path: &Path) -> std::io::Result<()> {
+/// Lazily unmount `path` (any mount; without root only a FUSE mount of
+/// ours, through `fusermount3`); "not mounted" is success.
+pub fn detach(path: &Path) -> std::io::Result<()> {
     let c = CString::new(path.as_os_str().as_bytes())?;
     // SAFETY: `c` is a valid NUL-terminated path.
     let r = unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) };

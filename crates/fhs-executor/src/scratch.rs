@@ -137,7 +137,7 @@ impl WorkArea {
 impl Drop for WorkArea {
     fn drop(&mut self) {
         if self.mounted {
-            let _ = detach(&self.scratch);
+            let _ = castore_fuse::detach(&self.scratch);
         }
         // The TempDir's own drop removes the directory.
     }
@@ -378,28 +378,12 @@ fn free_bytes(p: &Path) -> u64 {
     }
 }
 
-/// Lazily unmount `p`; "not mounted" is success.
-fn detach(p: &Path) -> std::io::Result<()> {
-    let c = std::ffi::CString::new(p.as_os_str().as_bytes())?;
-    // SAFETY: c is NUL-terminated.
-    if unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH | libc::UMOUNT_NOFOLLOW) } == 0 {
-        return Ok(());
-    }
-    let e = std::io::Error::last_os_error();
-    match e.raw_os_error() {
-        Some(libc::EINVAL) | Some(libc::ENOENT) => Ok(()),
-        _ => Err(e),
-    }
-}
-
 /// Remove the areas of builds that died without cleaning up: their lock is
 /// free. Mounts still under them (the scratch, a view whose daemon died
-/// with its owner) are detached first, so nothing is deleted through them
+/// with its owner) are detached first (`castore_fuse::detach`, which also
+/// works without root for our views), so nothing is deleted through them
 /// into a store or a host directory.
 pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
-    // Views whose daemon died with its owner first: castore-fuse knows how
-    // to detach them, also without root.
-    let _ = castore_fuse::cleanup_stale_mounts(&castore_fuse::MountOptions::default().registry);
     let mut swept = Vec::new();
     let Ok(rd) = fs::read_dir(tmp) else {
         return swept;
@@ -423,7 +407,7 @@ pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
         let mut mounts = still_mounted_below(&dir);
         mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
         for m in mounts {
-            let _ = detach(&m);
+            let _ = castore_fuse::detach(&m);
         }
         if still_mounted_below(&dir).is_empty() && fs::remove_dir_all(&dir).is_ok() {
             swept.push(dir);
@@ -438,9 +422,9 @@ fn still_mounted_below(dir: &Path) -> Vec<PathBuf> {
         // Without a mount table nothing can be proven safe to delete.
         return vec![dir.to_path_buf()];
     };
-    info.lines()
-        .filter_map(|l| l.split(' ').nth(4))
-        .map(|m| PathBuf::from(m.replace("\\040", " ")))
+    executor_sandbox::probe::parse_mountinfo(&info)
+        .into_iter()
+        .map(|m| m.mount_point)
         .filter(|m| m.starts_with(dir))
         .collect()
 }
