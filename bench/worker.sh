@@ -26,9 +26,13 @@ trap cleanup EXIT
 now() { date +%s%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", (b-a)/1e9}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
-# start_worker STORE → sets ADDR, WPID
+# start_worker STORE [unix] → sets ADDR, WPID (TCP carries TLS; unix: plain)
 start_worker() {
-  "$FHSX" --store "$1" worker --listen 127.0.0.1:0 > "$WORK/worker.out" 2> "$WORK/worker.err" &
+  if [ "${2:-}" = unix ]; then
+    "$FHSX" --store "$1" worker --unix "$1.sock" > "$WORK/worker.out" 2> "$WORK/worker.err" &
+  else
+    "$FHSX" --store "$1" worker --listen 127.0.0.1:0 > "$WORK/worker.out" 2> "$WORK/worker.err" &
+  fi
   WPID=$!
   local i
   for i in $(seq 1 200); do
@@ -58,6 +62,8 @@ echo "true round trip: remote $(ratio "$remote" "$RUNS")s  local $(ratio "$local
 TS=$WORK/tc-client
 roots=$("$FHSX" --store "$TS" --json store import "$INPUTS"/debs/*.deb | python3 -c 'import json,sys; print(", ".join("\"%s\"" % e["root"] for e in json.load(sys.stdin)))')
 printf '[inputs]\ntoolchain = [%s]\n[run]\ncommand = ["/bin/true"]\n' "$roots" > "$WORK/tc.toml"
+# Both uploads below read the client store from the page cache.
+find "$TS/blobs" "$TS/dirs" -type f -print0 | xargs -0 cat > /dev/null
 start_worker "$WORK/w2"
 a=$(now); out=$("$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" 2>/dev/null); b=$(now)
 cold=$(secs "$a" "$b")
@@ -77,3 +83,13 @@ cp_mbs=$(awk -v n="$cp_bytes" -v s="$cp_s" 'BEGIN{printf "%.1f", n/s/1e6}')
 echo "upload: $files, $bytes bytes in ${upload}s (cold ${cold}s - warm ${warm}s) = ${up_mbs} MB/s"
 echo "cp -r:  $cp_bytes bytes in ${cp_s}s = ${cp_mbs} MB/s"
 echo "upload/cp throughput ratio $(ratio "$up_mbs" "$cp_mbs")x (aim >= 0.5)"
+
+# The same upload over a UNIX socket (no TLS): what encryption costs.
+start_worker "$WORK/w3" unix
+a=$(now); "$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
+ucold=$(secs "$a" "$b")
+a=$(now); "$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
+uwarm=$(secs "$a" "$b")
+stop_worker
+uupload=$(awk -v a="$ucold" -v b="$uwarm" 'BEGIN{printf "%.3f", a-b}')
+echo "upload over a UNIX socket (no TLS): ${uupload}s; TCP+TLS/unix time ratio $(ratio "$upload" "$uupload")x"
