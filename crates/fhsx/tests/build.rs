@@ -659,3 +659,51 @@ fn names_with_percent_and_non_utf8_bytes_are_not_false_violations() {
     let (o, _) = build(&store, &action);
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// As root the scratch is a file system of `[limits] disk` bytes of its
+/// own: the build sees its size, and it never zeroes inode tables behind
+/// the build's back (`noinit_itable`).
+/// Without root there is no such file system, and the log says so.
+#[test]
+fn scratch_is_a_file_system_of_the_declared_disk_size() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let action = write_action(
+        t.path(),
+        "df.toml",
+        &sh_action(
+            &bb,
+            "busybox df -k /build | busybox tail -1; busybox grep ' /build ' /proc/self/mounts",
+            "[limits]\ndisk = 67108864\n",
+        ),
+    );
+    let o = fhsx(&store).arg("build").arg(&action).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let log = String::from_utf8_lossy(&o.stderr).into_owned();
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        assert!(log.contains("[limits] disk is not enforced here"), "{log}");
+        no_leftovers(t.path());
+        return;
+    }
+    let size_k: u64 = log
+        .lines()
+        .find(|l| l.trim_end().ends_with("/build"))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no df line for /build:\n{log}"));
+    // ext4 keeps a little for itself: between 56 and 64 MiB usable.
+    assert!(
+        (56 << 10..=64 << 10).contains(&size_k),
+        "{size_k} KiB:\n{log}"
+    );
+    let mount = log
+        .lines()
+        .find(|l| l.contains(" /build ext4 "))
+        .unwrap_or_else(|| panic!("/build is not its own ext4:\n{log}"));
+    for opt in ["nosuid", "nodev", "noinit_itable"] {
+        assert!(mount.contains(opt), "{opt} missing: {mount}");
+    }
+    no_leftovers(t.path());
+}
