@@ -82,8 +82,8 @@ pub use bloat::{closure_bloat, AtomUsage, BloatReport};
 pub use error::{Error, IntegrityFailure, Result};
 pub use fs::DIGEST_XATTR;
 pub use mount::{
-    cleanup_stale_mounts, default_registry, detach, live_mounts, mount, preflight, MountGuard,
-    MountOptions, MountOutcome, FS_NAME,
+    cleanup_stale_mounts, default_registry, detach, live_mounts, mount, preflight, register_mount,
+    MountGuard, MountOptions, MountOutcome, Registration, FS_NAME,
 };
 pub use readset::{Access, EntryKind, ReadSet, ReadSetEntry};
 pub use signals::TerminationSignals;

@@ -216,7 +216,7 @@ pub fn mount(
         path: mountpoint.clone(),
         source,
     })?;
-    let record = write_record(&opts.registry, &mountpoint).ok();
+    let record = write_record(&opts.registry, &mountpoint, None).ok();
     let session = session.spawn().map_err(|source| Error::Mount {
         path: mountpoint.clone(),
         source,
@@ -389,6 +389,11 @@ struct Record {
     mountpoint: PathBuf,
     pid: u32,
     start_time: u64,
+    /// For a [`register_mount`]ed mount: its source in the mount table
+    /// (`/dev/loop3`), so cleanup detaches only that mount, never whatever
+    /// else came to sit there. None: one of our views.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<String>,
 }
 
 fn record_path(registry: &Path, mountpoint: &Path) -> PathBuf {
@@ -396,12 +401,37 @@ fn record_path(registry: &Path, mountpoint: &Path) -> PathBuf {
     registry.join(format!("{}.json", &d.hex()[..32]))
 }
 
-fn write_record(registry: &Path, mountpoint: &Path) -> Result<PathBuf> {
+/// Another mount this process owns (the executor's size-capped scratch)
+/// recorded in the same registry as the views, so that if the process dies
+/// without unmounting it, the next [`mount`] or [`cleanup_stale_mounts`]
+/// anywhere detaches it. Dropping the registration forgets the mount —
+/// after unmounting it, or to keep it on purpose.
+#[derive(Debug)]
+pub struct Registration(PathBuf);
+
+/// Record `mountpoint` (already mounted from `source`, as the mount table
+/// names it) as this process's in `registry`.
+pub fn register_mount(registry: &Path, mountpoint: &Path, source: &str) -> Result<Registration> {
+    fs::create_dir_all(registry).map_err(|source| Error::Registry {
+        path: registry.to_path_buf(),
+        source,
+    })?;
+    write_record(registry, mountpoint, Some(source)).map(Registration)
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        let _ = fs::remove_file(&self.0);
+    }
+}
+
+fn write_record(registry: &Path, mountpoint: &Path, source: Option<&str>) -> Result<PathBuf> {
     let pid = std::process::id();
     let rec = Record {
         mountpoint: mountpoint.to_path_buf(),
         pid,
         start_time: start_time(pid).unwrap_or(0),
+        source: source.map(str::to_owned),
     };
     let p = record_path(registry, mountpoint);
     let tmp = p.with_extension(format!("tmp{pid}"));
@@ -428,6 +458,22 @@ fn owner_alive(rec: &Record) -> bool {
         Some(t) => rec.start_time == 0 || t == rec.start_time,
         None => false,
     }
+}
+
+/// Whether `mountpoint` is mounted from `source` in this mount namespace.
+fn mounted_from(mountpoint: &Path, source: &str) -> bool {
+    let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
+        return false;
+    };
+    info.lines().any(|l| {
+        let Some((pre, post)) = l.split_once(" - ") else {
+            return false;
+        };
+        pre.split(' ')
+            .nth(4)
+            .is_some_and(|mp| Path::new(&unescape_mountinfo(mp)) == mountpoint)
+            && post.split(' ').nth(1) == Some(source)
+    })
 }
 
 /// The mount points of live `fhsx-view` mounts in this mount namespace.
@@ -514,12 +560,22 @@ pub fn cleanup_stale_mounts(registry: &Path) -> Result<Vec<PathBuf>> {
         if owner_alive(&rec) {
             continue;
         }
-        // Only ever detach what is still one of our views (stacked leftovers
+        // Only ever detach what is still the mount recorded — one of our
+        // views, or a registered mount from its source (stacked leftovers
         // too, but never loop on a path the kernel will not let go).
-        let live = live.get_or_insert_with(live_mounts);
-        if live.contains(&rec.mountpoint) {
+        let ours = |rec: &Record| match &rec.source {
+            None => live_mounts().contains(&rec.mountpoint),
+            Some(src) => mounted_from(&rec.mountpoint, src),
+        };
+        let present = match &rec.source {
+            None => live
+                .get_or_insert_with(live_mounts)
+                .contains(&rec.mountpoint),
+            Some(_) => ours(&rec),
+        };
+        if present {
             for _ in 0..16 {
-                if detach(&rec.mountpoint).is_err() || !live_mounts().contains(&rec.mountpoint) {
+                if detach(&rec.mountpoint).is_err() || !ours(&rec) {
                     break;
                 }
             }

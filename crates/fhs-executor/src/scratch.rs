@@ -43,6 +43,9 @@ pub struct WorkArea {
     dir: Option<tempfile::TempDir>,
     scratch: PathBuf,
     mounted: bool,
+    /// The scratch mount in the mount registry, so that it does not outlive
+    /// a killed fhsx (see `castore_fuse::register_mount`).
+    registration: Option<castore_fuse::Registration>,
     _lock: fs::File,
     pub disk: DiskLimit,
 }
@@ -73,6 +76,7 @@ impl WorkArea {
             dir: Some(dir),
             scratch,
             mounted: false,
+            registration: None,
             _lock: lock,
             disk: DiskLimit::NotEnforced(String::new()),
         };
@@ -97,6 +101,8 @@ impl WorkArea {
     pub fn keep(mut self) -> PathBuf {
         let _ = fs::remove_file(self.path().join(LOCK));
         self.mounted = false;
+        // Kept on purpose: no later cleanup may take it away.
+        self.registration = None;
         self.dir.take().map_or_else(PathBuf::new, |d| d.keep())
     }
 
@@ -126,6 +132,17 @@ impl WorkArea {
         let (dev, _dev_fd) = loopdev::attach(&image)?;
         mount_ext4(&dev, &self.scratch)?;
         self.mounted = true;
+        // Registered before anything else can fail or kill us: a dead
+        // fhsx's scratch is then detached by the next mount anywhere, not
+        // only by a build in this same $TMPDIR.
+        // The mount table names the path with symlinks resolved.
+        let at = fs::canonicalize(&self.scratch).unwrap_or_else(|_| self.scratch.clone());
+        self.registration = castore_fuse::register_mount(
+            &castore_fuse::default_registry(),
+            &at,
+            &dev.to_string_lossy(),
+        )
+        .ok();
         // Space is taken from the host as the build writes; the file is
         // gone from the directory once mounted (the loop device holds it).
         let _ = fs::remove_file(&image);
@@ -139,6 +156,7 @@ impl Drop for WorkArea {
         if self.mounted {
             let _ = castore_fuse::detach(&self.scratch);
         }
+        self.registration = None;
         // The TempDir's own drop removes the directory.
     }
 }
@@ -384,6 +402,9 @@ fn free_bytes(p: &Path) -> u64 {
 /// works without root for our views), so nothing is deleted through them
 /// into a store or a host directory.
 pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
+    // Registered mounts of dead owners anywhere (views, scratch file
+    // systems): what a worker finds at start, before any mount runs it.
+    let _ = castore_fuse::cleanup_stale_mounts(&castore_fuse::default_registry());
     let mut swept = Vec::new();
     let Ok(rd) = fs::read_dir(tmp) else {
         return swept;

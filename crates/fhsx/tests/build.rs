@@ -621,8 +621,24 @@ fn a_killed_build_is_swept_by_the_next_one() {
     };
     let left = areas();
     assert_eq!(left.len(), 1, "SIGKILL should leave the area: {left:?}");
-    // The orphaned sandbox dies with its bwrap parent (--die-with-parent).
+    // Any build elsewhere (another $TMPDIR) already detaches what the dead
+    // one left mounted: its registry records name it.
+    let elsewhere = tempfile::tempdir().unwrap();
     let quick = write_action(t.path(), "quick.toml", &sh_action(&bb, "echo hi", ""));
+    let o = fhsx(&store)
+        .env("TMPDIR", elsewhere.path())
+        .arg("build")
+        .arg(&quick)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    assert!(
+        !mounts.contains(left[0].to_str().unwrap()),
+        "the killed build's mounts outlived the next build elsewhere:\n{mounts}"
+    );
+    // The orphaned sandbox dies with its bwrap parent (--die-with-parent);
+    // a build in the same $TMPDIR removes the area itself.
     let (o, _) = build(&store, &quick);
     assert!(o.status.success(), "{}", text(&o));
     assert!(
