@@ -126,7 +126,7 @@ impl WorkArea {
         };
         // ext4 needs a few MiB for its own metadata.
         let bytes = bytes.max(8 << 20);
-        fresh_image(&image, bytes)?;
+        fresh_image(&std::env::temp_dir().join("fhsx-0"), &image, bytes)?;
         // The device's fd stays open until the mount holds the device:
         // autoclear detaches it at the last close of an unmounted device.
         let (dev, _dev_fd) = loopdev::attach(&image)?;
@@ -164,16 +164,23 @@ impl Drop for WorkArea {
 /// Make `image` an empty ext4 of `bytes`: a sparse copy of a cached
 /// template of that size (a few MiB of metadata, ~2 ms), made once with
 /// mkfs (~10 ms). The cache is root's private runtime directory.
-fn fresh_image(image: &Path, bytes: u64) -> Result<(), String> {
-    let cache = std::env::temp_dir().join("fhsx-0");
+fn fresh_image(cache: &Path, image: &Path, bytes: u64) -> Result<(), String> {
     let template = cache.join(format!("scratch-{bytes}.ext4"));
     if !template.exists() {
         fs::DirBuilder::new()
             .mode(0o700)
             .recursive(true)
-            .create(&cache)
+            .create(cache)
             .map_err(|e| format!("creating {}: {e}", cache.display()))?;
-        let tmp = cache.join(format!("scratch-{bytes}.ext4.tmp{}", std::process::id()));
+        // Unique per call: two builds of one process (a worker's jobs) may
+        // both find the template missing, and two mkfs runs writing one
+        // file make an image whose blocks disagree (CI caught this).
+        static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+        let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let tmp = cache.join(format!(
+            "scratch-{bytes}.ext4.tmp{}-{n}",
+            std::process::id()
+        ));
         let made = make_ext4(&tmp, bytes).and_then(|()| {
             fs::rename(&tmp, &template)
                 .map_err(|e| format!("installing {}: {e}", template.display()))
@@ -182,7 +189,7 @@ fn fresh_image(image: &Path, bytes: u64) -> Result<(), String> {
             let _ = fs::remove_file(&tmp);
         }
         made?;
-        sweep_templates(&cache, &template);
+        sweep_templates(cache, &template);
     }
     let from =
         fs::File::open(&template).map_err(|e| format!("opening {}: {e}", template.display()))?;
@@ -454,6 +461,35 @@ fn still_mounted_below(dir: &Path) -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use std::io::{Read, Seek, SeekFrom, Write};
+
+    /// Builds of one worker start at once and all find the template
+    /// missing: every image they get is a sound ext4 (`e2fsck -fn`).
+    #[test]
+    fn concurrent_first_images_are_all_sound() {
+        let d = tempfile::tempdir().unwrap();
+        let cache = d.path().join("cache");
+        let images: Vec<PathBuf> = (0..4).map(|i| d.path().join(format!("img{i}"))).collect();
+        std::thread::scope(|s| {
+            for img in &images {
+                let cache = &cache;
+                s.spawn(move || fresh_image(cache, img, 64 << 20).unwrap());
+            }
+        });
+        for img in &images {
+            let o = Command::new("e2fsck")
+                .args(["-f", "-n"])
+                .arg(img)
+                .output()
+                .expect("e2fsck is needed: apt-get install e2fsprogs");
+            assert!(
+                o.status.success(),
+                "{} is not a sound ext4: {}{}",
+                img.display(),
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+    }
 
     /// Data extents arrive byte for byte, holes stay holes (the copy of a
     /// mostly empty 64 MiB file takes about as much disk as its data).
