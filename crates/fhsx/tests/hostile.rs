@@ -32,34 +32,7 @@ use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 use std::sync::OnceLock;
-use support::{fhsx, import, no_leftovers, repo, text};
-
-/// busybox-static's .deb, fetched once per target dir (or handed in).
-fn busybox_deb() -> PathBuf {
-    static DEB: OnceLock<PathBuf> = OnceLock::new();
-    DEB.get_or_init(|| {
-        if let Some(p) = std::env::var_os("FHSX_HOSTILE_BUSYBOX") {
-            return PathBuf::from(p);
-        }
-        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hello-inputs");
-        let o = Command::new(repo().join("examples/hello/fetch-inputs.sh"))
-            .arg(&dir)
-            .output()
-            .expect("run examples/hello/fetch-inputs.sh");
-        assert!(
-            o.status.success(),
-            "fetching the example's Debian packages failed (needs apt-get and `apt-get update`): {}",
-            text(&o)
-        );
-        fs::read_dir(dir.join("fetch-debs"))
-            .unwrap()
-            .flatten()
-            .map(|e| e.path())
-            .find(|p| p.to_string_lossy().contains("busybox-static"))
-            .expect("busybox-static .deb (examples/hello/fetch-inputs.sh fetches it)")
-    })
-    .clone()
-}
+use support::{busybox_deb, fhsx, import, no_leftovers, text};
 
 /// tests/hostile/attack.c, compiled static on the host once per run.
 fn attack_bin() -> PathBuf {

@@ -69,16 +69,24 @@ pub fn import(store: &Path, p: &Path) -> String {
         .to_owned()
 }
 
-/// A closure of one real Debian package: busybox-static.
-pub fn busybox(store: &Path) -> String {
-    let debs = inputs().join("fetch-debs");
-    let deb = fs::read_dir(&debs)
+/// busybox-static's .deb: fetched once per target dir, or the copy
+/// `FHSX_HOSTILE_BUSYBOX` hands in (the hostile suite's non-root pass, which
+/// cannot run the fetch).
+pub fn busybox_deb() -> PathBuf {
+    if let Some(p) = std::env::var_os("FHSX_HOSTILE_BUSYBOX") {
+        return PathBuf::from(p);
+    }
+    fs::read_dir(inputs().join("fetch-debs"))
         .unwrap()
         .flatten()
         .map(|e| e.path())
         .find(|p| p.to_string_lossy().contains("busybox-static"))
-        .expect("busybox-static .deb (examples/hello/fetch-inputs.sh fetches it)");
-    import(store, &deb)
+        .expect("busybox-static .deb (examples/hello/fetch-inputs.sh fetches it)")
+}
+
+/// A closure of one real Debian package: busybox-static.
+pub fn busybox(store: &Path) -> String {
+    import(store, &busybox_deb())
 }
 
 /// A loopback HTTP server answering every GET with `body`; returns its port
