@@ -409,9 +409,6 @@ fn free_bytes(p: &Path) -> u64 {
 /// works without root for our views), so nothing is deleted through them
 /// into a store or a host directory.
 pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
-    // Registered mounts of dead owners anywhere (views, scratch file
-    // systems): what a worker finds at start, before any mount runs it.
-    let _ = castore_fuse::cleanup_stale_mounts(&castore_fuse::default_registry());
     let mut swept = Vec::new();
     let Ok(rd) = fs::read_dir(tmp) else {
         return swept;

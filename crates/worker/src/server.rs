@@ -227,7 +227,10 @@ async fn serve_async(
         }
     }
     // A killed predecessor may have left views and scratch file systems
-    // mounted, and working areas behind: detach and remove them.
+    // mounted (anywhere: the registry names them), and working areas
+    // behind: detach and remove them. A build does the first as part of
+    // mounting its view, so only start-up needs it here.
+    let _ = castore_fuse::cleanup_stale_mounts(&castore_fuse::default_registry());
     fhs_executor::scratch::sweep_abandoned(&std::env::temp_dir());
     let exec = FhsExecutor::open(config.store.clone())?;
     let io = |what: &'static str, ep: String| {
