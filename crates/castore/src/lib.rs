@@ -16,6 +16,7 @@
 //! `castore-fuse`) nor anything about sandboxes or build records.
 
 pub mod compose;
+pub mod diff;
 mod digest;
 mod directory;
 mod error;

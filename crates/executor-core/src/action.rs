@@ -27,18 +27,163 @@ pub enum ActionError {
     },
 }
 
+/// What the inputs of an action name: in a resolved [`Action`] a digest; in
+/// an [`ActionFile`] an [`InputRef`], which may also name another action's
+/// output.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Inputs {
+pub struct Inputs<I = Digest> {
     /// Atom roots the build depends on, in composition order.
-    #[serde(default)]
-    pub closure: Vec<Digest>,
+    #[serde(default = "Vec::new")]
+    pub closure: Vec<I>,
     /// The toolchain composition, composed after the closure.
-    #[serde(default)]
-    pub toolchain: Vec<Digest>,
+    #[serde(default = "Vec::new")]
+    pub toolchain: Vec<I>,
     /// Optional source tree, copied writable to `/build/src`.
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    pub source: Option<Digest>,
+    #[serde(default = "Option::default", skip_serializing_if = "Option::is_none")]
+    pub source: Option<I>,
+}
+
+impl<I> Inputs<I> {
+    /// Every input with the list it is in, in order: closure, toolchain, source.
+    pub fn iter(&self) -> impl Iterator<Item = (InputList, &I)> {
+        self.closure
+            .iter()
+            .map(|i| (InputList::Closure, i))
+            .chain(self.toolchain.iter().map(|i| (InputList::Toolchain, i)))
+            .chain(self.source.iter().map(|i| (InputList::Source, i)))
+    }
+}
+
+/// Which list of `[inputs]` an input is in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InputList {
+    Closure,
+    Toolchain,
+    Source,
+}
+
+impl InputList {
+    pub fn name(self) -> &'static str {
+        match self {
+            InputList::Closure => "closure",
+            InputList::Toolchain => "toolchain",
+            InputList::Source => "source",
+        }
+    }
+}
+
+/// An input as an action file may write it: a tree's digest (`b3:…`), or
+/// an output of another action (`fetch.toml#out`: a path relative to the
+/// referring file, `#`, an output name).
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum InputRef {
+    Digest(Digest),
+    Output { file: PathBuf, output: OutputName },
+}
+
+impl std::fmt::Display for InputRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InputRef::Digest(d) => write!(f, "{d}"),
+            InputRef::Output { file, output } => write!(f, "{}#{output}", file.display()),
+        }
+    }
+}
+
+impl std::str::FromStr for InputRef {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        if s.starts_with("b3:") {
+            return s.parse().map(InputRef::Digest).map_err(|e| format!("{e}"));
+        }
+        match s.rsplit_once('#') {
+            Some((file, output)) if !file.is_empty() => Ok(InputRef::Output {
+                file: PathBuf::from(file),
+                output: output.parse()?,
+            }),
+            _ => Err(match s.parse::<Digest>() {
+                Err(e) => format!(
+                    "input {s:?} is neither a digest ({e}) nor another action's output (`other.toml#out`)"
+                ),
+                Ok(_) => format!("input {s:?} is not an input"),
+            }),
+        }
+    }
+}
+
+impl Serialize for InputRef {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for InputRef {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// The name of one of an action's outputs (`out`, `dev`, `doc`, …): the
+/// build finds it as `$name`, the directory `/build/name`. Lower-case
+/// letters, digits and `_`, starting with a letter, at most 64 bytes — so
+/// it is a shell variable name that no base variable (`PATH`, `HOME`, …)
+/// can be.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OutputName(String);
+
+impl OutputName {
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The output's directory as the build sees it.
+    pub fn build_path(&self) -> String {
+        format!("/build/{}", self.0)
+    }
+}
+
+impl std::fmt::Display for OutputName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::str::FromStr for OutputName {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        let mut chars = s.chars();
+        let ok = matches!(chars.next(), Some('a'..='z'))
+            && chars.all(|c| matches!(c, 'a'..='z' | '0'..='9' | '_'))
+            && s.len() <= 64
+            && !RESERVED_OUTPUT_NAMES.contains(&s);
+        if ok {
+            Ok(OutputName(s.to_owned()))
+        } else {
+            Err(format!(
+                "output name {s:?} is not allowed: use lower-case letters, digits and `_`, starting with a letter (`out`, `dev`, `doc`), at most 64 bytes, and not one of {RESERVED_OUTPUT_NAMES:?}"
+            ))
+        }
+    }
+}
+
+/// Names under `/build` that fhsx itself uses.
+const RESERVED_OUTPUT_NAMES: &[&str] = &["src", "home"];
+
+impl Serialize for OutputName {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(&self.0)
+    }
+}
+
+impl<'de> Deserialize<'de> for OutputName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -84,22 +229,26 @@ pub struct Network {
     pub lock: Option<PathBuf>,
 }
 
+/// The outputs a build makes: each a directory `/build/NAME` (`$NAME` in
+/// its environment) that becomes an atom of its own, whose root is that
+/// directory's content — so `$out/usr/bin/hello` composes at
+/// `/usr/bin/hello`. fhsx does not create them: a declared output the
+/// build did not make is an error naming it, as in Nix.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Outputs {
-    /// Paths relative to `/build` to ingest; `out` is `$out`.
     #[serde(default = "default_outputs")]
-    pub paths: Vec<String>,
+    pub names: Vec<OutputName>,
 }
 
-fn default_outputs() -> Vec<String> {
-    vec!["out".into()]
+fn default_outputs() -> Vec<OutputName> {
+    vec![OutputName("out".into())]
 }
 
 impl Default for Outputs {
     fn default() -> Self {
         Outputs {
-            paths: default_outputs(),
+            names: default_outputs(),
         }
     }
 }
@@ -155,11 +304,14 @@ impl Default for Limits {
     }
 }
 
-/// A parsed, validated action.
+/// A parsed, validated action whose inputs are `I`: a resolved [`Action`]
+/// (every input a digest: what an executor runs and what the action digest
+/// is computed over), or an [`ActionFile`] as written, whose inputs may
+/// name other actions' outputs.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
-pub struct Action {
-    pub inputs: Inputs,
+pub struct ActionOf<I> {
+    pub inputs: Inputs<I>,
     pub run: Run,
     #[serde(default)]
     pub network: Network,
@@ -169,20 +321,27 @@ pub struct Action {
     pub limits: Limits,
 }
 
-impl Action {
+/// A resolved action: every input a digest.
+pub type Action = ActionOf<Digest>;
+
+/// An action as its file says it: inputs may be references to other
+/// actions' outputs, resolved by [`crate::graph`].
+pub type ActionFile = ActionOf<InputRef>;
+
+impl ActionFile {
     /// Read and validate an action file. Relative lock paths stay relative;
     /// resolve them with [`Action::lock_path`].
-    pub fn load(file: &Path) -> Result<Action, ActionError> {
+    pub fn read(file: &Path) -> Result<ActionFile, ActionError> {
         let text = std::fs::read_to_string(file).map_err(|source| ActionError::Read {
             file: file.to_path_buf(),
             source,
         })?;
-        Action::parse(&text, file)
+        ActionFile::from_text(&text, file)
     }
 
     /// Parse and validate action text; `file` names it in errors.
-    pub fn parse(text: &str, file: &Path) -> Result<Action, ActionError> {
-        let action: Action = toml::from_str(text).map_err(|e| ActionError::Parse {
+    pub fn from_text(text: &str, file: &Path) -> Result<ActionFile, ActionError> {
+        let action: ActionFile = toml::from_str(text).map_err(|e| ActionError::Parse {
             file: file.to_path_buf(),
             message: e.to_string().trim_end().to_owned(),
         })?;
@@ -193,6 +352,101 @@ impl Action {
         Ok(action)
     }
 
+    /// Replace every input by what `resolve` makes of it (a reference by
+    /// the digest of the output it names).
+    pub fn resolve<E>(
+        self,
+        mut resolve: impl FnMut(InputList, &InputRef) -> Result<Digest, E>,
+    ) -> Result<Action, E> {
+        let mut one = |list, i: InputRef| match i {
+            InputRef::Digest(d) => Ok(d),
+            other => resolve(list, &other),
+        };
+        let inputs = Inputs {
+            closure: (self.inputs.closure.into_iter())
+                .map(|i| one(InputList::Closure, i))
+                .collect::<Result<_, _>>()?,
+            toolchain: (self.inputs.toolchain.into_iter())
+                .map(|i| one(InputList::Toolchain, i))
+                .collect::<Result<_, _>>()?,
+            source: self
+                .inputs
+                .source
+                .map(|i| one(InputList::Source, i))
+                .transpose()?,
+        };
+        Ok(ActionOf {
+            inputs,
+            run: self.run,
+            network: self.network,
+            outputs: self.outputs,
+            limits: self.limits,
+        })
+    }
+
+    /// The references to other actions' outputs, in input order.
+    pub fn references(&self) -> impl Iterator<Item = (InputList, &Path, &OutputName)> {
+        self.inputs.iter().filter_map(|(list, i)| match i {
+            InputRef::Output { file, output } => Some((list, file.as_path(), output)),
+            InputRef::Digest(_) => None,
+        })
+    }
+}
+
+impl Action {
+    /// Read a file that must hold a resolved action (digests only), as a
+    /// worker receives one.
+    pub fn load(file: &Path) -> Result<Action, ActionError> {
+        let text = std::fs::read_to_string(file).map_err(|source| ActionError::Read {
+            file: file.to_path_buf(),
+            source,
+        })?;
+        Action::parse(&text, file)
+    }
+
+    /// Parse action text that must name every input by digest.
+    pub fn parse(text: &str, file: &Path) -> Result<Action, ActionError> {
+        ActionFile::from_text(text, file)?.resolve(|list, r| {
+            Err(ActionError::Invalid {
+                file: file.to_path_buf(),
+                message: format!(
+                    "[inputs] {} names {r}, another action's output: here every input must be a digest (build the referring action with `fhsx build`, which resolves references)",
+                    list.name()
+                ),
+            })
+        })
+    }
+
+    /// The action as TOML an [`Action::parse`] reads back unchanged.
+    pub fn to_toml(&self) -> String {
+        toml::to_string(self).unwrap_or_default()
+    }
+
+    /// The action digest: BLAKE3 of the canonical JSON encoding (keys sorted,
+    /// no whitespace) with the lock replaced by its content digest, so equal
+    /// digests mean equal inputs wherever the files live.
+    pub fn digest(&self, lock_digest: Option<&Digest>) -> Digest {
+        Digest::of(&self.canonical(lock_digest))
+    }
+
+    pub fn canonical(&self, lock_digest: Option<&Digest>) -> Vec<u8> {
+        let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        if let Some(net) = v.get_mut("network").and_then(|n| n.as_object_mut()) {
+            net.remove("lock");
+            if let Some(d) = lock_digest {
+                net.insert(
+                    "lock_digest".into(),
+                    serde_json::Value::String(d.to_string()),
+                );
+            }
+        }
+        // serde_json's map is a BTreeMap without the preserve_order feature:
+        // keys come out sorted.
+        serde_json::to_vec(&v).unwrap_or_default()
+    }
+}
+
+impl<I> ActionOf<I> {
     fn validate(&self) -> Result<(), String> {
         if self.inputs.closure.is_empty() && self.inputs.toolchain.is_empty() {
             return Err(
@@ -217,14 +471,13 @@ impl Action {
         if self.run.timeout.is_zero() {
             return Err("[run] timeout must be more than zero".into());
         }
-        for p in &self.outputs.paths {
-            let ok = !p.is_empty()
-                && !p.starts_with('/')
-                && p.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
-            if !ok {
-                return Err(format!(
-                    "[outputs] path {p:?} must be relative to /build without `.` or `..`"
-                ));
+        if self.outputs.names.is_empty() {
+            return Err("[outputs] names is empty: a build must make at least one output".into());
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for n in &self.outputs.names {
+            if !seen.insert(n) {
+                return Err(format!("[outputs] names {n:?} twice"));
             }
         }
         if self.network.mode != NetworkMode::None && self.network.lock.is_none() {
@@ -251,29 +504,6 @@ impl Action {
                 action_file.parent().unwrap_or(Path::new(".")).join(l)
             }
         })
-    }
-
-    /// The action digest: BLAKE3 of the canonical JSON encoding (keys sorted,
-    /// no whitespace) with the lock replaced by its content digest, so equal
-    /// digests mean equal inputs wherever the files live.
-    pub fn digest(&self, lock_digest: Option<&Digest>) -> Digest {
-        Digest::of(&self.canonical(lock_digest))
-    }
-
-    pub fn canonical(&self, lock_digest: Option<&Digest>) -> Vec<u8> {
-        let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
-        if let Some(net) = v.get_mut("network").and_then(|n| n.as_object_mut()) {
-            net.remove("lock");
-            if let Some(d) = lock_digest {
-                net.insert(
-                    "lock_digest".into(),
-                    serde_json::Value::String(d.to_string()),
-                );
-            }
-        }
-        // serde_json's map is a BTreeMap without the preserve_order feature:
-        // keys come out sorted.
-        serde_json::to_vec(&v).unwrap_or_default()
     }
 }
 
@@ -338,7 +568,7 @@ mod tests {
         ))
         .unwrap();
         assert_eq!(a.run.timeout, Duration::from_secs(1200));
-        assert_eq!(a.outputs.paths, vec!["out"]);
+        assert_eq!(a.outputs.names, vec!["out".parse::<OutputName>().unwrap()]);
         assert_eq!(a.network.mode, NetworkMode::None);
         assert_eq!(a.run.workdir, "/build");
     }
@@ -363,10 +593,10 @@ mod tests {
         .unwrap_err();
         assert!(e.to_string().contains("command is empty"));
         let e = parse(&format!(
-            "[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = [\"x\"]\n[outputs]\npaths = [\"../x\"]\n"
+            "[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = [\"x\"]\n[outputs]\nnames = [\"../x\"]\n"
         ))
         .unwrap_err();
-        assert!(e.to_string().contains("outputs"));
+        assert!(e.to_string().contains("output name \"../x\""), "{e}");
         let e = parse(&format!(
             "[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = [\"x\"]\n[network]\nmode = \"replay\"\n"
         ))
@@ -384,5 +614,50 @@ mod tests {
         assert_ne!(a.digest(None), c.digest(None));
         let lock = Digest::of(b"lock");
         assert_ne!(a.digest(None), a.digest(Some(&lock)));
+    }
+
+    #[test]
+    fn inputs_may_name_other_actions_outputs() {
+        let t = format!(
+            "[inputs]\nclosure = [\"{D}\", \"../fetch.toml#out\"]\nsource = \"a#b#dev\"\n[run]\ncommand = [\"x\"]\n[outputs]\nnames = [\"out\", \"dev\"]\n"
+        );
+        let f = ActionFile::from_text(&t, Path::new("dir/a.toml")).unwrap();
+        let refs: Vec<String> = f
+            .references()
+            .map(|(l, p, o)| format!("{} {} {o}", l.name(), p.display()))
+            .collect();
+        assert_eq!(refs, ["closure ../fetch.toml out", "source a#b dev"]);
+        // A resolved action can only come from digests.
+        let e = Action::parse(&t, Path::new("a.toml")).unwrap_err();
+        assert!(e.to_string().contains("../fetch.toml#out"), "{e}");
+        let resolved = f.resolve(|_, _| Ok::<_, ()>(Digest::of(b"x"))).unwrap();
+        assert_eq!(resolved.inputs.closure[1], Digest::of(b"x"));
+        // What a worker is sent parses back to the same action.
+        let back = Action::parse(&resolved.to_toml(), Path::new("sent.toml")).unwrap();
+        assert_eq!(back, resolved);
+    }
+
+    #[test]
+    fn bad_inputs_and_output_names_are_refused_with_the_fix() {
+        for (inputs, outputs, want) in [
+            ("\"fetch.toml\"", "\"out\"", "neither a digest"),
+            ("\"f.toml#Out\"", "\"out\"", "output name \"Out\""),
+            ("\"#out\"", "\"out\"", "neither a digest"),
+            (&format!("\"{D}\""), "\"src\"", "not one of"),
+            (&format!("\"{D}\""), "\"out\", \"out\"", "twice"),
+            (&format!("\"{D}\""), "", "names is empty"),
+            (&format!("\"{D}\""), "\"PATH\"", "lower-case"),
+        ] {
+            let t = format!("[inputs]\nclosure = [{inputs}]\n[run]\ncommand = [\"x\"]\n[outputs]\nnames = [{outputs}]\n");
+            let e = ActionFile::from_text(&t, Path::new("a.toml"))
+                .unwrap_err()
+                .to_string();
+            assert!(e.contains(want), "{inputs} {outputs}: {e}");
+        }
+        let old = format!("[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = [\"x\"]\n[outputs]\npaths = [\"out\"]\n");
+        let e = ActionFile::from_text(&old, Path::new("a.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("paths") && e.contains("names"), "{e}");
     }
 }

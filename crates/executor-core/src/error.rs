@@ -5,8 +5,9 @@ use std::time::Duration;
 
 /// How a failure is reported to a user or a script: the process exit code.
 ///
-/// DESIGN.md fixes these: 0 success, 1 the build failed, 2 usage or input
-/// error, 3 a containment or integrity violation.
+/// docs/DESIGN.md fixes these: 0 success, 1 the build failed, 2 usage or
+/// input error, 3 a containment or integrity violation, 4 a `--check`
+/// rebuild that differs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ExitClass {
     /// The build (or contained command) itself failed.
@@ -15,6 +16,9 @@ pub enum ExitClass {
     Usage,
     /// Something that must never happen was caught: corruption, escape, tampering.
     Integrity,
+    /// A `--check` rebuild made different outputs: the build is not
+    /// reproducible (or its inputs do not say everything it depends on).
+    CheckMismatch,
 }
 
 impl ExitClass {
@@ -24,6 +28,7 @@ impl ExitClass {
             ExitClass::BuildFailed => 1,
             ExitClass::Usage => 2,
             ExitClass::Integrity => 3,
+            ExitClass::CheckMismatch => 4,
         }
     }
 }

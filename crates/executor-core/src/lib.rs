@@ -12,23 +12,62 @@
 
 pub mod action;
 mod error;
+pub mod graph;
 pub mod record;
 
-pub use action::{Action, ActionError, NetworkMode};
+pub use action::{
+    Action, ActionError, ActionFile, ActionOf, InputList, InputRef, NetworkMode, OutputName,
+};
 pub use error::{ExitClass, SandboxError};
+pub use graph::{ActionGraph, GraphError, GraphNode};
 pub use record::{BuildRecord, ExitStatus, ResourceUse, SignedRecord};
 
+/// Whether a build may be answered from the action cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CachePolicy {
+    /// A trusted, successful record of the same action digest whose
+    /// outputs are all present answers the build; nothing runs.
+    #[default]
+    Use,
+    /// Run even if a record exists (`--rebuild`).
+    Rebuild,
+    /// Run again and compare the outputs with the cached record's
+    /// (`--check`); there must be one.
+    Check,
+}
+
 /// What a caller hands an executor: the action, and where its fetch lock
-/// lives (read in replay mode, written in record mode).
+/// lives (read in replay mode, rewritten in record mode).
 #[derive(Debug, Clone)]
 pub struct BuildRequest {
     pub action: Action,
     pub lock_path: Option<std::path::PathBuf>,
-    /// Permit `network.mode = "record"`, the one impure mode.
-    pub allow_record: bool,
+    /// Run in record mode (`--record`): the one impure mode. A `replay`
+    /// action is recorded afresh and its lock rewritten when the build
+    /// succeeds; a `record` action needs this to run at all.
+    pub record: bool,
     /// Extra CA certificates (PEM files) trusted for upstream TLS while
     /// recording, beyond the host's.
     pub upstream_ca: Vec<std::path::PathBuf>,
+    pub cache: CachePolicy,
+    /// Signers (`ed25519:<hex>`) whose records are cache hits besides the
+    /// executor's own.
+    pub trust: Vec<String>,
+}
+
+impl BuildRequest {
+    /// A request with the defaults: replay as the file says, use the cache,
+    /// trust only the executor's own records.
+    pub fn new(action: Action, lock_path: Option<std::path::PathBuf>) -> Self {
+        BuildRequest {
+            action,
+            lock_path,
+            record: false,
+            upstream_ca: Vec::new(),
+            cache: CachePolicy::Use,
+            trust: Vec::new(),
+        }
+    }
 }
 
 /// What a finished build returns.
@@ -37,6 +76,28 @@ pub struct BuildOutcome {
     /// The stored, signed record's digest.
     pub record_digest: castore::Digest,
     pub record: SignedRecord,
+    /// Answered from the action cache: nothing ran.
+    pub cached: bool,
+    /// With [`CachePolicy::Check`]: how the rebuild compares.
+    pub check: Option<CheckReport>,
+}
+
+/// A `--check` rebuild compared with the record it checked.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct CheckReport {
+    /// The cached record the rebuild was compared with.
+    pub against: castore::Digest,
+    /// Every path whose content differs, per output; empty when the
+    /// rebuild reproduced the outputs bit for bit.
+    pub differences: Vec<OutputDifference>,
+}
+
+/// One differing path of one output.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct OutputDifference {
+    pub output: OutputName,
+    #[serde(flatten)]
+    pub difference: castore::diff::Difference,
 }
 
 /// An executor: `build(atom_closure, toolchain_composition, action_params)
@@ -45,7 +106,8 @@ pub struct BuildOutcome {
 pub trait Executor {
     type Error: std::error::Error + Send + Sync + 'static;
 
-    /// Run one build; `log` receives its output as it happens.
+    /// Run one build (or answer it from the cache); `log` receives its
+    /// output as it happens.
     fn build(
         &self,
         request: &BuildRequest,

@@ -6,11 +6,18 @@
 //! CAS blob, and its digest is the record's name. Signing and checking live
 //! in `fhs-executor`; this crate only fixes the shape.
 
+use std::collections::BTreeMap;
+
 use castore::Digest;
 use serde::{Deserialize, Serialize};
 
-/// Bumped whenever a field changes meaning.
-pub const RECORD_FORMAT: u32 = 1;
+use crate::action::OutputName;
+
+/// Bumped whenever a field changes meaning. Format 2 names each output
+/// atom (`outputs`) where format 1 had one `output_digest` tree holding
+/// every declared path; a format-1 record is still checked by `record
+/// verify` (signature and the digests it names) but is never a cache hit.
+pub const RECORD_FORMAT: u32 = 2;
 
 /// How the build's main process ended.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -49,8 +56,9 @@ pub struct BuildRecord {
     pub view_digest: Digest,
     /// Digest of the fetch lock's bytes, if the build had network.
     pub fetch_lock_digest: Option<Digest>,
-    /// The output tree (a directory holding each declared output path).
-    pub output_digest: Option<Digest>,
+    /// Each declared output's atom, by name; empty when the build failed.
+    pub outputs: BTreeMap<OutputName, Digest>,
+    /// Over every output, paths prefixed by the output's name.
     pub interface_manifest_digest: Option<Digest>,
     pub observed_read_set_digest: Digest,
     pub read_set_size: u64,
@@ -61,12 +69,26 @@ pub struct BuildRecord {
     /// refused fetch, a non-deterministic upstream). Non-empty means the
     /// build is not trusted, whatever its exit status.
     pub violations: Vec<String>,
+    /// Why a build whose command succeeded still failed (an output was
+    /// missing or refused at ingest).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failure: Option<String>,
+    /// Set on the record of a `--check` rebuild: the record it was
+    /// compared with. Such a record is never a cache hit itself.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub check_of: Option<Digest>,
     pub resources: ResourceUse,
     /// Who ran it: `fhsx <version>` and the signing key's fingerprint.
     pub executor: String,
 }
 
 impl BuildRecord {
+    /// The command succeeded, nothing was violated and every output was
+    /// ingested.
+    pub fn succeeded(&self) -> bool {
+        self.exit.success() && self.violations.is_empty() && self.failure.is_none()
+    }
+
     /// The bytes that are signed: canonical JSON.
     pub fn canonical(&self) -> Vec<u8> {
         let v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
@@ -82,13 +104,14 @@ impl BuildRecord {
         ];
         for (n, d) in [
             ("fetch_lock_digest", self.fetch_lock_digest),
-            ("output_digest", self.output_digest),
             ("interface_manifest_digest", self.interface_manifest_digest),
+            ("check_of", self.check_of),
         ] {
             if let Some(d) = d {
                 v.push((n, d));
             }
         }
+        v.extend(self.outputs.values().map(|d| ("outputs", *d)));
         v
     }
 }

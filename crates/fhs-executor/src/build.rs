@@ -1,32 +1,43 @@
-//! The build pipeline: action → composed view → FUSE mount → sandbox →
-//! read-set check → outputs → manifest → signed record.
+//! The build pipeline, as stages that read top to bottom:
 //!
-//! Every resource a build takes — the scratch directory, the mount, the
-//! sandbox's processes — is owned by a guard on this stack frame, so any
-//! error path (and a panic) releases it: a failed build leaves no mount,
-//! process or temp dir behind.
+//! ```text
+//! resolve → cache → compose → prepare → run (mount, sandbox, unmount)
+//!         → prove → ingest → sign → (check)
+//! ```
+//!
+//! Each stage is one function that owns what it creates. Every resource a
+//! build takes — the working area, the mount, the sandbox's processes, the
+//! proxy — is held by a guard on this stack, so any error path (and a
+//! panic) releases it: a failed build leaves no mount, process or temp dir
+//! behind. The cache stage answers a build without running it; `--check`
+//! runs it anyway and compares ([`crate::check`]).
 
 use std::ffi::OsString;
 use std::fs;
-use std::io::Read;
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::io::{Read, Write};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use castore::store::{BlobStore, DirectoryStore, LocalStore};
-use castore::{Digest, Directory, Name, Node};
-use castore_fuse::{MountOptions, ReadSet};
+use castore::{Composition, Digest};
+use castore_fuse::{MountOptions, MountOutcome};
 use ed25519_dalek::SigningKey;
 use executor_core::record::{list_digest, RECORD_FORMAT};
 use executor_core::{
-    BuildOutcome, BuildRecord, BuildRequest, ExitStatus, NetworkMode, ResourceUse,
+    Action, BuildOutcome, BuildRecord, BuildRequest, CachePolicy, ExitStatus, NetworkMode,
+    ResourceUse,
 };
-use executor_sandbox::{Outcome, Output, RealFs, RunOptions, Runtime, SandboxSpec, Stdin};
+use executor_sandbox::{
+    Outcome, Output, RealFs, RunOptions, RunReport, Runtime, SandboxSpec, Stdin,
+};
 
+use crate::cache::{ActionCache, Found};
+use crate::fetch::{FetchResult, FetchSession};
+use crate::ingest::Ingested;
 use crate::scratch::{DiskLimit, WorkArea};
-use crate::{ingest, keys, manifest, sign, Error};
+use crate::{check, ingest, keys, manifest, sign, view, Error};
 
 /// The primary FHS executor over a local store.
 pub struct FhsExecutor {
@@ -43,7 +54,7 @@ pub struct FhsExecutor {
 }
 
 /// The fixed environment every build starts from (the action's `env`
-/// overrides or extends it).
+/// overrides or extends it; each output adds `$NAME=/build/NAME`).
 const BASE_ENV: &[(&str, &str)] = &[
     (
         "PATH",
@@ -55,15 +66,37 @@ const BASE_ENV: &[(&str, &str)] = &[
     ("LANG", "C.UTF-8"),
     ("TZ", "UTC"),
     ("USER", "build"),
-    ("out", "/build/out"),
 ];
 
-/// What the view gets when no atom supplies these files (as Nix does).
-const SYNTHETIC_ETC: &[(&str, &str)] = &[
-    ("passwd", "root:x:0:0:root:/build:/noshell\nbuild:x:1000:100:build:/build/home:/noshell\nnobody:x:65534:65534:nobody:/nonexistent:/noshell\n"),
-    ("group", "root:x:0:\nusers:x:100:\nnogroup:x:65534:\n"),
-    ("hosts", "127.0.0.1 localhost\n::1 localhost\n"),
-];
+/// Stage 1's result: exactly what will be built.
+struct Plan<'r> {
+    req: &'r BuildRequest,
+    /// The action as it runs: its network mode is the effective one.
+    action: Action,
+    /// The replay lock's digest (record mode starts from none).
+    lock_digest: Option<Digest>,
+    action_digest: Digest,
+}
+
+impl Plan<'_> {
+    fn recording(&self) -> bool {
+        self.action.network.mode == NetworkMode::Record
+    }
+
+    /// Closure, then toolchain: the composition order.
+    fn atoms(&self) -> Vec<Digest> {
+        let i = &self.action.inputs;
+        i.closure.iter().chain(&i.toolchain).copied().collect()
+    }
+}
+
+/// What the run stage hands on.
+struct Ran {
+    report: RunReport,
+    log: Vec<u8>,
+    mounted: MountOutcome,
+    fetch: Option<FetchResult>,
+}
 
 impl FhsExecutor {
     /// An executor over `store`, signing with the store's key (created on
@@ -97,48 +130,9 @@ impl FhsExecutor {
         keys::public_key_string(&self.key.verifying_key())
     }
 
-    fn check_present(&self, what: &'static str, d: &Digest) -> Result<(), Error> {
-        if self.store.has_directory(d)? {
-            Ok(())
-        } else {
-            Err(Error::MissingInput { what, digest: *d })
-        }
-    }
-
-    /// Compose closure then toolchain, plus synthetic `/etc` files no atom
-    /// supplies.
-    fn compose_view(&self, atoms: &[Digest]) -> Result<castore::Composition, Error> {
-        let first = castore::compose(&self.store, atoms)?;
-        let mut missing = Directory::new();
-        for (name, content) in SYNTHETIC_ETC {
-            let path = format!("etc/{name}");
-            if castore::walk::lookup(&self.store, &first.root, &path).is_err() {
-                let digest = self.store.put_blob(content.as_bytes())?;
-                missing.insert(
-                    Name::new(*name)?,
-                    Node::File {
-                        digest,
-                        size: content.len() as u64,
-                        executable: false,
-                    },
-                )?;
-            }
-        }
-        if missing.is_empty() {
-            return Ok(first);
-        }
-        let mut root = Directory::new();
-        root.insert(
-            Name::new("etc")?,
-            Node::Directory {
-                size: missing.size(),
-                digest: self.store.put_directory(&missing)?,
-            },
-        )?;
-        let synthetic = self.store.put_directory(&root)?;
-        let mut all = atoms.to_vec();
-        all.push(synthetic);
-        Ok(castore::compose(&self.store, &all)?)
+    /// The action cache as this executor consults it for `trust`.
+    pub fn cache(&self, trust: &[String]) -> Result<ActionCache<'_>, Error> {
+        ActionCache::new(&self.store, self.key.verifying_key(), trust)
     }
 
     fn build_inner(
@@ -146,71 +140,259 @@ impl FhsExecutor {
         req: &BuildRequest,
         log: &mut (dyn Write + Send),
     ) -> Result<BuildOutcome, Error> {
-        let action = &req.action;
         let started = Instant::now();
-        let (lock_digest, lock_bytes) = match action.network.mode {
-            NetworkMode::None => (None, None),
-            NetworkMode::Record if !req.allow_record => {
+        let plan = self.resolve(req)?;
+        let cache = self.cache(&req.trust)?;
+        let against = match self.consult_cache(&plan, &cache, log)? {
+            Consulted::Hit(outcome) => return Ok(*outcome),
+            Consulted::Run { against } => against,
+        };
+        let view = view::compose(&self.store, &plan.atoms())?;
+        let mut notes = Vec::new();
+        let work = self.prepare(&plan, &mut notes, log)?;
+        let mut ran = self.run(&plan, &view, &work, log)?;
+        ran.log.splice(0..0, notes);
+        let violations = violations(&mut ran);
+        self.prove(&view, &ran)?;
+        let exit = exit_status(&ran.report);
+        let ingested = if exit.success() && violations.is_empty() {
+            match ingest::ingest_outputs(&self.store, work.scratch(), &plan.action.outputs.names) {
+                Ok(i) => Ok(i),
+                Err(Error::BadOutput { path, reason }) => Err(format!("output {path} {reason}")),
+                Err(e) => return Err(e),
+            }
+        } else {
+            Ok(Ingested::default())
+        };
+        let (ingested, failure) = match ingested {
+            Ok(i) => (i, None),
+            Err(why) => (Ingested::default(), Some(why)),
+        };
+        for line in ingested.notes.iter().chain(&failure) {
+            let line = if line.starts_with("fhsx:") {
+                line.clone()
+            } else {
+                format!("fhsx: {line}")
+            };
+            let _ = writeln!(log, "{line}");
+            ran.log.extend_from_slice(format!("{line}\n").as_bytes());
+        }
+        let record = BuildRecord {
+            format: RECORD_FORMAT,
+            action_digest: plan.action_digest,
+            closure_digest: list_digest(&plan.action.inputs.closure),
+            toolchain_digest: list_digest(&plan.action.inputs.toolchain),
+            view_digest: view.root,
+            fetch_lock_digest: ran
+                .fetch
+                .as_ref()
+                .map(|f| f.lock_digest)
+                .or(plan.lock_digest),
+            interface_manifest_digest: self.manifest(&ingested)?,
+            outputs: ingested.outputs,
+            observed_read_set_digest: ran.mounted.read_set_digest,
+            read_set_size: ran.mounted.read_set.entries.len() as u64,
+            log_digest: self.store.put_blob(&ran.log)?,
+            exit,
+            violations: violations.clone(),
+            failure,
+            check_of: against.as_ref().map(|f| f.digest),
+            resources: ResourceUse {
+                wall_ms: started.elapsed().as_millis() as u64,
+                ..ResourceUse::default()
+            },
+            executor: format!("fhsx {} {}", env!("CARGO_PKG_VERSION"), self.public_key()),
+        };
+        let (record_digest, signed) = self.sign(&cache, record)?;
+        // The recorded lock lives in the working area until it is committed.
+        let committed = match ran.fetch.and_then(|f| f.recording) {
+            Some(recording) if signed.record.succeeded() => Some(recording.commit()),
+            _ => None,
+        };
+        self.finish_work(work, &signed, log);
+        if !violations.is_empty() {
+            return Err(Error::Containment(format!(
+                "{}; the record {record_digest} says so",
+                violations.join("; ")
+            )));
+        }
+        if let Some(lock) = committed.transpose()? {
+            let _ = writeln!(log, "fhsx: recorded the fetch lock {}", lock.display());
+        }
+        let check = match against {
+            Some(a) => Some(check::compare(&self.store, &a, &signed)?),
+            None => None,
+        };
+        Ok(BuildOutcome {
+            record_digest,
+            record: signed,
+            cached: false,
+            check,
+        })
+    }
+
+    /// Stage 1, resolve: the effective network mode, the lock, the inputs'
+    /// presence, the action digest.
+    fn resolve<'r>(&self, req: &'r BuildRequest) -> Result<Plan<'r>, Error> {
+        let mut action = req.action.clone();
+        action.network.mode = match (action.network.mode, req.record) {
+            (NetworkMode::None, true) => {
+                return Err(Error::Usage(
+                    "--record: the action has no network to record ([network] mode = \"none\"); give it `mode = \"replay\"` and a lock".into(),
+                ))
+            }
+            (NetworkMode::Record, false) => {
                 return Err(Error::Usage(
                     "the action asks for network mode \"record\", the one impure mode: pass --record to allow it".into(),
                 ))
             }
-            NetworkMode::Replay | NetworkMode::Record => {
+            (_, true) => NetworkMode::Record,
+            (mode, false) => mode,
+        };
+        let lock_digest = match action.network.mode {
+            NetworkMode::None | NetworkMode::Record => None,
+            NetworkMode::Replay => {
                 let p = req.lock_path.as_ref().ok_or_else(|| {
-                    Error::Other("network mode needs a lock file; none was given".into())
+                    Error::Usage("network mode \"replay\" needs a lock file; none was given".into())
                 })?;
-                let bytes = match fs::read(p) {
-                    Ok(b) => b,
-                    Err(e) if e.kind() == std::io::ErrorKind::NotFound && action.network.mode == NetworkMode::Record => Vec::new(),
+                match fs::read(p) {
+                    Ok(bytes) => Some(Digest::of(&bytes)),
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        return Err(Error::Usage(format!(
+                            "the fetch lock {} does not exist: record it first with `fhsx build --record`",
+                            p.display()
+                        )))
+                    }
                     Err(e) => return Err(Error::io("read fetch lock", p, e)),
-                };
-                (Some(Digest::of(&bytes)), Some(bytes))
+                }
             }
         };
-        let _ = lock_bytes;
-        for d in &action.inputs.closure {
-            self.check_present("closure", d)?;
-        }
-        for d in &action.inputs.toolchain {
-            self.check_present("toolchain", d)?;
-        }
-        if let Some(s) = &action.inputs.source {
-            self.check_present("source", s)?;
+        for (list, d) in action.inputs.iter() {
+            if !self.store.has_directory(d)? {
+                return Err(Error::MissingInput {
+                    what: list.name(),
+                    digest: *d,
+                });
+            }
         }
         let action_digest = action.digest(lock_digest.as_ref());
+        Ok(Plan {
+            req,
+            action,
+            lock_digest,
+            action_digest,
+        })
+    }
 
-        let mut atoms = action.inputs.closure.clone();
-        atoms.extend_from_slice(&action.inputs.toolchain);
-        let view = self.compose_view(&atoms)?;
+    /// Stage 2, cache: answer the build from a record if the policy allows;
+    /// for `--check`, find the record to compare with.
+    fn consult_cache(
+        &self,
+        plan: &Plan<'_>,
+        cache: &ActionCache<'_>,
+        log: &mut (dyn Write + Send),
+    ) -> Result<Consulted, Error> {
+        if plan.recording() {
+            if plan.req.cache == CachePolicy::Check {
+                return Err(Error::Usage(
+                    "--check with --record: a recording is impure and cannot be checked; check the replay action instead".into(),
+                ));
+            }
+            return Ok(Consulted::Run { against: None });
+        }
+        match plan.req.cache {
+            CachePolicy::Rebuild => Ok(Consulted::Run { against: None }),
+            CachePolicy::Use => {
+                let Some(hit) = cache.lookup(&plan.action_digest)?.hit else {
+                    return Ok(Consulted::Run { against: None });
+                };
+                let _ = writeln!(
+                    log,
+                    "fhsx: cached: action {} was built before (record {}, signed by {}); nothing ran — pass --rebuild to run it anyway",
+                    plan.action_digest, hit.digest, hit.record.public_key
+                );
+                Ok(Consulted::Hit(Box::new(BuildOutcome {
+                    record_digest: hit.digest,
+                    record: hit.record,
+                    cached: true,
+                    check: None,
+                })))
+            }
+            CachePolicy::Check => {
+                let found = cache.lookup(&plan.action_digest)?;
+                match found.hit {
+                    Some(hit) => {
+                        let _ = writeln!(
+                            log,
+                            "fhsx: check: rebuilding action {} to compare with record {}",
+                            plan.action_digest, hit.digest
+                        );
+                        Ok(Consulted::Run {
+                            against: Some(Box::new(hit)),
+                        })
+                    }
+                    None => Err(Error::Usage(match found.rejected.first() {
+                        Some((d, why)) => format!(
+                            "--check: no record of action {} can be checked against: record {d} is not usable because {why}; build it first (`fhsx build` without --check)",
+                            plan.action_digest
+                        ),
+                        None => format!(
+                            "--check: action {} was never built here, so there is nothing to compare with; build it first (`fhsx build` without --check)",
+                            plan.action_digest
+                        ),
+                    })),
+                }
+            }
+        }
+    }
 
-        // Private working area: scratch (→ /build, size-capped where the
-        // host allows) and the mount point.
-        let work = WorkArea::create(action.limits.disk)?;
-        // fhsx's own lines, ahead of the build's in the stored log.
-        let mut notes = Vec::new();
+    /// Stage 4, prepare: the working area (size-capped scratch where the
+    /// host allows), the source tree, the mount point.
+    fn prepare(
+        &self,
+        plan: &Plan<'_>,
+        notes: &mut Vec<u8>,
+        log: &mut (dyn Write + Send),
+    ) -> Result<WorkArea, Error> {
+        let work = WorkArea::create(plan.action.limits.disk)?;
         if let DiskLimit::NotEnforced(why) = &work.disk {
             let _ = writeln!(notes, "fhsx: [limits] disk is not enforced here: {why}");
-            let _ = log.write_all(&notes);
+            let _ = log.write_all(notes);
         }
         let scratch = work.scratch().to_path_buf();
-        let mnt = work.path().join("view");
-        for d in [&scratch, &mnt, &scratch.join("home"), &scratch.join("out")] {
+        for d in [&work.path().join("view"), &scratch.join("home")] {
             fs::create_dir_all(d).map_err(|e| Error::io("create", d, e))?;
         }
-        if let Some(src) = &action.inputs.source {
+        if let Some(src) = &plan.action.inputs.source {
             castore::export::export(&self.store, src, &scratch.join("src"), &())?;
         }
         make_world_writable(&scratch)?;
+        Ok(work)
+    }
 
+    /// Stage 5, run: mount the view, run the command in the sandbox with
+    /// its output teed live to `log` and kept, stop the proxy, unmount.
+    fn run(
+        &self,
+        plan: &Plan<'_>,
+        view: &Composition,
+        work: &WorkArea,
+        log: &mut (dyn Write + Send),
+    ) -> Result<Ran, Error> {
+        let action = &plan.action;
+        let mnt = work.path().join("view");
+        let scratch = work.scratch();
         castore_fuse::preflight().map_err(|e| Error::Other(e.to_string()))?;
         let guard = castore_fuse::mount(&self.store, &view.root, &mnt, &MountOptions::default())
             .map_err(|e| Error::Other(format!("mounting the view: {e}")))?;
 
         let runtime = Runtime::new()?;
-        let mut spec =
-            SandboxSpec::view(&mnt, &scratch, runtime.paths().clone(), Arc::new(RealFs))?;
+        let mut spec = SandboxSpec::view(&mnt, scratch, runtime.paths().clone(), Arc::new(RealFs))?;
         for (k, v) in BASE_ENV {
             spec.set_env(k, *v)?;
+        }
+        for name in &action.outputs.names {
+            spec.set_env(name.as_str(), name.build_path())?;
         }
         for (k, v) in &action.run.env {
             spec.set_env(k, v)?;
@@ -222,14 +404,26 @@ impl FhsExecutor {
             file_size: Some(action.limits.file_size),
             open_files: Some(action.limits.open_files),
         });
-        let proxy = match action.network.mode {
-            NetworkMode::None => None,
-            mode => Some(self.start_proxy(req, mode, work.path(), &mut spec)?),
+        let proxy = match (action.network.mode, &plan.req.lock_path) {
+            (NetworkMode::None, _) => None,
+            (_, None) => {
+                return Err(Error::Usage(
+                    "network mode needs a lock file; none was given".into(),
+                ))
+            }
+            (mode, Some(lock)) => Some(FetchSession::start(
+                &self.store,
+                mode == NetworkMode::Record,
+                lock,
+                &plan.req.upstream_ca,
+                work.path(),
+                &mut spec,
+            )?),
         };
         let command: Vec<OsString> = action.run.command.iter().map(OsString::from).collect();
         // stdout and stderr share one pipe, teed live to `log` and kept whole.
         let (mut reader, writer) =
-            std::io::pipe().map_err(|e| Error::io("create the log pipe for", &scratch, e))?;
+            std::io::pipe().map_err(|e| Error::io("create the log pipe for", scratch, e))?;
         let opts = RunOptions {
             timeout: Some(action.run.timeout),
             grace: self.grace,
@@ -238,7 +432,7 @@ impl FhsExecutor {
             cancel: self.cancel.clone(),
             ..RunOptions::default()
         };
-        let (ran, mut log_bytes) = std::thread::scope(|scope| {
+        let (report, log_bytes) = std::thread::scope(|scope| {
             let log = &mut *log;
             let tee = scope.spawn(move || {
                 let mut all = Vec::new();
@@ -262,174 +456,103 @@ impl FhsExecutor {
             .finish(&self.store)
             .map_err(|e| Error::Other(format!("unmounting the view: {e}")))?;
         let fetch = proxy.map(|p| p.finish()).transpose()?;
-        let report = ran?;
-        log_bytes.splice(0..0, notes);
-        let mut violations = Vec::new();
-        let mut fetch_lock_digest = lock_digest;
-        if let Some(f) = &fetch {
-            for line in &f.refusals {
-                log_bytes.extend_from_slice(format!("fhsx: fetch refused: {line}\n").as_bytes());
-                violations.push(format!("fetch refused: {line}"));
-            }
-            if let Some(why) = &f.aborted {
-                log_bytes.extend_from_slice(format!("fhsx: recording aborted: {why}\n").as_bytes());
-                violations.push(format!("recording aborted: {why}"));
-            }
-            fetch_lock_digest = Some(f.lock_digest);
-        }
-        let log_digest = self.store.put_blob(&log_bytes)?;
-        mounted.check().map_err(|e| {
+        Ok(Ran {
+            report: report?,
+            log: log_bytes,
+            mounted,
+            fetch,
+        })
+    }
+
+    /// Stage 6, prove: every byte served was the store's, and every read
+    /// lies inside the declared view.
+    fn prove(&self, view: &Composition, ran: &Ran) -> Result<(), Error> {
+        ran.mounted.check().map_err(|e| {
             Error::Containment(format!("the view refused corrupt store content: {e}"))
         })?;
-        check_read_set(&self.store, &view.root, &mounted.read_set)?;
+        view::check_read_set(&self.store, &view.root, &ran.mounted.read_set)
+    }
 
-        let exit = match report.outcome {
-            Outcome::Exited(c) => ExitStatus::Exited { code: c },
-            Outcome::Signaled(s) => ExitStatus::Signaled { signal: s },
-            Outcome::TimedOut { .. } => ExitStatus::TimedOut,
-        };
-        let (output_digest, manifest_digest) = if exit.success() && violations.is_empty() {
-            let out = ingest::ingest_outputs(&self.store, &scratch, &action.outputs.paths)?;
-            let (_, m) = manifest::derive_and_store(&self.store, &out)?;
-            (Some(out), Some(m))
-        } else {
-            (None, None)
-        };
-        let record = BuildRecord {
-            format: RECORD_FORMAT,
-            action_digest,
-            closure_digest: list_digest(&action.inputs.closure),
-            toolchain_digest: list_digest(&action.inputs.toolchain),
-            view_digest: view.root,
-            fetch_lock_digest,
-            output_digest,
-            interface_manifest_digest: manifest_digest,
-            observed_read_set_digest: mounted.read_set_digest,
-            read_set_size: mounted.read_set.entries.len() as u64,
-            log_digest,
-            exit,
-            violations: violations.clone(),
-            resources: ResourceUse {
-                wall_ms: started.elapsed().as_millis() as u64,
-                ..ResourceUse::default()
-            },
-            executor: format!("fhsx {} {}", env!("CARGO_PKG_VERSION"), self.public_key()),
-        };
+    /// The interface manifest over every output, if there are any.
+    fn manifest(&self, ingested: &Ingested) -> Result<Option<Digest>, Error> {
+        if ingested.outputs.is_empty() {
+            return Ok(None);
+        }
+        let tree = ingested.combined_tree(&self.store)?;
+        Ok(Some(manifest::derive_and_store(&self.store, &tree)?.1))
+    }
+
+    /// Stage 8, sign: sign and store the record, and index it.
+    fn sign(
+        &self,
+        cache: &ActionCache<'_>,
+        record: BuildRecord,
+    ) -> Result<(Digest, executor_core::SignedRecord), Error> {
         let signed = sign::sign(record, &self.key);
-        let record_digest = sign::store_record(&self.store, &signed)?;
-        let failed = !signed.record.exit.success() || !violations.is_empty();
-        if failed && self.keep_failed {
-            let own_fs = matches!(work.disk, DiskLimit::Enforced(_));
-            let kept = work.keep();
+        let digest = sign::store_record(&self.store, &signed)?;
+        cache.insert(&signed.record.action_digest, &digest)?;
+        Ok((digest, signed))
+    }
+
+    /// Remove the working area, or keep a failed build's for `--keep-failed`.
+    fn finish_work(
+        &self,
+        work: WorkArea,
+        signed: &executor_core::SignedRecord,
+        log: &mut (dyn Write + Send),
+    ) {
+        if signed.record.succeeded() || !self.keep_failed {
+            return drop(work);
+        }
+        let own_fs = matches!(work.disk, DiskLimit::Enforced(_));
+        let kept = work.keep();
+        let _ = writeln!(
+            log,
+            "fhsx: kept the failed build's scratch at {}/build",
+            kept.display()
+        );
+        if own_fs {
             let _ = writeln!(
                 log,
-                "fhsx: kept the failed build's scratch at {}/build",
+                "fhsx: it is its own size-capped file system: `umount {}/build` when done",
                 kept.display()
             );
-            if own_fs {
-                let _ = writeln!(
-                    log,
-                    "fhsx: it is its own size-capped file system: `umount {}/build` when done",
-                    kept.display()
-                );
-            }
-        } else {
-            drop(work);
         }
-        if !violations.is_empty() {
-            return Err(Error::Containment(format!(
-                "{}; the record {record_digest} says so",
-                violations.join("; ")
-            )));
-        }
-        Ok(BuildOutcome {
-            record_digest,
-            record: signed,
-        })
-    }
-
-    /// Start the fetch proxy on a UNIX socket in `work` and wire it into the
-    /// sandbox: the supervisor forwards `127.0.0.1:3128` inside to it, and
-    /// the build trusts only the proxy's CA.
-    fn start_proxy(
-        &self,
-        req: &BuildRequest,
-        mode: NetworkMode,
-        work: &Path,
-        spec: &mut SandboxSpec,
-    ) -> Result<FetchSession, Error> {
-        let lock_path = req
-            .lock_path
-            .clone()
-            .ok_or_else(|| Error::Usage("network mode needs a lock file; none was given".into()))?;
-        let mode = match mode {
-            NetworkMode::Record => fetch_proxy::Mode::Record,
-            _ => fetch_proxy::Mode::Replay,
-        };
-        let mut cfg = fetch_proxy::ProxyConfig::new(mode, lock_path.clone(), self.store.clone())
-            .map_err(|e| Error::Other(format!("starting the fetch proxy: {e}")))?;
-        cfg.upstream_ca_files = req.upstream_ca.clone();
-        let refusals = Arc::new(Mutex::new(Vec::new()));
-        let sink = refusals.clone();
-        cfg.events = Some(Arc::new(move |e: &fetch_proxy::Event| {
-            if let fetch_proxy::Event::Refused { .. } = e {
-                let line = serde_json::to_string(e).unwrap_or_default();
-                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
-            }
-        }));
-        let ca = work.join("proxy-ca.pem");
-        fs::write(&ca, cfg.ca.cert_pem()).map_err(|e| Error::io("write", &ca, e))?;
-        let sock = work.join("proxy.sock");
-        let proxy = fetch_proxy::RunningProxy::start(cfg, fetch_proxy::Listen::Unix(sock.clone()))
-            .map_err(|e| Error::Other(format!("starting the fetch proxy: {e}")))?;
-        spec.proxy(&sock, PROXY_PORT)?;
-        spec.ro_bind_file(&ca, Path::new(PROXY_CA))?;
-        for (k, v) in fetch_proxy::client_env(&format!("http://127.0.0.1:{PROXY_PORT}"), PROXY_CA) {
-            spec.set_env(k, v)?;
-        }
-        Ok(FetchSession {
-            proxy,
-            lock_path,
-            refusals,
-        })
     }
 }
 
-/// Where the build reaches the proxy, and where it finds the proxy's CA.
-const PROXY_PORT: u16 = executor_sandbox::DEFAULT_PROXY_PORT;
-const PROXY_CA: &str = executor_sandbox::PROXY_CA_PATH;
-
-/// A running proxy for one build.
-struct FetchSession {
-    proxy: fetch_proxy::RunningProxy,
-    lock_path: PathBuf,
-    refusals: Arc<Mutex<Vec<String>>>,
+/// What the cache stage decided.
+enum Consulted {
+    Hit(Box<BuildOutcome>),
+    /// Run the build; with `--check`, compare with this record.
+    Run {
+        against: Option<Box<Found>>,
+    },
 }
 
-/// What the proxy saw, once stopped.
-struct FetchResult {
-    refusals: Vec<String>,
-    aborted: Option<String>,
-    lock_digest: Digest,
+/// The fetch proxy's refusals and aborts, as violations, also in the log.
+fn violations(ran: &mut Ran) -> Vec<String> {
+    let mut violations = Vec::new();
+    if let Some(f) = &ran.fetch {
+        for line in &f.refusals {
+            ran.log
+                .extend_from_slice(format!("fhsx: fetch refused: {line}\n").as_bytes());
+            violations.push(format!("fetch refused: {line}"));
+        }
+        if let Some(why) = &f.aborted {
+            ran.log
+                .extend_from_slice(format!("fhsx: recording aborted: {why}\n").as_bytes());
+            violations.push(format!("recording aborted: {why}"));
+        }
+    }
+    violations
 }
 
-impl FetchSession {
-    fn finish(self) -> Result<FetchResult, Error> {
-        let aborted = self.proxy.aborted();
-        let shut = self.proxy.shutdown();
-        let aborted = match (shut, aborted) {
-            (Ok(_), a) => a,
-            (Err(e), a) if e.is_integrity() => Some(a.unwrap_or_else(|| e.to_string())),
-            (Err(e), _) => return Err(Error::Other(format!("stopping the fetch proxy: {e}"))),
-        };
-        let bytes = fs::read(&self.lock_path).unwrap_or_default();
-        let refusals =
-            std::mem::take(&mut *self.refusals.lock().unwrap_or_else(|p| p.into_inner()));
-        Ok(FetchResult {
-            refusals,
-            aborted,
-            lock_digest: Digest::of(&bytes),
-        })
+fn exit_status(report: &RunReport) -> ExitStatus {
+    match report.outcome {
+        Outcome::Exited(c) => ExitStatus::Exited { code: c },
+        Outcome::Signaled(s) => ExitStatus::Signaled { signal: s },
+        Outcome::TimedOut { .. } => ExitStatus::TimedOut,
     }
 }
 
@@ -446,7 +569,7 @@ impl executor_core::Executor for FhsExecutor {
 }
 
 /// The sandbox user is not the host user: let it write its scratch.
-fn make_world_writable(dir: &Path) -> Result<(), Error> {
+fn make_world_writable(dir: &std::path::Path) -> Result<(), Error> {
     use std::os::unix::fs::PermissionsExt;
     let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
     while let Some(d) = stack.pop() {
@@ -461,37 +584,6 @@ fn make_world_writable(dir: &Path) -> Result<(), Error> {
             let mode = meta.permissions().mode() | 0o666;
             fs::set_permissions(&d, fs::Permissions::from_mode(mode))
                 .map_err(|e| Error::io("chmod", &d, e))?;
-        }
-    }
-    Ok(())
-}
-
-/// The proof of `reads ⊆ declared`: every observed path resolves in the
-/// declared view to exactly the node that was served, and every observed
-/// absence is absent from it.
-pub fn check_read_set(store: &LocalStore, view: &Digest, rs: &ReadSet) -> Result<(), Error> {
-    if rs.root != *view {
-        return Err(Error::Containment(format!(
-            "the read set is of view {}, not the declared view {view}",
-            rs.root
-        )));
-    }
-    for e in &rs.entries {
-        // Read-set paths escape odd bytes as the compose map does; resolve the real ones.
-        let found = castore::walk::lookup_bytes(store, view, &e.raw_path()).ok();
-        let consistent = match (&found, e.digest) {
-            (None, None) => true,
-            (Some(n), Some(d)) => match n {
-                Node::Symlink { target } => Digest::of(target.as_bytes()) == d,
-                other => other.digest() == Some(&d),
-            },
-            _ => false,
-        };
-        if !consistent {
-            return Err(Error::Containment(format!(
-                "the build observed {} as {:?}, which the declared closure does not hold",
-                e.path, e.digest
-            )));
         }
     }
     Ok(())

@@ -1,84 +1,130 @@
-//! Ingesting a build's declared outputs into the store.
+//! Ingesting a build's declared outputs into the store, each as an atom.
+//!
+//! An output `NAME` is the directory `/build/NAME`; its atom's root is that
+//! directory's content, so what the build wrote at `$out/usr/bin/hello`
+//! composes at `/usr/bin/hello` wherever the atom is used.
 //!
 //! Outputs are normalised by construction — castore keeps no mtimes, owners
 //! or mode bits beyond the executable bit, so setuid/setgid bits and
 //! ownership are dropped — and checked for what must not leave a build:
-//! sockets, devices and FIFOs, and symlinks that point back into the
-//! scratch directory or climb out of the output.
+//! sockets, devices and FIFOs, symlinks into the scratch directory, and
+//! relative symlinks that climb out of their output. An absolute symlink
+//! into a declared output (`/build/out/usr/bin/bzgrep`, as `make install
+//! PREFIX=$out/usr` makes them) has an obvious meaning once outputs compose
+//! at FHS paths: it is rewritten to where its target will be
+//! (`/usr/bin/bzgrep`), and the log says so.
+//!
+//! Ingest runs on the host after every process of the build is gone, so
+//! nothing can change the scratch between the checks and the import.
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
+use std::os::unix::fs::FileTypeExt;
 use std::path::Path;
 
-use castore::store::{BlobStore, LocalStore};
-use castore::{Digest, Directory, DirectoryStore, Name, Node, SymlinkTarget};
+use castore::store::{DirectoryStore, LocalStore};
+use castore::{Digest, Directory, Name, Node};
+use executor_core::OutputName;
 
 use crate::Error;
 
 /// The scratch directory as the build sees it.
 pub const SCRATCH: &str = "/build";
 
-/// Ingest each path in `outputs` (relative to `scratch`) and return the
-/// digest of a directory holding them at those relative paths.
+/// The declared outputs, stored.
+#[derive(Debug, Clone, Default)]
+pub struct Ingested {
+    pub outputs: BTreeMap<OutputName, Digest>,
+    /// Symlinks that were rewritten, one line each, for the log.
+    pub notes: Vec<String>,
+}
+
+impl Ingested {
+    /// A directory holding each output under its name: what the interface
+    /// manifest is derived over.
+    pub fn combined_tree(&self, store: &LocalStore) -> Result<Digest, Error> {
+        let mut dir = Directory::new();
+        for (name, digest) in &self.outputs {
+            let size = store.get_directory(digest)?.size();
+            dir.insert(
+                Name::new(name.as_str())?,
+                Node::Directory {
+                    digest: *digest,
+                    size,
+                },
+            )?;
+        }
+        Ok(store.put_directory(&dir)?)
+    }
+}
+
+/// Check and import each output `scratch/NAME`.
 pub fn ingest_outputs(
     store: &LocalStore,
     scratch: &Path,
-    outputs: &[String],
-) -> Result<Digest, Error> {
-    let mut tree = Tree::default();
-    for rel in outputs {
-        let host = scratch.join(rel);
-        // Ingest runs on the host: a parent the build replaced with a
-        // symlink would lead it out of the scratch (to `/etc`, say).
-        let comps: Vec<&str> = rel.split('/').collect();
-        for i in 1..comps.len() {
-            let parent = comps[..i].join("/");
-            let is_dir = fs::symlink_metadata(scratch.join(&parent))
-                .map(|m| m.is_dir())
-                .unwrap_or(false);
-            if !is_dir {
-                return Err(Error::BadOutput {
-                    path: rel.clone(),
-                    reason: format!(
-                        "lies under {parent}, which is not a directory (a symlink is not followed)"
-                    ),
-                });
-            }
-        }
-        let meta = fs::symlink_metadata(&host).map_err(|_| Error::BadOutput {
-            path: rel.clone(),
-            reason: "declared in [outputs] but the build did not create it".into(),
-        })?;
-        check_tree(&host, rel, 0, rel.matches('/').count() + 1)?;
-        let node = if meta.is_dir() {
-            let imported = castore::import::import_path(store, &host, &())?;
-            Node::Directory {
-                digest: imported.root,
-                size: imported.size,
-            }
-        } else if meta.is_file() {
-            let bytes = fs::read(&host).map_err(|e| Error::io("read", &host, e))?;
-            Node::File {
-                digest: store.put_blob(&bytes)?,
-                size: bytes.len() as u64,
-                executable: meta.mode() & 0o100 != 0,
-            }
-        } else {
-            let t = fs::read_link(&host).map_err(|e| Error::io("readlink", &host, e))?;
-            Node::Symlink {
-                target: SymlinkTarget::new(t.as_os_str().as_encoded_bytes())?,
-            }
+    names: &[OutputName],
+) -> Result<Ingested, Error> {
+    let mut ingested = Ingested::default();
+    for name in names {
+        let host = scratch.join(name.as_str());
+        let bad = |reason: String| Error::BadOutput {
+            path: format!("${name} ({})", name.build_path()),
+            reason,
         };
-        tree.insert(rel, node)?;
+        let meta = match fs::symlink_metadata(&host) {
+            Ok(m) => m,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(bad(
+                    "is declared in [outputs] names but the build did not create it (fhsx does not: `mkdir -p $NAME` or `make install DESTDIR=$NAME`)".into(),
+                ))
+            }
+            Err(e) => return Err(Error::io("stat", &host, e)),
+        };
+        if !meta.is_dir() {
+            return Err(bad(format!(
+                "is {}, not a directory: an output is an atom, a directory whose content composes at `/`",
+                kind_of(&meta.file_type())
+            )));
+        }
+        let mut rewrites = Vec::new();
+        check_tree(&host, name.as_str(), 0, names, &mut rewrites)?;
+        for (link, target, rewritten) in rewrites {
+            fs::remove_file(&link).map_err(|e| Error::io("remove", &link, e))?;
+            std::os::unix::fs::symlink(&rewritten, &link)
+                .map_err(|e| Error::io("create symlink", &link, e))?;
+            let rel = link.strip_prefix(scratch).unwrap_or(&link);
+            ingested.notes.push(format!(
+                "fhsx: output {}: symlink {} → {target} points into an output; rewritten to {rewritten}, where it will be once composed",
+                name,
+                rel.display()
+            ));
+        }
+        let imported = castore::import::import_path(store, &host, &())?;
+        ingested.outputs.insert(name.clone(), imported.root);
     }
-    tree.store(store)
+    Ok(ingested)
 }
 
-/// Refuse special files and escaping symlinks anywhere below `p`.
-/// `depth` is how deep `p` is below the output root's parent; `root_depth`
-/// is the depth of the output root itself.
-fn check_tree(p: &Path, rel: &str, depth: usize, root_depth: usize) -> Result<(), Error> {
+fn kind_of(ft: &fs::FileType) -> &'static str {
+    if ft.is_symlink() {
+        "a symlink"
+    } else if ft.is_file() {
+        "a file"
+    } else {
+        "a special file"
+    }
+}
+
+/// Refuse special files and escaping symlinks anywhere below `p`, and
+/// collect `(link, old target, new target)` for absolute links into an
+/// output. `level` is how deep `p` is below its output's root.
+fn check_tree(
+    p: &Path,
+    rel: &str,
+    level: usize,
+    outputs: &[OutputName],
+    rewrites: &mut Vec<(std::path::PathBuf, String, String)>,
+) -> Result<(), Error> {
     let meta = fs::symlink_metadata(p).map_err(|e| Error::io("stat", p, e))?;
     let ft = meta.file_type();
     let bad = |reason: &str| Error::BadOutput {
@@ -102,22 +148,24 @@ fn check_tree(p: &Path, rel: &str, depth: usize, root_depth: usize) -> Result<()
     }
     if ft.is_symlink() {
         let t = fs::read_link(p).map_err(|e| Error::io("readlink", p, e))?;
-        let t = t.to_string_lossy();
-        if t == SCRATCH || t.starts_with(&format!("{SCRATCH}/")) {
+        let t = t.to_string_lossy().into_owned();
+        if let Some(fhs) = into_output(&t, outputs) {
+            rewrites.push((p.to_path_buf(), t, fhs));
+        } else if t == SCRATCH || t.starts_with(&format!("{SCRATCH}/")) {
             return Err(bad(&format!(
                 "is a symlink into the scratch directory ({t}), which will not exist at runtime"
             )));
-        }
-        if !t.starts_with('/') {
-            // Climb: each `..` goes up one level from the link's directory.
-            let mut level = (depth + root_depth - 1) as i64;
+        } else if !t.starts_with('/') {
+            // The link's directory is one level above the link; each `..`
+            // climbs one more, and the output's root is level 0.
+            let mut at = level as i64 - 1;
             for c in t.split('/') {
                 match c {
-                    ".." => level -= 1,
+                    ".." => at -= 1,
                     "" | "." => {}
-                    _ => level += 1,
+                    _ => at += 1,
                 }
-                if level < root_depth as i64 - 1 {
+                if at < 0 {
                     return Err(bad(&format!("is a symlink ({t}) that leaves the output")));
                 }
             }
@@ -127,71 +175,38 @@ fn check_tree(p: &Path, rel: &str, depth: usize, root_depth: usize) -> Result<()
         for e in fs::read_dir(p).map_err(|e| Error::io("read directory", p, e))? {
             let e = e.map_err(|e| Error::io("read directory", p, e))?;
             let child_rel = format!("{rel}/{}", e.file_name().to_string_lossy());
-            check_tree(&e.path(), &child_rel, depth + 1, root_depth)?;
+            check_tree(&e.path(), &child_rel, level + 1, outputs, rewrites)?;
         }
     }
     Ok(())
 }
 
-#[derive(Default)]
-struct Tree {
-    entries: BTreeMap<String, Entry>,
+/// Where an absolute symlink target inside a declared output will be once
+/// that output is composed: `/build/out/usr/bin/x` → `/usr/bin/x`.
+fn into_output(target: &str, outputs: &[OutputName]) -> Option<String> {
+    let rest = target.strip_prefix(SCRATCH)?.strip_prefix('/')?;
+    let (first, below) = rest.split_once('/').unwrap_or((rest, ""));
+    outputs.iter().any(|o| o.as_str() == first).then(|| {
+        let below = below.trim_start_matches('/');
+        format!("/{below}")
+    })
 }
 
-enum Entry {
-    Leaf(Node),
-    Sub(Tree),
-}
+#[cfg(test)]
+mod tests {
+    use super::*;
 
-impl Tree {
-    fn insert(&mut self, rel: &str, node: Node) -> Result<(), Error> {
-        let mut cur = self;
-        let comps: Vec<&str> = rel.split('/').collect();
-        for c in &comps[..comps.len() - 1] {
-            let e = cur
-                .entries
-                .entry((*c).to_owned())
-                .or_insert_with(|| Entry::Sub(Tree::default()));
-            cur = match e {
-                Entry::Sub(t) => t,
-                Entry::Leaf(_) => {
-                    return Err(Error::BadOutput {
-                        path: rel.to_owned(),
-                        reason: "is declared inside another declared output".into(),
-                    })
-                }
-            };
-        }
-        let last = comps[comps.len() - 1].to_owned();
-        if cur.entries.insert(last, Entry::Leaf(node)).is_some() {
-            return Err(Error::BadOutput {
-                path: rel.to_owned(),
-                reason: "is declared twice or contains another declared output".into(),
-            });
-        }
-        Ok(())
-    }
-
-    fn store(self, store: &LocalStore) -> Result<Digest, Error> {
-        let dir = self.build(store)?;
-        Ok(store.put_directory(&dir)?)
-    }
-
-    fn build(self, store: &LocalStore) -> Result<Directory, Error> {
-        let mut dir = Directory::new();
-        for (name, e) in self.entries {
-            let node = match e {
-                Entry::Leaf(n) => n,
-                Entry::Sub(t) => {
-                    let d = t.build(store)?;
-                    Node::Directory {
-                        size: d.size(),
-                        digest: store.put_directory(&d)?,
-                    }
-                }
-            };
-            dir.insert(Name::new(name)?, node)?;
-        }
-        Ok(dir)
+    #[test]
+    fn links_into_an_output_point_where_it_will_be() {
+        let outs: Vec<OutputName> = vec!["out".parse().unwrap(), "dev".parse().unwrap()];
+        assert_eq!(
+            into_output("/build/out/usr/bin/bzgrep", &outs).as_deref(),
+            Some("/usr/bin/bzgrep")
+        );
+        assert_eq!(into_output("/build/dev", &outs).as_deref(), Some("/"));
+        assert_eq!(into_output("/build/dev/", &outs).as_deref(), Some("/"));
+        assert_eq!(into_output("/build/src/x", &outs), None);
+        assert_eq!(into_output("/build/outx/y", &outs), None);
+        assert_eq!(into_output("/usr/lib/x", &outs), None);
     }
 }

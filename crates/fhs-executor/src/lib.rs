@@ -1,22 +1,31 @@
 //! fhs-executor: the primary FHS executor.
 //!
-//! It owns what happens around a sandboxed build: composing the declared
-//! closure and toolchain into the view, ingesting declared outputs
-//! ([`ingest`]), deriving the interface manifest ([`manifest`]), the build's
-//! size-capped working area ([`scratch`]), and signing and checking
-//! BuildRecords ([`sign`], [`keys`]).
+//! It owns the build pipeline ([`build`]: resolve → cache → compose →
+//! prepare → run → prove → ingest → sign, each a function that owns what it
+//! creates) and its stages' pieces: composing the declared closure and
+//! toolchain into the view and proving the read set inside it ([`view`]),
+//! the fetch proxy session (`fetch`), the build's size-capped working area
+//! ([`scratch`]), ingesting each declared output as an atom ([`ingest`]),
+//! the interface manifest ([`manifest`]), signing and checking BuildRecords
+//! ([`sign`], [`keys`]), the action cache ([`cache`]) and `--check`
+//! comparison ([`check`]).
 //!
 //! It does not own the store (`castore`), the FUSE view and read-set capture
 //! (`castore-fuse`), the bubblewrap sandbox (`executor-sandbox`) or the fetch
 //! proxy (`fetch-proxy`): it wires them together.
 
 pub mod build;
+pub mod cache;
+pub mod check;
 mod error;
+mod fetch;
 pub mod ingest;
 pub mod keys;
 pub mod manifest;
 pub mod scratch;
 pub mod sign;
+pub mod view;
 
 pub use build::FhsExecutor;
 pub use error::Error;
+pub use view::check_read_set;

@@ -3,6 +3,7 @@
 use castore::store::{BlobStore, DirectoryStore, LocalStore};
 use castore::Digest;
 use ed25519_dalek::{Signature, Signer, SigningKey, VerifyingKey};
+use executor_core::record::RECORD_FORMAT;
 use executor_core::{BuildRecord, SignedRecord};
 
 use crate::keys::{parse_public_key, public_key_string};
@@ -48,11 +49,70 @@ pub fn store_record(store: &LocalStore, rec: &SignedRecord) -> Result<Digest, Er
     Ok(store.put_blob(&bytes)?)
 }
 
-/// Load a record blob from the store.
+/// Load a record blob of the current format from the store.
 pub fn load_record(store: &LocalStore, digest: &Digest) -> Result<SignedRecord, Error> {
+    match load_any(store, digest)? {
+        StoredRecord::Current(r) => Ok(*r),
+        StoredRecord::Older { format, .. } => Err(Error::BadRecord(format!(
+            "{digest} is a format-{format} record; this fhsx reads format {RECORD_FORMAT} (`fhsx record verify` still checks it; rebuild the action for a current record)"
+        ))),
+    }
+}
+
+/// A stored record of any format this fhsx can still check.
+#[derive(Debug, Clone)]
+pub enum StoredRecord {
+    Current(Box<SignedRecord>),
+    /// An earlier format, kept as the JSON it was signed as.
+    Older {
+        format: u32,
+        record: serde_json::Value,
+        public_key: String,
+        signature: String,
+    },
+}
+
+/// Load a record blob of any format.
+pub fn load_any(store: &LocalStore, digest: &Digest) -> Result<StoredRecord, Error> {
     let bytes = store.read_blob(digest)?;
-    serde_json::from_slice(&bytes)
-        .map_err(|e| Error::BadRecord(format!("{digest} is not a BuildRecord: {e}")))
+    let not_a_record = |e: String| Error::BadRecord(format!("{digest} is not a BuildRecord: {e}"));
+    let raw: serde_json::Value =
+        serde_json::from_slice(&bytes).map_err(|e| not_a_record(e.to_string()))?;
+    let format = raw["record"]["format"].as_u64().unwrap_or(0) as u32;
+    if format == RECORD_FORMAT {
+        return serde_json::from_value(raw)
+            .map(|r| StoredRecord::Current(Box::new(r)))
+            .map_err(|e| not_a_record(e.to_string()));
+    }
+    match (
+        format,
+        raw["public_key"].as_str(),
+        raw["signature"].as_str(),
+    ) {
+        (1, Some(k), Some(s)) => Ok(StoredRecord::Older {
+            format,
+            record: raw["record"].clone(),
+            public_key: k.to_owned(),
+            signature: s.to_owned(),
+        }),
+        _ => Err(not_a_record(format!(
+            "format {format} is not one this fhsx knows (it writes {RECORD_FORMAT})"
+        ))),
+    }
+}
+
+/// The key whose signature over the record verifies, if it does.
+pub fn signature_key(rec: &SignedRecord) -> Option<VerifyingKey> {
+    signed_by(&rec.public_key, &rec.signature, &rec.record.canonical())
+}
+
+fn signed_by(public_key: &str, signature: &str, message: &[u8]) -> Option<VerifyingKey> {
+    let key = parse_public_key(public_key).ok()?;
+    let mut sig = [0u8; 64];
+    hex::decode_to_slice(signature, &mut sig).ok()?;
+    key.verify_strict(message, &Signature::from_bytes(&sig))
+        .ok()
+        .map(|_| key)
 }
 
 /// What `verify` found.
@@ -77,32 +137,82 @@ pub fn verify(
     rec: &SignedRecord,
     trust: &[VerifyingKey],
 ) -> Result<Verification, Error> {
+    let digests = rec.record.digests();
+    let named: Vec<(&str, Digest)> = digests.iter().map(|(f, d)| (*f, *d)).collect();
+    check(
+        store,
+        &rec.public_key,
+        &rec.signature,
+        &rec.record.canonical(),
+        &named,
+        trust,
+    )
+}
+
+/// [`verify`] for any stored format. An older record is checked as what it
+/// is: its signature over the JSON it was signed as, and every `*_digest`
+/// field it names.
+pub fn verify_any(
+    store: &LocalStore,
+    rec: &StoredRecord,
+    trust: &[VerifyingKey],
+) -> Result<Verification, Error> {
+    match rec {
+        StoredRecord::Current(r) => verify(store, r, trust),
+        StoredRecord::Older {
+            record,
+            public_key,
+            signature,
+            ..
+        } => {
+            let canonical = serde_json::to_vec(record).unwrap_or_default();
+            let mut named = Vec::new();
+            if let Some(fields) = record.as_object() {
+                for (field, v) in fields {
+                    if let Some(d) = v.as_str().and_then(|s| s.parse::<Digest>().ok()) {
+                        if field.ends_with("_digest") {
+                            named.push((field.as_str(), d));
+                        }
+                    }
+                }
+            }
+            check(store, public_key, signature, &canonical, &named, trust)
+        }
+    }
+}
+
+/// Fields that name whole trees, checked object by object.
+const TREE_FIELDS: &[&str] = &["view_digest", "output_digest", "outputs"];
+
+fn check(
+    store: &LocalStore,
+    public_key: &str,
+    signature: &str,
+    canonical: &[u8],
+    named: &[(&str, Digest)],
+    trust: &[VerifyingKey],
+) -> Result<Verification, Error> {
     let mut problems = Vec::new();
-    let key = parse_public_key(&rec.public_key)?;
-    let mut sig = [0u8; 64];
-    let sig_ok = hex::decode_to_slice(&rec.signature, &mut sig).is_ok()
-        && key
-            .verify_strict(&rec.record.canonical(), &Signature::from_bytes(&sig))
-            .is_ok();
-    if !sig_ok {
+    let key = parse_public_key(public_key)?;
+    if signed_by(public_key, signature, canonical).is_none() {
         problems.push(
             "signature does not match the record: it was altered or signed by another key"
                 .to_owned(),
         );
     }
     let trusted = trust.is_empty() || trust.contains(&key);
-    for (field, d) in rec.record.digests() {
-        let check = if field == "view_digest" || field == "output_digest" {
-            castore::verify::verify(store, Some(&d), &()).map(|r| {
+    for (field, d) in named {
+        let check = if TREE_FIELDS.contains(field) {
+            castore::verify::verify(store, Some(d), &()).map(|r| {
                 r.problems
                     .iter()
                     .map(|p| format!("{field}: {} object {} at {:?}", p.kind, p.object, p.used_at))
                     .collect::<Vec<_>>()
             })
-        } else if store.has_directory(&d).unwrap_or(false) {
+        } else if store.has_directory(d).unwrap_or(false) {
             Ok(vec![])
         } else {
-            store.open_blob(&d).map(|_| vec![])
+            store.open_blob(d).map(|_| vec![])
         };
         match check {
             Ok(p) => problems.extend(p),
@@ -110,7 +220,7 @@ pub fn verify(
         }
     }
     Ok(Verification {
-        signer: rec.public_key.clone(),
+        signer: public_key.to_owned(),
         trusted,
         problems,
     })

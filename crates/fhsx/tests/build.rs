@@ -100,11 +100,23 @@ fn hello_builds_reproducibly_with_a_proven_read_set() {
     assert!(o1.status.success(), "hello build failed: {}", text(&o1));
     no_leftovers(t.path());
     let v1 = v1.unwrap();
-    let (o2, v2) = build(&store, &action);
-    assert!(o2.status.success(), "{}", text(&o2));
-    let v2 = v2.unwrap();
+    // A second build is a cache hit; --check really rebuilds and compares.
+    let o2 = fhsx(&store)
+        .args(["--json", "build", "--check"])
+        .arg(&action)
+        .output()
+        .unwrap();
+    assert!(
+        o2.status.success(),
+        "hello is not reproducible: {}",
+        text(&o2)
+    );
+    let v2: serde_json::Value = serde_json::from_slice(&o2.stdout).unwrap();
+    assert_eq!(v2["cached"], false);
+    assert_eq!(v2["check"]["against"], v1["record"]);
+    assert_eq!(v2["check"]["differences"], serde_json::json!([]));
     assert_eq!(
-        v1["output"], v2["output"],
+        v1["outputs"], v2["outputs"],
         "output differs between two builds"
     );
     assert_eq!(
@@ -115,14 +127,12 @@ fn hello_builds_reproducibly_with_a_proven_read_set() {
     // The output has a working hello.
     let out = t.path().join("out");
     let o = fhsx(&store)
-        .args(["store", "export", v1["output"].as_str().unwrap()])
+        .args(["store", "export", v1["outputs"]["out"].as_str().unwrap()])
         .arg(&out)
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));
-    let hello = Command::new(out.join("out/usr/bin/hello"))
-        .output()
-        .unwrap();
+    let hello = Command::new(out.join("usr/bin/hello")).output().unwrap();
     assert_eq!(hello.stdout, b"Hello, world!\n");
 
     // The record verifies, against the store's own key.
@@ -215,7 +225,8 @@ fn reading_an_undeclared_toolchain_file_fails_and_names_the_path() {
 
 fn sh_action(closure: &str, script: &str, extra: &str) -> String {
     format!(
-        "[inputs]\nclosure = [\"{closure}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {script:?}]\ntimeout = \"60s\"\n{extra}"
+        "[inputs]\nclosure = [\"{closure}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {:?}]\ntimeout = \"60s\"\n{extra}",
+        format!("busybox mkdir -p $out; {script}")
     )
 }
 
@@ -318,7 +329,7 @@ fn failing_and_timed_out_builds_leave_nothing_behind() {
     assert_eq!(o.status.code(), Some(1), "{}", text(&o));
     let v = v.unwrap();
     assert!(
-        v["output"].is_null(),
+        v["outputs"].as_object().unwrap().is_empty(),
         "a failed build produced an output: {v}"
     );
     assert_eq!(v["exit"]["code"], 7);
@@ -359,7 +370,7 @@ fn bad_action_files_exit_2_with_a_clear_error() {
         ("missing object", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = [\"x\"]\n"), "not in the store"),
         ("empty command", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = []\n"), "command is empty"),
         ("bad timeout", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = [\"x\"]\ntimeout = \"soon\"\n"), "bad duration"),
-        ("escaping output", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = [\"x\"]\n[outputs]\npaths = [\"../etc\"]\n"), "outputs"),
+        ("escaping output", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = [\"x\"]\n[outputs]\nnames = [\"../etc\"]\n"), "output name"),
         ("record without flag", format!("[inputs]\nclosure = [\"{good}\"]\n[run]\ncommand = [\"x\"]\n[network]\nmode = \"record\"\nlock = \"f.lock\"\n"), "--record"),
     ];
     for (name, body, needle) in cases {
@@ -382,7 +393,7 @@ fn bad_action_files_exit_2_with_a_clear_error() {
 
 fn fetch_action(bb: &str, url: &str, mode: &str) -> String {
     format!(
-        "[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"wget\", \"-O\", \"/build/out/file\", \"{url}\"]\ntimeout = \"60s\"\n[network]\nmode = \"{mode}\"\nlock = \"fetch.lock\"\n"
+        "[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir -p $out && busybox wget -O $out/file {url}\"]\ntimeout = \"60s\"\n[network]\nmode = \"{mode}\"\nlock = \"fetch.lock\"\n"
     )
 }
 
@@ -425,18 +436,18 @@ fn fetch_records_then_replays_without_upstream_and_refuses_the_unrecorded() {
     assert!(o.status.success(), "{}", text(&o));
     let v = v.unwrap();
     assert_eq!(
-        v["output"], recorded["output"],
+        v["outputs"], recorded["outputs"],
         "replay gave another output"
     );
     let out = t.path().join("fetched");
     assert!(fhsx(&store)
-        .args(["store", "export", v["output"].as_str().unwrap()])
+        .args(["store", "export", v["outputs"]["out"].as_str().unwrap()])
         .arg(&out)
         .status()
         .unwrap()
         .success());
     assert_eq!(
-        fs::read(out.join("out/file")).unwrap(),
+        fs::read(out.join("file")).unwrap(),
         b"upstream payload v1\n"
     );
 
@@ -638,8 +649,13 @@ fn a_killed_build_is_swept_by_the_next_one() {
         "the killed build's mounts outlived the next build elsewhere:\n{mounts}"
     );
     // The orphaned sandbox dies with its bwrap parent (--die-with-parent);
-    // a build in the same $TMPDIR removes the area itself.
-    let (o, _) = build(&store, &quick);
+    // a build in the same $TMPDIR removes the area itself (a build that
+    // runs: a cache hit makes no working area).
+    let o = fhsx(&store)
+        .args(["build", "--rebuild"])
+        .arg(&quick)
+        .output()
+        .unwrap();
     assert!(o.status.success(), "{}", text(&o));
     assert!(
         areas().is_empty(),
@@ -669,7 +685,7 @@ fn names_with_percent_and_non_utf8_bytes_are_not_false_violations() {
         t.path(),
         "odd.toml",
         &format!(
-            "[inputs]\nclosure = [\"{bb}\", \"{odd}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"cat /data/100%.txt /data/caf*\"]\n"
+            "[inputs]\nclosure = [\"{bb}\", \"{odd}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out; cat /data/100%.txt /data/caf*\"]\n"
         ),
     );
     let (o, _) = build(&store, &action);

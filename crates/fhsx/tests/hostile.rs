@@ -96,7 +96,9 @@ impl World {
     fn action(&self, name: &str, script: &str, extra: &str) -> PathBuf {
         let body = format!(
             "[inputs]\nclosure = [\"{}\", \"{}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {:?}]\nenv = {{ A = \"/opt/hostile/attack\" }}\ntimeout = \"120s\"\n{extra}",
-            self.busybox, self.attack, script
+            self.busybox,
+            self.attack,
+            format!("busybox mkdir -p $out; {script}")
         );
         let p = self.path().join(name);
         fs::write(&p, body).unwrap();
@@ -229,7 +231,10 @@ fn no_read_outside_declared_closure_by_path_proc_root_cwd_symlinks_and_dotdot() 
         "the secret reached the build:\n{log}"
     );
     // Nothing in the output carries it either.
-    let out = w.export(v.as_ref().unwrap()["output"].as_str().unwrap(), "exported");
+    let out = w.export(
+        v.as_ref().unwrap()["outputs"]["out"].as_str().unwrap(),
+        "exported",
+    );
     for e in walk(&out) {
         if e.is_file() {
             let b = fs::read(&e).unwrap();
@@ -256,10 +261,10 @@ fn no_read_outside_declared_closure_via_an_output_parent_replaced_by_a_symlink()
     let a = w.action(
         "ingest.toml",
         &script,
-        "[outputs]\npaths = [\"out/secret.txt\", \"res/etc\"]\n",
+        "[outputs]\nnames = [\"out\", \"res\"]\n",
     );
     let (o, v) = w.build(&a);
-    if let Some(d) = v.as_ref().and_then(|v| v["output"].as_str()) {
+    if let Some(d) = v.as_ref().and_then(|v| v["outputs"]["out"].as_str()) {
         let out = w.export(d, "exported");
         let leaked = walk(&out).into_iter().any(|p| {
             p.is_file()
@@ -554,7 +559,10 @@ fn host_isolation_no_setuid_setgid_or_device_node_in_outputs() {
     let log = w.log(&o, &v);
     assert_blocked(&log, &["setuid", "mknod"]);
     // Host-side: the scratch is gone, so check the ingested tree.
-    let out = w.export(v.as_ref().unwrap()["output"].as_str().unwrap(), "exported");
+    let out = w.export(
+        v.as_ref().unwrap()["outputs"]["out"].as_str().unwrap(),
+        "exported",
+    );
     let mut seen = 0;
     for p in walk(&out) {
         let m = fs::symlink_metadata(&p).unwrap();
@@ -638,7 +646,10 @@ fn exhaust(probe: &str, limits: &str, what: &str) -> String {
     let (o, v) = w.build(&a);
     assert_eq!(o.status.code(), Some(1), "{what}: {}", text(&o));
     let v = v.expect("a JSON result");
-    assert!(v["output"].is_null(), "{what}: an output was ingested");
+    assert!(
+        v["outputs"].as_object().is_none_or(|o| o.is_empty()),
+        "{what}: an output was ingested"
+    );
     let log = w.log(&o, &Some(v.clone()));
     assert!(
         !log.contains("ALLOCATED") && !log.contains("WROTE") && !log.contains("ESCAPED"),

@@ -22,7 +22,8 @@ fn sh_action(dir: &Path, name: &str, closure: &str, script: &str) -> PathBuf {
     fs::write(
         &p,
         format!(
-            "[inputs]\nclosure = [\"{closure}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {script:?}]\ntimeout = \"300s\"\n"
+            "[inputs]\nclosure = [\"{closure}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {:?}]\ntimeout = \"300s\"\n",
+            format!("busybox mkdir -p $out; {script}")
         ),
     )
     .unwrap();
@@ -187,7 +188,7 @@ fn remote_busybox_build_matches_local() {
         .unwrap();
     assert!(local.status.success(), "{}", text(&local));
     let l: serde_json::Value = serde_json::from_slice(&local.stdout).unwrap();
-    assert_eq!(r["output"], l["output"]);
+    assert_eq!(r["outputs"], l["outputs"]);
     assert_eq!(r["read_set"], l["read_set"]);
     assert_eq!(r["action"], l["action"]);
     assert_ne!(r["record"], l["record"], "signed by two different keys");
@@ -197,8 +198,19 @@ fn remote_busybox_build_matches_local() {
         .output()
         .unwrap();
     assert!(v.status.success(), "{}", text(&v));
-    // The log streams live to stderr; nothing is uploaded twice.
-    let o2 = remote(&cs, &w, &action, false).output().unwrap();
+    // Built again: a hit in the client's own cache (the worker signed it),
+    // nothing sent.
+    let o2 = remote(&cs, &w, &action, true).output().unwrap();
+    assert!(o2.status.success(), "{}", text(&o2));
+    let again: serde_json::Value = serde_json::from_slice(&o2.stdout).unwrap();
+    assert_eq!(again["cached"], true, "{again}");
+    assert_eq!(again["record"], r["record"]);
+    // --rebuild: it runs on the worker again, the log streams live to
+    // stderr, and nothing is uploaded twice.
+    let o2 = remote(&cs, &w, &action, false)
+        .arg("--rebuild")
+        .output()
+        .unwrap();
     assert!(o2.status.success(), "{}", text(&o2));
     let out = text(&o2);
     assert!(out.contains("streamed-line"), "{out}");
@@ -279,19 +291,17 @@ timeout = "15m"
         .unwrap();
     assert!(local.status.success(), "{}", text(&local));
     let l: serde_json::Value = serde_json::from_slice(&local.stdout).unwrap();
-    assert_eq!(r["output"], l["output"], "remote and local hello differ");
+    assert_eq!(r["outputs"], l["outputs"], "remote and local hello differ");
     assert_eq!(r["read_set"], l["read_set"]);
     // The output tree was downloaded: it exports and runs.
     let out = t.path().join("out");
     let e = fhsx(&cs)
-        .args(["store", "export", r["output"].as_str().unwrap()])
+        .args(["store", "export", r["outputs"]["out"].as_str().unwrap()])
         .arg(&out)
         .output()
         .unwrap();
     assert!(e.status.success(), "{}", text(&e));
-    let hello = Command::new(out.join("out/usr/bin/hello"))
-        .output()
-        .unwrap();
+    let hello = Command::new(out.join("usr/bin/hello")).output().unwrap();
     assert_eq!(hello.stdout, b"Hello, world!\n");
 }
 
@@ -769,7 +779,7 @@ fn remote_replay_uploads_the_lock_and_its_bodies_and_record_is_refused() {
         fs::write(
             &p,
             format!(
-                "[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"wget\", \"-O\", \"/build/out/file\", \"{url}\"]\ntimeout = \"60s\"\n[network]\nmode = \"{mode}\"\nlock = \"fetch.lock\"\n"
+                "[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir -p $out && busybox wget -O $out/file {url}\"]\ntimeout = \"60s\"\n[network]\nmode = \"{mode}\"\nlock = \"fetch.lock\"\n"
             ),
         )
         .unwrap();
@@ -798,7 +808,7 @@ fn remote_replay_uploads_the_lock_and_its_bodies_and_record_is_refused() {
     let o = remote(&cs, &w, &rep, true).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     let r: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
-    assert_eq!(r["output"], l["output"]);
+    assert_eq!(r["outputs"], l["outputs"]);
     assert_eq!(r["action"], l["action"], "the lock digest differs remotely");
     let body = Digest::of(b"upstream payload for the worker\n");
     assert!(w.client().find_missing(&[body], &[]).unwrap().0.is_empty());

@@ -13,7 +13,7 @@
 
 @0xf3b8852e38e2468f;
 
-const protocolVersion :UInt32 = 2;
+const protocolVersion :UInt32 = 3;
 
 # What a connection gets first. Anyone may ask the version; the executor
 # takes the worker's access token (empty when the worker was started without
@@ -31,7 +31,9 @@ interface Executor {
   # The worker's content-addressed store: upload inputs, download outputs.
   cas @0 () -> (cas :Cas);
 
-  # Run one action. `action` is the action file's TOML text; `lock` the
+  # Run one action. `action` is a resolved action's TOML text (every input
+  # a digest: references to other actions' outputs are resolved by the
+  # client, which builds those actions first); `lock` the
   # fetch lock's bytes (network mode "replay"; empty otherwise — "record"
   # is refused remotely: it is the one impure mode). Every input the action
   # names (and every body the lock names) must already be in the worker's
@@ -40,11 +42,21 @@ interface Executor {
   # digest. Dropping the call (or the connection) cancels the build.
   # A build the executor refused or could not finish (an input missing, a
   # containment violation, cancelled) returns `failure` instead of a record.
-  build @1 (protocol :UInt32, action :Text, lock :Data, logSink :LogSink)
-        -> (recordDigest :Data, record :Data, failure :Failure);
+  # `cache` is the client's policy: the worker answers from its action
+  # cache (`cached` is then true and nothing ran), rebuilds, or checks —
+  # rebuilds and compares with its cached record, `check` being that
+  # comparison as JSON (empty when not checking).
+  build @1 (protocol :UInt32, action :Text, lock :Data, logSink :LogSink, cache :CachePolicy)
+        -> (recordDigest :Data, record :Data, failure :Failure, cached :Bool, check :Data);
 
   # Counters, for tests and monitoring.
   stats @2 () -> (stats :Stats);
+}
+
+enum CachePolicy {
+  use @0;
+  rebuild @1;
+  check @2;
 }
 
 struct Failure {

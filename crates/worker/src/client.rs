@@ -19,10 +19,12 @@ use std::rc::Rc;
 use capnp_rpc::{rpc_twoparty_capnp::Side, twoparty, RpcSystem};
 use castore::store::{DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Directory, Node};
-use executor_core::{Action, ExitClass, NetworkMode, SignedRecord};
+use executor_core::{Action, CachePolicy, CheckReport, ExitClass, NetworkMode, SignedRecord};
 use futures::{AsyncReadExt, StreamExt};
 
-use crate::worker_capnp::{byte_sink, cas, executor, gate, log_sink, ExitClass as WireClass};
+use crate::worker_capnp::{
+    byte_sink, cas, executor, gate, log_sink, CachePolicy as WirePolicy, ExitClass as WireClass,
+};
 use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
 
 /// Blobs at least this big are streamed in chunks; smaller ones are batched.
@@ -49,6 +51,10 @@ pub struct Transfer {
 pub struct RemoteOutcome {
     pub record_digest: Digest,
     pub record: SignedRecord,
+    /// Answered from a cache (the client's or the worker's): nothing ran.
+    pub cached: bool,
+    /// With [`CachePolicy::Check`]: the worker's comparison.
+    pub check: Option<CheckReport>,
     /// The key the worker reported, which signed the record.
     pub worker_key: String,
     pub uploaded: Transfer,
@@ -736,23 +742,20 @@ impl Client {
         Ok(())
     }
 
-    /// Run `action_file` on the worker. See the module doc for the steps.
-    /// `trust`, when not empty, lists the worker keys (`ed25519:<hex>`)
-    /// accepted as signers.
+    /// Run `action` (resolved: every input a digest) on the worker, or
+    /// take it from the local action cache. `lock_path` is its fetch lock
+    /// (replay); `trust`, when not empty, lists the worker keys
+    /// (`ed25519:<hex>`) accepted as signers. See the module doc for the
+    /// steps.
     pub fn build(
         &self,
         store: &LocalStore,
-        action_file: &Path,
-        log: Box<dyn Write>,
+        action: &Action,
+        lock_path: Option<&Path>,
+        mut log: Box<dyn Write>,
         trust: &[String],
+        cache: CachePolicy,
     ) -> Result<RemoteOutcome, Error> {
-        let text = std::fs::read_to_string(action_file).map_err(|source| {
-            executor_core::ActionError::Read {
-                file: action_file.to_path_buf(),
-                source,
-            }
-        })?;
-        let action = Action::parse(&text, action_file)?;
         if action.network.mode == NetworkMode::Record {
             return Err(Error::Usage(
                 "network mode \"record\" cannot run remotely: it is the one impure mode (it fetches upstream and writes the lock). Record locally with `fhsx build --record`, then build the replay remotely".into(),
@@ -764,9 +767,9 @@ impl Client {
                 reason: format!("the worker's key {} is not in --trust", self.public_key),
             });
         }
-        let (lock, lock_blobs) = match (&action.network.mode, action.lock_path(action_file)) {
+        let (lock, lock_blobs) = match (&action.network.mode, lock_path) {
             (NetworkMode::Replay, Some(p)) => {
-                let bytes = std::fs::read(&p).map_err(|e| {
+                let bytes = std::fs::read(p).map_err(|e| {
                     Error::Usage(format!("reading the fetch lock {}: {e}", p.display()))
                 })?;
                 let text = String::from_utf8_lossy(&bytes);
@@ -777,6 +780,12 @@ impl Client {
             }
             _ => (Vec::new(), Vec::new()),
         };
+        if cache == CachePolicy::Use {
+            if let Some(hit) = self.local_hit(store, action, &lock, trust, &mut *log)? {
+                return Ok(hit);
+            }
+        }
+        let text = action.to_toml();
         let mut roots = action.inputs.closure.clone();
         roots.extend_from_slice(&action.inputs.toolchain);
         roots.extend(action.inputs.source);
@@ -799,6 +808,11 @@ impl Client {
                 p.set_action(text.as_str());
                 p.set_lock(&lock);
                 p.set_log_sink(sink);
+                p.set_cache(match cache {
+                    CachePolicy::Use => WirePolicy::Use,
+                    CachePolicy::Rebuild => WirePolicy::Rebuild,
+                    CachePolicy::Check => WirePolicy::Check,
+                });
             }
             let r = req.send().promise.await?;
             let r = r.get()?;
@@ -812,13 +826,19 @@ impl Client {
                 return Ok(Err((class, f.get_message()?.to_string()?)));
             }
             let d = crate::digest_from(r.get_record_digest()?)?;
-            Ok(Ok((d, r.get_record()?.to_vec())))
+            Ok(Ok((
+                d,
+                r.get_record()?.to_vec(),
+                r.get_cached(),
+                r.get_check()?.to_vec(),
+            )))
         })?;
-        let (record_digest, bytes) = reply.map_err(|(class, message)| Error::Remote {
-            endpoint: self.endpoint.clone(),
-            class,
-            message,
-        })?;
+        let (record_digest, bytes, cached, check) =
+            reply.map_err(|(class, message)| Error::Remote {
+                endpoint: self.endpoint.clone(),
+                class,
+                message,
+            })?;
         let bad = |reason: String| Error::BadRecord {
             endpoint: self.endpoint.clone(),
             reason,
@@ -844,10 +864,7 @@ impl Client {
             let mut dirs = Vec::new();
             let mut blobs = Vec::new();
             let mut seen = HashSet::new();
-            for root in [rec.output_digest, Some(rec.view_digest)]
-                .into_iter()
-                .flatten()
-            {
+            for root in rec.outputs.values().copied().chain([rec.view_digest]) {
                 self.fetch_tree(store, root, &mut dirs, &mut blobs, &mut seen)
                     .await?;
             }
@@ -894,13 +911,61 @@ impl Client {
         if !v.ok() {
             return Err(bad(v.problems.join("; ")));
         }
+        let check = if check.is_empty() {
+            None
+        } else {
+            Some(
+                serde_json::from_slice(&check)
+                    .map_err(|e| bad(format!("its check report is not one: {e}")))?,
+            )
+        };
+        // Indexed here too, so the next build of this action is a local hit.
+        fhs_executor::cache::index(store, &record.record.action_digest, &record_digest)?;
         Ok(RemoteOutcome {
             record_digest,
             record,
             worker_key: self.public_key.clone(),
             uploaded,
             downloaded: t,
+            cached,
+            check,
         })
+    }
+}
+
+impl Client {
+    /// A record in the local store's action cache that answers `action`,
+    /// signed by the worker (or a `--trust`ed key): the build needs no
+    /// upload and no worker.
+    fn local_hit(
+        &self,
+        store: &LocalStore,
+        action: &Action,
+        lock: &[u8],
+        trust: &[String],
+        log: &mut dyn Write,
+    ) -> Result<Option<RemoteOutcome>, Error> {
+        let lock_digest = (action.network.mode == NetworkMode::Replay).then(|| Digest::of(lock));
+        let digest = action.digest(lock_digest.as_ref());
+        let worker = fhs_executor::keys::parse_public_key(&self.public_key)?;
+        let cache = fhs_executor::cache::ActionCache::new(store, worker, trust)?;
+        let Some(hit) = cache.lookup(&digest)?.hit else {
+            return Ok(None);
+        };
+        let _ = writeln!(
+            log,
+            "fhsx: cached: action {digest} was built before (record {}, signed by {}); nothing was sent to the worker — pass --rebuild to run it anyway",
+            hit.digest, hit.record.public_key
+        );
+        Ok(Some(RemoteOutcome {
+            record_digest: hit.digest,
+            worker_key: hit.record.public_key.clone(),
+            record: hit.record,
+            uploaded: Transfer::default(),
+            downloaded: Transfer::default(),
+            cached: true,
+            check: None,
+        }))
     }
 }
 

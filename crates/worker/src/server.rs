@@ -24,12 +24,14 @@ use std::time::Duration;
 use capnp_rpc::{rpc_twoparty_capnp::Side, twoparty, RpcSystem};
 use castore::store::{BlobStore, DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Directory, Node};
-use executor_core::{Action, BuildRequest, Executor as _, ExitClass, NetworkMode};
+use executor_core::{Action, BuildRequest, CachePolicy, Executor as _, ExitClass, NetworkMode};
 use fhs_executor::FhsExecutor;
 use futures::AsyncReadExt;
 use tokio::sync::{mpsc, watch, Semaphore};
 
-use crate::worker_capnp::{blob_upload, byte_sink, cas, executor, gate, ExitClass as WireClass};
+use crate::worker_capnp::{
+    blob_upload, byte_sink, cas, executor, gate, CachePolicy as WirePolicy, ExitClass as WireClass,
+};
 use crate::{digest_from, reader_options, Error, CHUNK, PROTOCOL_VERSION};
 
 /// How the worker is run.
@@ -502,14 +504,23 @@ impl Write for ChannelWriter {
 
 /// What a build thread hands back.
 enum BuildResult {
-    Done { digest: Digest, bytes: Vec<u8> },
-    Failed { class: ExitClass, message: String },
+    Done {
+        digest: Digest,
+        bytes: Vec<u8>,
+        cached: bool,
+        check: Vec<u8>,
+    },
+    Failed {
+        class: ExitClass,
+        message: String,
+    },
 }
 
 fn run_build(
     store: LocalStore,
     action: Action,
     lock: Vec<u8>,
+    cache: CachePolicy,
     cancel: Arc<AtomicBool>,
     log: mpsc::Sender<Vec<u8>>,
 ) -> BuildResult {
@@ -540,18 +551,19 @@ fn run_build(
         Err(e) => return failed(e.exit_class(), e.to_string()),
     };
     exec.cancel = Some(cancel);
-    let req = BuildRequest {
-        action,
-        lock_path,
-        allow_record: false,
-        upstream_ca: Vec::new(),
-    };
+    let mut req = BuildRequest::new(action, lock_path);
+    req.cache = cache;
     let mut w = ChannelWriter(log);
     match exec.build(&req, &mut w) {
         Ok(out) => match store.read_blob(&out.record_digest) {
             Ok(bytes) => BuildResult::Done {
                 digest: out.record_digest,
                 bytes,
+                cached: out.cached,
+                check: out
+                    .check
+                    .map(|c| serde_json::to_vec(&c).unwrap_or_default())
+                    .unwrap_or_default(),
             },
             Err(e) => failed(ExitClass::BuildFailed, e.to_string()),
         },
@@ -613,10 +625,15 @@ impl executor::Server for ExecutorImpl {
         let text = p.get_action()?.to_str()?.to_owned();
         let lock = p.get_lock()?.to_vec();
         let sink = p.get_log_sink()?;
+        let cache = match p.get_cache() {
+            Ok(WirePolicy::Rebuild) => CachePolicy::Rebuild,
+            Ok(WirePolicy::Check) => CachePolicy::Check,
+            _ => CachePolicy::Use,
+        };
         let set_failure = |results: &mut executor::BuildResults, class, msg: &str| {
             let mut f = results.get().init_failure();
             f.set_class(match class {
-                ExitClass::BuildFailed => WireClass::BuildFailed,
+                ExitClass::BuildFailed | ExitClass::CheckMismatch => WireClass::BuildFailed,
                 ExitClass::Usage => WireClass::Usage,
                 ExitClass::Integrity => WireClass::Integrity,
             });
@@ -668,7 +685,7 @@ impl executor::Server for ExecutorImpl {
         let handle = tokio::task::spawn_blocking(move || {
             let now = running.lock().map(|m| m.len()).unwrap_or(0);
             eprintln!("fhsx worker: build {id} started ({now}/{jobs} slots busy)");
-            let r = run_build(store, action, lock, flag, tx);
+            let r = run_build(store, action, lock, cache, flag, tx);
             // The slot and the registry entry go only once the sandbox is down.
             if let Ok(mut m) = running.lock() {
                 m.remove(&id);
@@ -697,10 +714,17 @@ impl executor::Server for ExecutorImpl {
         let r = handle.await.map_err(join_err)?;
         guard.1 = true;
         match r {
-            BuildResult::Done { digest, bytes } => {
+            BuildResult::Done {
+                digest,
+                bytes,
+                cached,
+                check,
+            } => {
                 let mut b = results.get();
                 b.set_record_digest(digest.as_bytes());
                 b.set_record(&bytes);
+                b.set_cached(cached);
+                b.set_check(&check);
             }
             BuildResult::Failed { class, message } => set_failure(&mut results, class, &message),
         }

@@ -1,7 +1,7 @@
-//! `fhsx build ACTION.toml`: run one action hermetically and print its
-//! signed record.
+//! `fhsx build ACTION.toml`: build an action — after every action it names
+//! by reference (`other.toml#out`), in dependency order, each taken from the
+//! cache where it can be — and print the root's signed record.
 
-use std::io::IsTerminal;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -9,7 +9,10 @@ use anyhow::Context;
 use std::path::PathBuf;
 
 use clap::Args;
-use executor_core::{Action, BuildRequest, Executor, ExitClass};
+use executor_core::{
+    Action, ActionGraph, BuildOutcome, BuildRecord, BuildRequest, CachePolicy, CheckReport,
+    Executor, ExitClass, GraphNode,
+};
 use fhs_executor::FhsExecutor;
 use serde_json::json;
 
@@ -21,9 +24,18 @@ use crate::exit::Classified;
 pub struct BuildArgs {
     /// The action file.
     pub action: PathBuf,
-    /// Allow `network.mode = "record"` (the one impure mode: fetches upstream and writes the lock).
+    /// Run in record mode, the one impure mode: fetch upstream through the
+    /// proxy and rewrite the action's lock (a `replay` action is recorded
+    /// afresh, like `cargo update`; a `record` action needs this to run).
     #[arg(long)]
     pub record: bool,
+    /// Run even if the cache holds a record of this action.
+    #[arg(long)]
+    pub rebuild: bool,
+    /// Rebuild an action that has a cached record and compare the outputs
+    /// bit for bit (exit 4 and the differing paths if they differ).
+    #[arg(long, conflicts_with_all = ["rebuild", "record"])]
+    pub check: bool,
     /// Keep a failed build's scratch directory (its path is printed) for debugging.
     #[arg(long)]
     pub keep_failed: bool,
@@ -34,20 +46,44 @@ pub struct BuildArgs {
     /// upload what it lacks, stream the log, download the record and output.
     #[arg(long, value_name = "ADDR", conflicts_with_all = ["record", "keep_failed", "upstream_ca"])]
     pub remote: Option<String>,
-    /// With --remote: accept only a worker whose key (`ed25519:<hex>`) is listed. Repeatable.
-    #[arg(long, value_name = "KEY", requires = "remote")]
+    /// Records signed by this key (`ed25519:<hex>`) are cache hits too, and
+    /// with --remote only a worker whose key is listed is accepted. Repeatable.
+    #[arg(long, value_name = "KEY")]
     pub trust: Vec<String>,
     /// With --remote: the worker's access token (the file given to `fhsx worker --token-file`).
     #[arg(long, value_name = "FILE", requires = "remote")]
     pub token_file: Option<PathBuf>,
 }
 
-pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
-    if let Some(addr) = &a.remote {
-        return run_remote(g, &a, addr);
+impl BuildArgs {
+    /// The cache policy for one action of the graph: the flags apply to
+    /// the action named on the command line; what it refers to is built
+    /// or taken from the cache.
+    fn policy(&self, is_root: bool) -> CachePolicy {
+        match (is_root, self.check, self.rebuild) {
+            (true, true, _) => CachePolicy::Check,
+            (true, false, true) => CachePolicy::Rebuild,
+            _ => CachePolicy::Use,
+        }
     }
-    let action = Action::load(&a.action)?;
-    let lock_path = action.lock_path(&a.action);
+}
+
+/// A built action: the outcome, plus what the remote path adds.
+struct Built {
+    outcome: BuildOutcome,
+    remote: Option<serde_json::Value>,
+}
+
+pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
+    let graph = ActionGraph::load(&a.action)?;
+    let built = match &a.remote {
+        Some(addr) => build_remote(g, &a, &graph, addr)?,
+        None => build_local(g, &a, &graph)?,
+    };
+    report(g, &built)
+}
+
+fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Result<Built> {
     let store = open_store(g)?;
     let mut exec = FhsExecutor::open(store)?;
     // SIGINT/SIGTERM stop the build gracefully (the sandbox is torn down,
@@ -62,24 +98,39 @@ pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
     });
     exec.cancel = Some(cancel);
     exec.keep_failed = a.keep_failed;
-    let req = BuildRequest {
-        action,
-        lock_path,
-        allow_record: a.record,
-        upstream_ca: a.upstream_ca,
-    };
     // The build's own output goes to stderr, so stdout stays the result.
-    let mut sink: Box<dyn std::io::Write + Send> = if g.json && !std::io::stderr().is_terminal() {
-        Box::new(std::io::sink())
-    } else {
-        Box::new(std::io::stderr())
-    };
-    let out = exec.build(&req, &mut sink)?;
-    report(g, &out.record_digest, &out.record.record, None)
+    let mut sink = std::io::stderr();
+    graph.build_all(|node, action, is_root| {
+        let req = BuildRequest {
+            lock_path: node.action.lock_path(&node.file),
+            record: is_root && a.record,
+            upstream_ca: a.upstream_ca.clone(),
+            cache: a.policy(is_root),
+            trust: a.trust.clone(),
+            action,
+        };
+        let outcome = exec
+            .build(&req, &mut sink)
+            .with_context(|| building(node, is_root))?;
+        dependency_ok(node, is_root, &outcome.record.record)?;
+        Ok::<_, anyhow::Error>((
+            outcome.record.record.outputs.clone(),
+            Built {
+                outcome,
+                remote: None,
+            },
+        ))
+    })
 }
 
-/// `fhsx build --remote ADDR`: the same result, built by a worker.
-fn run_remote(g: &Globals, a: &BuildArgs, addr: &str) -> anyhow::Result<i32> {
+/// `fhsx build --remote ADDR`: the same graph, each action built by a
+/// worker (or taken from the local cache).
+fn build_remote(
+    g: &Globals,
+    a: &BuildArgs,
+    graph: &ActionGraph,
+    addr: &str,
+) -> anyhow::Result<Built> {
     let store = open_store(g)?;
     let classify = |e: ::worker::Error| Classified(e.exit_class(), e.to_string());
     let token = match &a.token_file {
@@ -89,55 +140,116 @@ fn run_remote(g: &Globals, a: &BuildArgs, addr: &str) -> anyhow::Result<i32> {
     let client =
         ::worker::client::Client::connect(&::worker::Endpoint::parse(addr), &token, &a.trust)
             .map_err(classify)?;
-    let sink: Box<dyn std::io::Write> = if g.json && !std::io::stderr().is_terminal() {
-        Box::new(std::io::sink())
+    graph.build_all(|node, action: Action, is_root| {
+        let lock = node.action.lock_path(&node.file);
+        let out = client
+            .build(
+                &store,
+                &action,
+                lock.as_deref(),
+                Box::new(std::io::stderr()),
+                &a.trust,
+                a.policy(is_root),
+            )
+            .map_err(classify)
+            .with_context(|| building(node, is_root))?;
+        dependency_ok(node, is_root, &out.record.record)?;
+        let remote = json!({
+            "worker": client.endpoint(),
+            "worker_key": out.worker_key,
+            "uploaded": out.uploaded,
+            "downloaded": out.downloaded,
+        });
+        let outcome = BuildOutcome {
+            record_digest: out.record_digest,
+            record: out.record,
+            cached: out.cached,
+            check: out.check,
+        };
+        Ok::<_, anyhow::Error>((
+            outcome.record.record.outputs.clone(),
+            Built {
+                outcome,
+                remote: Some(remote),
+            },
+        ))
+    })
+}
+
+fn building(node: &GraphNode, is_root: bool) -> String {
+    if is_root {
+        format!("building {}", node.file.display())
     } else {
-        Box::new(std::io::stderr())
-    };
-    let out = client
-        .build(&store, &a.action, sink, &a.trust)
-        .map_err(classify)?;
-    let transfer = json!({
-        "worker": client.endpoint(),
-        "worker_key": out.worker_key,
-        "uploaded": out.uploaded,
-        "downloaded": out.downloaded,
-    });
-    report(g, &out.record_digest, &out.record.record, Some(transfer))
+        format!(
+            "building {}, which the action refers to",
+            node.file.display()
+        )
+    }
+}
+
+/// A dependency that failed stops the graph: what refers to it cannot run.
+fn dependency_ok(node: &GraphNode, is_root: bool, rec: &BuildRecord) -> anyhow::Result<()> {
+    if is_root || rec.succeeded() {
+        return Ok(());
+    }
+    Err(Classified(
+        ExitClass::BuildFailed,
+        format!(
+            "{} failed ({}), so what refers to it cannot be built; its log is blob {}",
+            node.file.display(),
+            rec.failure
+                .clone()
+                .unwrap_or_else(|| format!("{:?}", rec.exit)),
+            rec.log_digest
+        ),
+    )
+    .into())
 }
 
 /// Print a finished build's result; the exit code follows its status.
-fn report(
-    g: &Globals,
-    record_digest: &castore::Digest,
-    rec: &executor_core::BuildRecord,
-    remote: Option<serde_json::Value>,
-) -> anyhow::Result<i32> {
+fn report(g: &Globals, built: &Built) -> anyhow::Result<i32> {
+    let out = &built.outcome;
+    let rec = &out.record.record;
     if g.json {
         let mut v = json!({
-            "record": record_digest,
-            "output": rec.output_digest,
+            "record": out.record_digest,
+            "outputs": rec.outputs,
             "read_set": rec.observed_read_set_digest,
             "log": rec.log_digest,
             "exit": rec.exit,
             "action": rec.action_digest,
+            "cached": out.cached,
         });
-        if let (Some(r), Some(m)) = (remote, v.as_object_mut()) {
-            m.insert("remote".into(), r);
+        if let Some(m) = v.as_object_mut() {
+            if let Some(r) = &built.remote {
+                m.insert("remote".into(), r.clone());
+            }
+            if let Some(c) = &out.check {
+                m.insert("check".into(), json!(c));
+            }
+            if let Some(f) = &rec.failure {
+                m.insert("error".into(), json!(f));
+            }
         }
         println!("{v}");
     } else {
-        println!("record  {record_digest}");
-        match rec.output_digest {
-            Some(d) => println!("output  {d}"),
-            None => println!("output  (none: the build failed)"),
+        println!(
+            "record  {}{}",
+            out.record_digest,
+            if out.cached { " (cached)" } else { "" }
+        );
+        if rec.outputs.is_empty() {
+            println!("output  (none: the build failed)");
+        }
+        for (name, d) in &rec.outputs {
+            println!("output  {name} {d}");
         }
         println!(
             "reads   {} ({} entries)",
             rec.observed_read_set_digest, rec.read_set_size
         );
         println!("log     {} (`fhsx store blob` prints it)", rec.log_digest);
-        if let Some(r) = remote {
+        if let Some(r) = &built.remote {
             println!(
                 "remote  {} signed by {}; uploaded {} blobs ({} bytes), {} directories",
                 r["worker"].as_str().unwrap_or_default(),
@@ -147,17 +259,72 @@ fn report(
                 r["uploaded"]["directories"]
             );
         }
+        if let Some(c) = &out.check {
+            print_check(c);
+        }
     }
-    if rec.exit.success() {
-        Ok(0)
-    } else {
-        Err(Classified(
+    if !rec.succeeded() {
+        return Err(Classified(
             ExitClass::BuildFailed,
             format!(
-                "the build failed ({:?}); its log is blob {}",
-                rec.exit, rec.log_digest
+                "the build failed ({}); its log is blob {}",
+                rec.failure
+                    .clone()
+                    .unwrap_or_else(|| format!("{:?}", rec.exit)),
+                rec.log_digest
             ),
         )
-        .into())
+        .into());
+    }
+    match &out.check {
+        Some(c) if !c.differences.is_empty() => Err(Classified(
+            ExitClass::CheckMismatch,
+            format!(
+                "check: the rebuild differs from record {} in {} path(s); its record {} is kept, marked as a check",
+                c.against,
+                c.differences.len(),
+                out.record_digest
+            ),
+        )
+        .into()),
+        _ => Ok(0),
+    }
+}
+
+fn print_check(c: &CheckReport) {
+    if c.differences.is_empty() {
+        println!(
+            "check   reproduced: every output is bit-identical to record {}",
+            c.against
+        );
+        return;
+    }
+    println!("check   DIFFERS from record {}:", c.against);
+    let side = |s: &Option<castore::diff::NodeSummary>| match s {
+        Some(s) => format!(
+            "{} {} ({} {})",
+            s.kind.as_str(),
+            s.digest,
+            s.size,
+            if s.kind == castore::diff::NodeKind::Dir {
+                "entries"
+            } else {
+                "bytes"
+            }
+        ),
+        None => "absent".to_owned(),
+    };
+    for d in &c.differences {
+        let path = &d.difference.path;
+        let shown = if path.is_empty() {
+            format!("${}", d.output)
+        } else {
+            format!("${}/{path}", d.output)
+        };
+        println!(
+            "  {shown}\n    before {}\n    after  {}",
+            side(&d.difference.before),
+            side(&d.difference.after)
+        );
     }
 }

@@ -26,7 +26,22 @@ pub fn run(g: &Globals, cmd: RecordCmd) -> anyhow::Result<i32> {
     let store = open_store(g)?;
     match cmd {
         RecordCmd::Show { record } => {
-            let r = sign::load_record(&store, &record)?;
+            let r = match sign::load_any(&store, &record)? {
+                sign::StoredRecord::Current(r) => *r,
+                sign::StoredRecord::Older {
+                    format,
+                    record: raw,
+                    public_key,
+                    signature,
+                } => {
+                    let v = serde_json::json!({"record": raw, "public_key": public_key, "signature": signature});
+                    if !g.json {
+                        println!("(a format-{format} record, shown as stored; `fhsx record verify` checks it)");
+                    }
+                    println!("{}", serde_json::to_string_pretty(&v)?);
+                    return Ok(0);
+                }
+            };
             if g.json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
@@ -36,9 +51,14 @@ pub fn run(g: &Globals, cmd: RecordCmd) -> anyhow::Result<i32> {
                 println!("action      {}", rec.action_digest);
                 println!("view        {}", rec.view_digest);
                 println!("exit        {:?}", rec.exit);
-                match rec.output_digest {
-                    Some(d) => println!("output      {d}"),
-                    None => println!("output      (none)"),
+                if let Some(f) = &rec.failure {
+                    println!("failure     {f}");
+                }
+                if rec.outputs.is_empty() {
+                    println!("output      (none)");
+                }
+                for (name, d) in &rec.outputs {
+                    println!("output      {name} {d}");
                 }
                 if let Some(d) = rec.interface_manifest_digest {
                     println!("manifest    {d}");
@@ -50,6 +70,9 @@ pub fn run(g: &Globals, cmd: RecordCmd) -> anyhow::Result<i32> {
                 if let Some(d) = rec.fetch_lock_digest {
                     println!("fetch lock  {d}");
                 }
+                if let Some(d) = rec.check_of {
+                    println!("check of    {d}");
+                }
                 println!("log         {}", rec.log_digest);
                 println!(
                     "resources   {} ms wall, {} ms user, {} ms sys",
@@ -60,12 +83,17 @@ pub fn run(g: &Globals, cmd: RecordCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         RecordCmd::Verify { record, trust } => {
-            let r = sign::load_record(&store, &record)?;
+            let r = sign::load_any(&store, &record)?;
             let trust = trust
                 .iter()
                 .map(|t| keys::parse_public_key(t))
                 .collect::<Result<Vec<_>, _>>()?;
-            let v = sign::verify(&store, &r, &trust)?;
+            let v = sign::verify_any(&store, &r, &trust)?;
+            if let sign::StoredRecord::Older { format, .. } = &r {
+                if !g.json {
+                    println!("note: a format-{format} record: checked as such (its signature and the digests it names); it is never a cache hit — rebuild the action for a current record");
+                }
+            }
             if g.json {
                 println!("{}", serde_json::to_string_pretty(&v)?);
             } else {

@@ -1,0 +1,347 @@
+//! Actions that name each other's outputs (`closure = ["fetch.toml#out"]`):
+//! the graph an action file roots, in dependency order, and the resolution
+//! of references as the outputs they name become known.
+//!
+//! Everything that can be wrong with the graph is found before anything is
+//! built: a cycle, a file that is missing or invalid, an output name the
+//! referred action does not declare. Each error names the chain of
+//! references that led to it, so the user sees *where* the bad reference
+//! sits, not only what it is.
+//!
+//! Resolution replaces every reference by the digest of the output it names
+//! before the action digest is computed, so two actions with equal resolved
+//! inputs have equal digests wherever their files live and however they
+//! were written.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+
+use castore::Digest;
+
+use crate::action::{Action, ActionError, ActionFile, InputList, OutputName};
+
+/// Why an action graph cannot be built. All of them are the user's to fix
+/// (exit class [`crate::ExitClass::Usage`]).
+#[derive(Debug, thiserror::Error)]
+pub enum GraphError {
+    #[error("the actions refer to each other in a cycle: {}; break it (an action cannot need its own output)", chain.join(" → "))]
+    Cycle { chain: Vec<String> },
+    #[error("{} refers to {}, which cannot be read: {source}; fix the path (it is relative to the referring file)", chain.join(" → "), file.display())]
+    Missing {
+        chain: Vec<String>,
+        file: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{} names output {output:?} of {}, which declares only {declared:?} in [outputs] names", chain.join(" → "), file.display())]
+    UnknownOutput {
+        chain: Vec<String>,
+        file: PathBuf,
+        output: OutputName,
+        declared: Vec<String>,
+    },
+    #[error("{}{source}", via(chain))]
+    Action {
+        chain: Vec<String>,
+        #[source]
+        source: ActionError,
+    },
+}
+
+/// `a.toml → b.toml#out: ` for a chain of references; nothing for the
+/// root alone (its error already names its file).
+fn via(chain: &[String]) -> String {
+    if chain.len() < 2 {
+        String::new()
+    } else {
+        format!("{}: ", chain.join(" → "))
+    }
+}
+
+/// One action of the graph.
+#[derive(Debug, Clone)]
+pub struct GraphNode {
+    /// The file as first referred to (for messages).
+    pub file: PathBuf,
+    /// Its canonical path (the node's identity).
+    canonical: PathBuf,
+    pub action: ActionFile,
+}
+
+/// An action file and every action it refers to, dependencies first.
+#[derive(Debug, Clone)]
+pub struct ActionGraph {
+    /// Topological order: each node after every node it refers to; the
+    /// root last.
+    nodes: Vec<GraphNode>,
+}
+
+impl ActionGraph {
+    /// Load `root` and, recursively, every action file it refers to.
+    pub fn load(root: &Path) -> Result<ActionGraph, GraphError> {
+        let mut loader = Loader {
+            done: HashMap::new(),
+            order: Vec::new(),
+            path: Vec::new(),
+        };
+        let chain = vec![root.display().to_string()];
+        let canonical = std::fs::canonicalize(root).map_err(|source| GraphError::Missing {
+            chain: Vec::new(),
+            file: root.to_path_buf(),
+            source,
+        })?;
+        loader.visit(root, canonical, &chain)?;
+        Ok(ActionGraph {
+            nodes: loader.order,
+        })
+    }
+
+    /// Dependencies first, the root last.
+    pub fn nodes(&self) -> &[GraphNode] {
+        &self.nodes
+    }
+
+    pub fn root(&self) -> &GraphNode {
+        // `load` always pushes the root.
+        &self.nodes[self.nodes.len() - 1]
+    }
+
+    /// Build every action in dependency order. `build` gets each node with
+    /// its inputs resolved to digests and whether it is the root, and
+    /// returns the node's output digests with whatever the caller wants
+    /// back; the root's is returned.
+    pub fn build_all<T, E: From<GraphError>>(
+        &self,
+        mut build: impl FnMut(&GraphNode, Action, bool) -> Result<(BTreeMap<OutputName, Digest>, T), E>,
+    ) -> Result<T, E> {
+        let mut built: HashMap<PathBuf, BTreeMap<OutputName, Digest>> = HashMap::new();
+        let mut last = None;
+        for (i, node) in self.nodes.iter().enumerate() {
+            let action = self.resolve(node, &built)?;
+            let (outputs, t) = build(node, action, i + 1 == self.nodes.len())?;
+            built.insert(node.canonical.clone(), outputs);
+            last = Some(t);
+        }
+        // `nodes` is never empty.
+        last.ok_or_else(|| {
+            E::from(GraphError::Cycle {
+                chain: vec!["(empty graph)".into()],
+            })
+        })
+    }
+
+    fn resolve(
+        &self,
+        node: &GraphNode,
+        built: &HashMap<PathBuf, BTreeMap<OutputName, Digest>>,
+    ) -> Result<Action, GraphError> {
+        let dir = node.canonical.parent().unwrap_or(Path::new("/"));
+        node.action.clone().resolve(|_: InputList, r| {
+            let crate::action::InputRef::Output { file, output } = r else {
+                unreachable!("digests are not passed to the resolver")
+            };
+            let target =
+                std::fs::canonicalize(dir.join(file)).map_err(|source| GraphError::Missing {
+                    chain: vec![node.file.display().to_string()],
+                    file: file.clone(),
+                    source,
+                })?;
+            built
+                .get(&target)
+                .and_then(|outs| outs.get(output))
+                .copied()
+                .ok_or_else(|| GraphError::UnknownOutput {
+                    chain: vec![format!("{}#{output}", node.file.display())],
+                    file: file.clone(),
+                    output: output.clone(),
+                    declared: Vec::new(),
+                })
+        })
+    }
+}
+
+struct Loader {
+    /// Loaded nodes by canonical path → their output names.
+    done: HashMap<PathBuf, Vec<OutputName>>,
+    order: Vec<GraphNode>,
+    /// Canonical paths on the current path from the root, for cycles.
+    path: Vec<PathBuf>,
+}
+
+impl Loader {
+    fn visit(
+        &mut self,
+        shown: &Path,
+        canonical: PathBuf,
+        chain: &[String],
+    ) -> Result<Vec<OutputName>, GraphError> {
+        if let Some(names) = self.done.get(&canonical) {
+            return Ok(names.clone());
+        }
+        if self.path.contains(&canonical) {
+            return Err(GraphError::Cycle {
+                chain: chain.to_vec(),
+            });
+        }
+        let action = ActionFile::read(&canonical).map_err(|source| GraphError::Action {
+            chain: chain.to_vec(),
+            source,
+        })?;
+        self.path.push(canonical.clone());
+        let dir = canonical.parent().unwrap_or(Path::new("/")).to_path_buf();
+        let shown_dir = shown.parent().unwrap_or(Path::new("")).to_path_buf();
+        for (_, file, output) in action.references() {
+            let mut link = chain.to_vec();
+            link.push(format!("{}#{output}", shown_dir.join(file).display()));
+            let target =
+                std::fs::canonicalize(dir.join(file)).map_err(|source| GraphError::Missing {
+                    chain: link.clone(),
+                    file: file.to_path_buf(),
+                    source,
+                })?;
+            let declared = self.visit(&shown_dir.join(file), target, &link)?;
+            if !declared.contains(output) {
+                return Err(GraphError::UnknownOutput {
+                    chain: link,
+                    file: file.to_path_buf(),
+                    output: output.clone(),
+                    declared: declared.iter().map(|n| n.to_string()).collect(),
+                });
+            }
+        }
+        self.path.pop();
+        let names = action.outputs.names.clone();
+        self.done.insert(canonical.clone(), names.clone());
+        self.order.push(GraphNode {
+            file: shown.to_path_buf(),
+            canonical,
+            action,
+        });
+        Ok(names)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const D: &str = "b3:af1349b9f5f9a1a6a0404dea36dcc9499bcb25c9adc112b7cc9a93cae41f3262";
+
+    fn action(inputs: &str, outputs: &str) -> String {
+        format!("[inputs]\nclosure = [{inputs}]\n[run]\ncommand = [\"x\"]\n[outputs]\nnames = [{outputs}]\n")
+    }
+
+    #[test]
+    fn dependencies_come_first_and_resolve_to_their_outputs() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::create_dir(t.path().join("sub")).unwrap();
+        std::fs::write(
+            t.path().join("sub/fetch.toml"),
+            action(&format!("\"{D}\""), "\"out\""),
+        )
+        .unwrap();
+        std::fs::write(
+            t.path().join("lib.toml"),
+            action(
+                &format!("\"{D}\", \"sub/fetch.toml#out\""),
+                "\"out\", \"dev\"",
+            ),
+        )
+        .unwrap();
+        std::fs::write(
+            t.path().join("app.toml"),
+            action(
+                "\"lib.toml#dev\", \"sub/../lib.toml#out\", \"sub/fetch.toml#out\"",
+                "\"out\"",
+            ),
+        )
+        .unwrap();
+        let g = ActionGraph::load(&t.path().join("app.toml")).unwrap();
+        let names: Vec<_> = g
+            .nodes()
+            .iter()
+            .map(|n| n.file.file_name().unwrap().to_string_lossy().into_owned())
+            .collect();
+        assert_eq!(names, ["fetch.toml", "lib.toml", "app.toml"]);
+        let mut seen = Vec::new();
+        let root = g
+            .build_all(|node, a, is_root| {
+                seen.push(a.inputs.closure.clone());
+                let outs = a
+                    .outputs
+                    .names
+                    .iter()
+                    .map(|n| {
+                        (
+                            n.clone(),
+                            Digest::of(format!("{}#{n}", node.file.display()).as_bytes()),
+                        )
+                    })
+                    .collect();
+                Ok::<_, GraphError>((outs, is_root))
+            })
+            .unwrap();
+        assert!(root);
+        let fetch_out = Digest::of(
+            format!(
+                "{}#out",
+                t.path()
+                    .join("app.toml")
+                    .parent()
+                    .unwrap()
+                    .join("sub/fetch.toml")
+                    .display()
+            )
+            .as_bytes(),
+        );
+        assert_eq!(seen[1][1], fetch_out);
+        assert_eq!(seen[2][2], fetch_out);
+        assert_ne!(
+            seen[2][0], seen[2][1],
+            "dev and out of lib are different outputs"
+        );
+    }
+
+    #[test]
+    fn bad_graphs_name_the_chain() {
+        let t = tempfile::tempdir().unwrap();
+        let w = |n: &str, body: String| std::fs::write(t.path().join(n), body).unwrap();
+        w("a.toml", action("\"b.toml#out\"", "\"out\""));
+        w("b.toml", action("\"a.toml#out\"", "\"out\""));
+        let e = ActionGraph::load(&t.path().join("a.toml")).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            matches!(e, GraphError::Cycle { .. })
+                && m.contains("a.toml → ")
+                && m.contains("b.toml#out → ")
+                && m.ends_with("break it (an action cannot need its own output)"),
+            "{m}"
+        );
+
+        w("c.toml", action("\"missing.toml#out\"", "\"out\""));
+        let e = ActionGraph::load(&t.path().join("c.toml")).unwrap_err();
+        assert!(
+            matches!(e, GraphError::Missing { .. }) && e.to_string().contains("missing.toml"),
+            "{e}"
+        );
+
+        w("d.toml", action(&format!("\"{D}\""), "\"out\""));
+        w("e.toml", action("\"d.toml#dev\"", "\"out\""));
+        let e = ActionGraph::load(&t.path().join("e.toml")).unwrap_err();
+        let m = e.to_string();
+        assert!(
+            matches!(e, GraphError::UnknownOutput { .. })
+                && m.contains("\"dev\"")
+                && m.contains("[\"out\"]"),
+            "{m}"
+        );
+
+        w("f.toml", "[inputs\n".into());
+        w("g.toml", action("\"f.toml#out\"", "\"out\""));
+        let e = ActionGraph::load(&t.path().join("g.toml")).unwrap_err();
+        assert!(
+            e.to_string().contains("g.toml → ") && e.to_string().contains("line 1"),
+            "{e}"
+        );
+    }
+}

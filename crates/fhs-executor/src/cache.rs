@@ -1,0 +1,194 @@
+//! The action cache: which signed records answer an action digest.
+//!
+//! ```text
+//! STORE/actions/ab/ab12…(action)/cd34…(record)   empty files
+//! ```
+//!
+//! The index only says where to look; it is never trusted. A record
+//! answers a build (a *hit*) only if, read back from the store, it is of
+//! the current format, its signature verifies, its signer is trusted (the
+//! executor's own key, plus `--trust`), it names this action digest, the
+//! build succeeded with no violation, it is not a `--check` rebuild's
+//! record, and every object of every output is present. So a stale,
+//! forged or half-collected entry costs a lookup, never a wrong answer.
+//!
+//! Every record is indexed, failed ones too, so a `--check` of an action
+//! whose last build failed can say so instead of "never built". Entries
+//! are created with one `open(O_CREAT)` each: concurrent builds of one
+//! action never conflict, and there is nothing to lock.
+
+use std::fs;
+use std::path::PathBuf;
+
+use castore::store::{DirectoryStore, LocalStore, ObjectKind};
+use castore::{Digest, Node};
+use ed25519_dalek::VerifyingKey;
+use executor_core::record::RECORD_FORMAT;
+use executor_core::SignedRecord;
+
+use crate::{keys, sign, Error};
+
+/// The action index of one store, and whom it trusts.
+pub struct ActionCache<'s> {
+    store: &'s LocalStore,
+    trust: Vec<VerifyingKey>,
+}
+
+/// A record found for an action.
+#[derive(Debug, Clone)]
+pub struct Found {
+    pub digest: Digest,
+    pub record: SignedRecord,
+}
+
+/// What the index holds for an action, sorted out.
+#[derive(Debug, Default)]
+pub struct Lookup {
+    /// The first record that answers the action, if any.
+    pub hit: Option<Found>,
+    /// Records that do not, each with why (for messages).
+    pub rejected: Vec<(Digest, String)>,
+}
+
+impl<'s> ActionCache<'s> {
+    /// The cache of `store`, trusting `trust` (`ed25519:<hex>` each) and
+    /// `own`.
+    pub fn new(store: &'s LocalStore, own: VerifyingKey, trust: &[String]) -> Result<Self, Error> {
+        let mut keys = vec![own];
+        for t in trust {
+            keys.push(keys::parse_public_key(t)?);
+        }
+        Ok(ActionCache { store, trust: keys })
+    }
+
+    /// Note that `record` is a record of `action`.
+    pub fn insert(&self, action: &Digest, record: &Digest) -> Result<(), Error> {
+        index(self.store, action, record)
+    }
+
+    /// The records indexed for `action`, in a stable order.
+    pub fn records(&self, action: &Digest) -> Result<Vec<Digest>, Error> {
+        let dir = index_dir(self.store, action);
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io("read", &dir, e)),
+        };
+        let mut out = Vec::new();
+        for e in entries {
+            let e = e.map_err(|e| Error::io("read", &dir, e))?;
+            let name = e.file_name();
+            // Anything that is not a digest's hex is not ours: ignore it.
+            if let Some(d) = name
+                .to_str()
+                .and_then(|n| format!("b3:{n}").parse::<Digest>().ok())
+            {
+                out.push(d);
+            }
+        }
+        out.sort();
+        Ok(out)
+    }
+
+    /// Find a record that answers `action`.
+    pub fn lookup(&self, action: &Digest) -> Result<Lookup, Error> {
+        let mut found = Lookup::default();
+        for digest in self.records(action)? {
+            match self.answers(action, &digest) {
+                Ok(record) => {
+                    found.hit = Some(Found { digest, record });
+                    break;
+                }
+                Err(why) => found.rejected.push((digest, why)),
+            }
+        }
+        Ok(found)
+    }
+
+    /// The record `digest`, if it answers `action`; else why not.
+    fn answers(&self, action: &Digest, digest: &Digest) -> Result<SignedRecord, String> {
+        if !self.store.has(ObjectKind::Blob, digest) {
+            return Err("the record is no longer in the store".into());
+        }
+        let rec = sign::load_record(self.store, digest).map_err(|e| e.to_string())?;
+        let r = &rec.record;
+        if r.format != RECORD_FORMAT {
+            return Err(format!(
+                "it is a format-{} record; this fhsx writes format {RECORD_FORMAT}",
+                r.format
+            ));
+        }
+        if r.action_digest != *action {
+            return Err(format!("it is a record of action {}", r.action_digest));
+        }
+        let key = sign::signature_key(&rec).ok_or("its signature does not verify")?;
+        if !self.trust.contains(&key) {
+            return Err(format!(
+                "it is signed by {}, which is not trusted (pass --trust to trust it)",
+                rec.public_key
+            ));
+        }
+        if r.check_of.is_some() {
+            return Err("it is the record of a --check rebuild".into());
+        }
+        if !r.succeeded() {
+            return Err(format!(
+                "that build failed ({})",
+                r.failure
+                    .clone()
+                    .or_else(|| r.violations.first().cloned())
+                    .unwrap_or_else(|| format!("{:?}", r.exit))
+            ));
+        }
+        for (name, out) in &r.outputs {
+            if let Some(missing) = first_missing(self.store, out) {
+                return Err(format!(
+                    "its output {name} is incomplete in the store ({missing} is missing)"
+                ));
+            }
+        }
+        Ok(rec)
+    }
+}
+
+fn index_dir(store: &LocalStore, action: &Digest) -> PathBuf {
+    let hex = action.hex();
+    store.root().join("actions").join(&hex[..2]).join(hex)
+}
+
+/// Note in `store`'s index that `record` is a record of `action` (a record
+/// downloaded from a worker, say). Idempotent.
+pub fn index(store: &LocalStore, action: &Digest, record: &Digest) -> Result<(), Error> {
+    let dir = index_dir(store, action);
+    fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
+    let entry = dir.join(record.hex());
+    fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&entry)
+        .map_err(|e| Error::io("create", &entry, e))?;
+    Ok(())
+}
+
+/// The first object of the tree `root` that is not in the store. Presence
+/// only: the content is verified when it is served or checked, not here, so
+/// a hit costs a walk of the output's directories and a `stat` per blob.
+fn first_missing(store: &LocalStore, root: &Digest) -> Option<Digest> {
+    let mut stack = vec![*root];
+    while let Some(d) = stack.pop() {
+        let Ok(dir) = store.get_directory(&d) else {
+            return Some(d);
+        };
+        for (_, node) in dir.entries() {
+            match node {
+                Node::Directory { digest, .. } => stack.push(*digest),
+                Node::File { digest, .. } if !store.has(ObjectKind::Blob, digest) => {
+                    return Some(*digest)
+                }
+                _ => {}
+            }
+        }
+    }
+    None
+}

@@ -1,0 +1,142 @@
+//! The network stage: the record/replay fetch proxy for one build, wired
+//! into its sandbox.
+//!
+//! Replay serves the action's lock as it is. Record starts from an empty
+//! lock in the build's working area — a re-recording, as `cargo update`
+//! re-resolves rather than patches — and the new lock replaces the
+//! action's only once the build has succeeded ([`Recording::commit`]), by
+//! an atomic rename: a failed or interrupted recording leaves the old lock
+//! exactly as it was.
+
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+
+use castore::store::LocalStore;
+use castore::Digest;
+use executor_sandbox::SandboxSpec;
+
+use crate::Error;
+
+/// Where the build reaches the proxy, and where it finds the proxy's CA.
+const PROXY_PORT: u16 = executor_sandbox::DEFAULT_PROXY_PORT;
+const PROXY_CA: &str = executor_sandbox::PROXY_CA_PATH;
+
+/// A running proxy for one build.
+pub struct FetchSession {
+    proxy: fetch_proxy::RunningProxy,
+    /// The lock the proxy serves or writes.
+    lock_path: PathBuf,
+    /// In record mode: the action's lock, replaced on success.
+    record_into: Option<PathBuf>,
+    refusals: Arc<Mutex<Vec<String>>>,
+}
+
+/// What the proxy saw, once stopped.
+pub struct FetchResult {
+    pub refusals: Vec<String>,
+    pub aborted: Option<String>,
+    pub lock_digest: Digest,
+    /// A finished recording, to commit if the build succeeds.
+    pub recording: Option<Recording>,
+}
+
+/// A lock recorded in the working area, not yet the action's.
+pub struct Recording {
+    recorded: PathBuf,
+    into: PathBuf,
+}
+
+impl Recording {
+    /// Make the recorded lock the action's: written beside it, then renamed
+    /// over it.
+    pub fn commit(self) -> Result<PathBuf, Error> {
+        let bytes = fs::read(&self.recorded).map_err(|e| Error::io("read", &self.recorded, e))?;
+        let dir = self.into.parent().unwrap_or(Path::new("."));
+        let tmp = tempfile::NamedTempFile::new_in(dir)
+            .map_err(|e| Error::io("create a temporary lock in", dir, e))?;
+        fs::write(tmp.path(), &bytes).map_err(|e| Error::io("write", tmp.path(), e))?;
+        tmp.as_file()
+            .sync_all()
+            .map_err(|e| Error::io("sync", tmp.path(), e))?;
+        tmp.persist(&self.into)
+            .map_err(|e| Error::io("replace", &self.into, e.error))?;
+        Ok(self.into)
+    }
+}
+
+impl FetchSession {
+    /// Start the proxy on a UNIX socket in `work` and wire it into `spec`:
+    /// the supervisor forwards `127.0.0.1:3128` inside to it, and the build
+    /// trusts only the proxy's CA. `lock` is the action's lock.
+    pub fn start(
+        store: &LocalStore,
+        record: bool,
+        lock: &Path,
+        upstream_ca: &[PathBuf],
+        work: &Path,
+        spec: &mut SandboxSpec,
+    ) -> Result<FetchSession, Error> {
+        let (mode, lock_path, record_into) = if record {
+            (
+                fetch_proxy::Mode::Record,
+                work.join("fetch.lock"),
+                Some(lock.to_path_buf()),
+            )
+        } else {
+            (fetch_proxy::Mode::Replay, lock.to_path_buf(), None)
+        };
+        let start_err =
+            |e: fetch_proxy::Error| Error::Other(format!("starting the fetch proxy: {e}"));
+        let mut cfg = fetch_proxy::ProxyConfig::new(mode, lock_path.clone(), store.clone())
+            .map_err(start_err)?;
+        cfg.upstream_ca_files = upstream_ca.to_vec();
+        let refusals = Arc::new(Mutex::new(Vec::new()));
+        let sink = refusals.clone();
+        cfg.events = Some(Arc::new(move |e: &fetch_proxy::Event| {
+            if let fetch_proxy::Event::Refused { .. } = e {
+                let line = serde_json::to_string(e).unwrap_or_default();
+                sink.lock().unwrap_or_else(|p| p.into_inner()).push(line);
+            }
+        }));
+        let ca = work.join("proxy-ca.pem");
+        fs::write(&ca, cfg.ca.cert_pem()).map_err(|e| Error::io("write", &ca, e))?;
+        let sock = work.join("proxy.sock");
+        let proxy = fetch_proxy::RunningProxy::start(cfg, fetch_proxy::Listen::Unix(sock.clone()))
+            .map_err(start_err)?;
+        spec.proxy(&sock, PROXY_PORT)?;
+        spec.ro_bind_file(&ca, Path::new(PROXY_CA))?;
+        for (k, v) in fetch_proxy::client_env(&format!("http://127.0.0.1:{PROXY_PORT}"), PROXY_CA) {
+            spec.set_env(k, v)?;
+        }
+        Ok(FetchSession {
+            proxy,
+            lock_path,
+            record_into,
+            refusals,
+        })
+    }
+
+    /// Stop the proxy and say what it saw.
+    pub fn finish(self) -> Result<FetchResult, Error> {
+        let aborted = self.proxy.aborted();
+        let shut = self.proxy.shutdown();
+        let aborted = match (shut, aborted) {
+            (Ok(_), a) => a,
+            (Err(e), a) if e.is_integrity() => Some(a.unwrap_or_else(|| e.to_string())),
+            (Err(e), _) => return Err(Error::Other(format!("stopping the fetch proxy: {e}"))),
+        };
+        let bytes = fs::read(&self.lock_path).unwrap_or_default();
+        let refusals =
+            std::mem::take(&mut *self.refusals.lock().unwrap_or_else(|p| p.into_inner()));
+        Ok(FetchResult {
+            refusals,
+            aborted,
+            lock_digest: Digest::of(&bytes),
+            recording: self.record_into.map(|into| Recording {
+                recorded: self.lock_path,
+                into,
+            }),
+        })
+    }
+}
