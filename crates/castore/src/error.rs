@@ -54,7 +54,7 @@ pub enum Error {
     },
 
     /// The input format is not one castore can import.
-    #[error("cannot import {0}: not a directory, .tar, .tar.gz, .tgz, .tar.xz, .tar.zst or .deb")]
+    #[error("cannot import {0}: not a directory, .tar, .tar.gz, .tgz, .tar.xz, .tar.zst, .tar.bz2 or .deb (zip, 7z, lzip and .Z are not supported: repack as .tar.*)")]
     UnknownFormat(PathBuf),
 
     /// Composing atoms hit two different entries at one path.

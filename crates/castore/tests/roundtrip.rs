@@ -133,6 +133,7 @@ fn tarball_and_deb_formats_import_to_the_same_tree() {
         ("z", "tar.gz"),
         ("J", "tar.xz"),
         ("", "tar.zst"),
+        ("j", "tar.bz2"),
     ] {
         let out = env.path(&format!("t.{ext}"));
         let mut cmd = std::process::Command::new("tar");
@@ -145,10 +146,10 @@ fn tarball_and_deb_formats_import_to_the_same_tree() {
             .arg(&out)
             .arg(".")
             .status()
-            .expect("tar is required: apt-get install tar zstd xz-utils");
+            .expect("tar is required: apt-get install tar zstd xz-utils bzip2");
         assert!(
             st.success(),
-            "tar failed for {ext} (apt-get install zstd xz-utils)"
+            "tar failed for {ext} (apt-get install zstd xz-utils bzip2)"
         );
         let got = import_path(&env.store, &out, &()).unwrap().root;
         assert_eq!(got, want, "{ext} imported differently");

@@ -37,6 +37,7 @@ pub enum Compression {
     Gzip,
     Xz,
     Zstd,
+    Bzip2,
 }
 
 impl Compression {
@@ -49,6 +50,11 @@ impl Compression {
             Some(Compression::Xz)
         } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
             Some(Compression::Zstd)
+        } else if magic.len() >= 4
+            && magic.starts_with(b"BZh")
+            && matches!(magic[3], b'1'..=b'9')
+        {
+            Some(Compression::Bzip2)
         } else if magic.len() >= 262 && &magic[257..262] == b"ustar" {
             Some(Compression::None)
         } else {
@@ -63,6 +69,7 @@ impl Compression {
             b"data.tar.gz" => Compression::Gzip,
             b"data.tar.xz" => Compression::Xz,
             b"data.tar.zst" => Compression::Zstd,
+            b"data.tar.bz2" => Compression::Bzip2,
             _ => return None,
         })
     }
@@ -73,6 +80,7 @@ impl Compression {
             Compression::Gzip => Box::new(flate2::read::MultiGzDecoder::new(r)),
             Compression::Xz => Box::new(xz2::read::XzDecoder::new_multi_decoder(r)),
             Compression::Zstd => Box::new(zstd::stream::read::Decoder::new(r)?),
+            Compression::Bzip2 => Box::new(bzip2::read::MultiBzDecoder::new(r)),
         })
     }
 }

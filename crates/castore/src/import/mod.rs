@@ -1,6 +1,8 @@
 //! Turning things on disk into trees: a directory, a tarball (plain, gzip,
-//! xz or zstd) or a Debian package. The format is sniffed from the bytes, not
-//! the file name.
+//! xz, zstd or bzip2) or a Debian package. The format is sniffed from the
+//! bytes, not the file name. Out: zip, 7z, lzip, lzma-alone and compress
+//! (`.Z`) — no upstream source in Debian's archive needs them that a `.tar`
+//! variant does not also offer.
 //!
 //! Every import runs in one [`Txn`]: if anything is wrong with the input —
 //! a hostile archive, a truncated stream, a file that changed under us — the
