@@ -79,7 +79,15 @@ impl InputList {
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum InputRef {
     Digest(Digest),
-    Output { file: PathBuf, output: OutputName },
+    Output {
+        file: PathBuf,
+        output: OutputName,
+    },
+    /// A directory, tarball or `.deb` on disk (relative to the referring
+    /// file), imported into the store when the action is resolved — as a
+    /// Nix path literal is — so the action digest covers its content, not
+    /// its name.
+    Path(PathBuf),
 }
 
 impl std::fmt::Display for InputRef {
@@ -87,6 +95,7 @@ impl std::fmt::Display for InputRef {
         match self {
             InputRef::Digest(d) => write!(f, "{d}"),
             InputRef::Output { file, output } => write!(f, "{}#{output}", file.display()),
+            InputRef::Path(p) => write!(f, "{}", p.display()),
         }
     }
 }
@@ -103,12 +112,19 @@ impl std::str::FromStr for InputRef {
                 file: PathBuf::from(file),
                 output: output.parse()?,
             }),
-            _ => Err(match s.parse::<Digest>() {
-                Err(e) => format!(
-                    "input {s:?} is neither a digest ({e}) nor another action's output (`other.toml#out`)"
-                ),
-                Ok(_) => format!("input {s:?} is not an input"),
-            }),
+            Some(_) => Err(format!(
+                "input {s:?} names no action file before `#`: write `other.toml#out`"
+            )),
+            // `sha256:…`, `b3…`: meant as a digest, not a file name.
+            None if s.contains(':') && !s.contains('/') || s.is_empty() => {
+                Err(match s.parse::<Digest>() {
+                    Err(e) => format!(
+                        "input {s:?} is neither a digest ({e}), another action's output (`other.toml#out`) nor a path (write `./{s}` for a file of that name)"
+                    ),
+                    Ok(_) => format!("input {s:?} is not an input"),
+                })
+            }
+            None => Ok(InputRef::Path(PathBuf::from(s))),
         }
     }
 }
@@ -352,31 +368,42 @@ impl ActionFile {
         Ok(action)
     }
 
-    /// Replace every input by what `resolve` makes of it (a reference by
-    /// the digest of the output it names).
+    /// Replace every input by what `resolve` makes of it: a reference by
+    /// the digest of the output it names, a path by the atom(s) it imports
+    /// as. `source` must come to exactly one tree.
     pub fn resolve<E>(
         self,
-        mut resolve: impl FnMut(InputList, &InputRef) -> Result<Digest, E>,
+        mut resolve: impl FnMut(InputList, &InputRef) -> Result<Vec<Digest>, E>,
+        one_source: impl FnOnce(&InputRef, usize) -> E,
     ) -> Result<Action, E> {
-        let mut one = |list, i: InputRef| match i {
-            InputRef::Digest(d) => Ok(d),
-            other => resolve(list, &other),
+        let mut each = |list, items: Vec<InputRef>| -> Result<Vec<Digest>, E> {
+            let mut out = Vec::with_capacity(items.len());
+            for i in items {
+                match i {
+                    InputRef::Digest(d) => out.push(d),
+                    other => out.extend(resolve(list, &other)?),
+                }
+            }
+            Ok(out)
         };
-        let inputs = Inputs {
-            closure: (self.inputs.closure.into_iter())
-                .map(|i| one(InputList::Closure, i))
-                .collect::<Result<_, _>>()?,
-            toolchain: (self.inputs.toolchain.into_iter())
-                .map(|i| one(InputList::Toolchain, i))
-                .collect::<Result<_, _>>()?,
-            source: self
-                .inputs
-                .source
-                .map(|i| one(InputList::Source, i))
-                .transpose()?,
+        let closure = each(InputList::Closure, self.inputs.closure)?;
+        let toolchain = each(InputList::Toolchain, self.inputs.toolchain)?;
+        let source = match self.inputs.source {
+            None => None,
+            Some(i) => {
+                let got = each(InputList::Source, vec![i.clone()])?;
+                match got.as_slice() {
+                    [d] => Some(*d),
+                    _ => return Err(one_source(&i, got.len())),
+                }
+            }
         };
         Ok(ActionOf {
-            inputs,
+            inputs: Inputs {
+                closure,
+                toolchain,
+                source,
+            },
             run: self.run,
             network: self.network,
             outputs: self.outputs,
@@ -388,7 +415,15 @@ impl ActionFile {
     pub fn references(&self) -> impl Iterator<Item = (InputList, &Path, &OutputName)> {
         self.inputs.iter().filter_map(|(list, i)| match i {
             InputRef::Output { file, output } => Some((list, file.as_path(), output)),
-            InputRef::Digest(_) => None,
+            _ => None,
+        })
+    }
+
+    /// The paths to import, in input order.
+    pub fn paths(&self) -> impl Iterator<Item = (InputList, &Path)> {
+        self.inputs.iter().filter_map(|(list, i)| match i {
+            InputRef::Path(p) => Some((list, p.as_path())),
+            _ => None,
         })
     }
 }
@@ -406,15 +441,19 @@ impl Action {
 
     /// Parse action text that must name every input by digest.
     pub fn parse(text: &str, file: &Path) -> Result<Action, ActionError> {
-        ActionFile::from_text(text, file)?.resolve(|list, r| {
-            Err(ActionError::Invalid {
-                file: file.to_path_buf(),
-                message: format!(
-                    "[inputs] {} names {r}, another action's output: here every input must be a digest (build the referring action with `fhsx build`, which resolves references)",
+        let invalid = |message| ActionError::Invalid {
+            file: file.to_path_buf(),
+            message,
+        };
+        ActionFile::from_text(text, file)?.resolve(
+            |list, r| {
+                Err(invalid(format!(
+                    "[inputs] {} names {r}, not a digest: here every input must be a digest (`fhsx build` resolves references and paths)",
                     list.name()
-                ),
-            })
-        })
+                )))
+            },
+            |_, _| invalid("[inputs] source must be one tree".into()),
+        )
     }
 
     /// The action as TOML an [`Action::parse`] reads back unchanged.
@@ -630,7 +669,9 @@ mod tests {
         // A resolved action can only come from digests.
         let e = Action::parse(&t, Path::new("a.toml")).unwrap_err();
         assert!(e.to_string().contains("../fetch.toml#out"), "{e}");
-        let resolved = f.resolve(|_, _| Ok::<_, ()>(Digest::of(b"x"))).unwrap();
+        let resolved = f
+            .resolve(|_, _| Ok::<_, ()>(vec![Digest::of(b"x")]), |_, _| ())
+            .unwrap();
         assert_eq!(resolved.inputs.closure[1], Digest::of(b"x"));
         // What a worker is sent parses back to the same action.
         let back = Action::parse(&resolved.to_toml(), Path::new("sent.toml")).unwrap();
@@ -640,9 +681,9 @@ mod tests {
     #[test]
     fn bad_inputs_and_output_names_are_refused_with_the_fix() {
         for (inputs, outputs, want) in [
-            ("\"fetch.toml\"", "\"out\"", "neither a digest"),
+            ("\"sha256:abc\"", "\"out\"", "neither a digest"),
             ("\"f.toml#Out\"", "\"out\"", "output name \"Out\""),
-            ("\"#out\"", "\"out\"", "neither a digest"),
+            ("\"#out\"", "\"out\"", "names no action file"),
             (&format!("\"{D}\""), "\"src\"", "not one of"),
             (&format!("\"{D}\""), "\"out\", \"out\"", "twice"),
             (&format!("\"{D}\""), "", "names is empty"),

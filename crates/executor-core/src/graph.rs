@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 
 use castore::Digest;
 
-use crate::action::{Action, ActionError, ActionFile, InputList, OutputName};
+use crate::action::{Action, ActionError, ActionFile, InputList, InputRef, OutputName};
 
 /// Why an action graph cannot be built. All of them are the user's to fix
 /// (exit class [`crate::ExitClass::Usage`]).
@@ -39,6 +39,12 @@ pub enum GraphError {
         file: PathBuf,
         output: OutputName,
         declared: Vec<String>,
+    },
+    #[error("{}: [inputs] source {input} is {trees} trees; a source must be exactly one", chain.join(" → "))]
+    Source {
+        chain: Vec<String>,
+        input: String,
+        trees: usize,
     },
     #[error("{}{source}", via(chain))]
     Action {
@@ -106,58 +112,69 @@ impl ActionGraph {
         &self.nodes[self.nodes.len() - 1]
     }
 
-    /// Build every action in dependency order. `build` gets each node with
-    /// its inputs resolved to digests and whether it is the root, and
-    /// returns the node's output digests with whatever the caller wants
-    /// back; the root's is returned.
+    /// Build every action in dependency order. `import` turns a path input
+    /// (already resolved against its action file's directory) into atoms;
+    /// `build` gets each node with its inputs resolved to digests and
+    /// whether it is the root, and returns the node's output digests with
+    /// whatever the caller wants back; the root's is returned.
     pub fn build_all<T, E: From<GraphError>>(
         &self,
+        mut import: impl FnMut(&Path) -> Result<Vec<Digest>, E>,
         mut build: impl FnMut(&GraphNode, Action, bool) -> Result<(BTreeMap<OutputName, Digest>, T), E>,
     ) -> Result<T, E> {
         let mut built: HashMap<PathBuf, BTreeMap<OutputName, Digest>> = HashMap::new();
         let mut last = None;
         for (i, node) in self.nodes.iter().enumerate() {
-            let action = self.resolve(node, &built)?;
+            let action = resolve(node, &built, &mut import)?;
             let (outputs, t) = build(node, action, i + 1 == self.nodes.len())?;
             built.insert(node.canonical.clone(), outputs);
             last = Some(t);
         }
-        // `nodes` is never empty.
+        // `load` never makes an empty graph.
         last.ok_or_else(|| {
             E::from(GraphError::Cycle {
                 chain: vec!["(empty graph)".into()],
             })
         })
     }
+}
 
-    fn resolve(
-        &self,
-        node: &GraphNode,
-        built: &HashMap<PathBuf, BTreeMap<OutputName, Digest>>,
-    ) -> Result<Action, GraphError> {
-        let dir = node.canonical.parent().unwrap_or(Path::new("/"));
-        node.action.clone().resolve(|_: InputList, r| {
-            let crate::action::InputRef::Output { file, output } = r else {
-                unreachable!("digests are not passed to the resolver")
-            };
-            let target =
-                std::fs::canonicalize(dir.join(file)).map_err(|source| GraphError::Missing {
-                    chain: vec![node.file.display().to_string()],
-                    file: file.clone(),
-                    source,
+fn resolve<E: From<GraphError>>(
+    node: &GraphNode,
+    built: &HashMap<PathBuf, BTreeMap<OutputName, Digest>>,
+    import: &mut impl FnMut(&Path) -> Result<Vec<Digest>, E>,
+) -> Result<Action, E> {
+    let dir = node.canonical.parent().unwrap_or(Path::new("/"));
+    let shown = node.file.display().to_string();
+    node.action.clone().resolve(
+        |_: InputList, r| match r {
+            InputRef::Output { file, output } => {
+                let target = std::fs::canonicalize(dir.join(file)).map_err(|source| {
+                    GraphError::Missing {
+                        chain: vec![shown.clone()],
+                        file: file.clone(),
+                        source,
+                    }
                 })?;
-            built
-                .get(&target)
-                .and_then(|outs| outs.get(output))
-                .copied()
-                .ok_or_else(|| GraphError::UnknownOutput {
-                    chain: vec![format!("{}#{output}", node.file.display())],
+                let digest = built.get(&target).and_then(|outs| outs.get(output));
+                Ok(vec![*digest.ok_or_else(|| GraphError::UnknownOutput {
+                    chain: vec![format!("{shown}#{output}")],
                     file: file.clone(),
                     output: output.clone(),
                     declared: Vec::new(),
-                })
-        })
-    }
+                })?])
+            }
+            InputRef::Path(p) => import(&dir.join(p)),
+            InputRef::Digest(d) => Ok(vec![*d]),
+        },
+        |i, n| {
+            E::from(GraphError::Source {
+                chain: vec![shown.clone()],
+                input: i.to_string(),
+                trees: n,
+            })
+        },
+    )
 }
 
 struct Loader {
@@ -190,6 +207,17 @@ impl Loader {
         self.path.push(canonical.clone());
         let dir = canonical.parent().unwrap_or(Path::new("/")).to_path_buf();
         let shown_dir = shown.parent().unwrap_or(Path::new("")).to_path_buf();
+        for (_, p) in action.paths() {
+            if let Err(source) = std::fs::metadata(dir.join(p)) {
+                let mut link = chain.to_vec();
+                link.push(shown_dir.join(p).display().to_string());
+                return Err(GraphError::Missing {
+                    chain: link,
+                    file: p.to_path_buf(),
+                    source,
+                });
+            }
+        }
         for (_, file, output) in action.references() {
             let mut link = chain.to_vec();
             link.push(format!("{}#{output}", shown_dir.join(file).display()));
@@ -265,21 +293,24 @@ mod tests {
         assert_eq!(names, ["fetch.toml", "lib.toml", "app.toml"]);
         let mut seen = Vec::new();
         let root = g
-            .build_all(|node, a, is_root| {
-                seen.push(a.inputs.closure.clone());
-                let outs = a
-                    .outputs
-                    .names
-                    .iter()
-                    .map(|n| {
-                        (
-                            n.clone(),
-                            Digest::of(format!("{}#{n}", node.file.display()).as_bytes()),
-                        )
-                    })
-                    .collect();
-                Ok::<_, GraphError>((outs, is_root))
-            })
+            .build_all(
+                |_| Ok(vec![]),
+                |node, a, is_root| {
+                    seen.push(a.inputs.closure.clone());
+                    let outs = a
+                        .outputs
+                        .names
+                        .iter()
+                        .map(|n| {
+                            (
+                                n.clone(),
+                                Digest::of(format!("{}#{n}", node.file.display()).as_bytes()),
+                            )
+                        })
+                        .collect();
+                    Ok::<_, GraphError>((outs, is_root))
+                },
+            )
             .unwrap();
         assert!(root);
         let fetch_out = Digest::of(

@@ -50,10 +50,7 @@ impl Compression {
             Some(Compression::Xz)
         } else if magic.starts_with(&[0x28, 0xb5, 0x2f, 0xfd]) {
             Some(Compression::Zstd)
-        } else if magic.len() >= 4
-            && magic.starts_with(b"BZh")
-            && matches!(magic[3], b'1'..=b'9')
-        {
+        } else if magic.len() >= 4 && magic.starts_with(b"BZh") && matches!(magic[3], b'1'..=b'9') {
             Some(Compression::Bzip2)
         } else if magic.len() >= 262 && &magic[257..262] == b"ustar" {
             Some(Compression::None)

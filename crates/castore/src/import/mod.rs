@@ -86,3 +86,78 @@ fn read_prefix(f: &mut File, buf: &mut [u8]) -> std::io::Result<usize> {
     }
     Ok(n)
 }
+
+/// [`import_path`], remembering what a file imported as: an unchanged
+/// archive (same device, inode, size, mtime and ctime — the test git's index
+/// makes) is not read again. Directories are always imported: their own
+/// metadata does not change when a file deep inside them does.
+///
+/// The memo lives in `ROOT/imports/<BLAKE3 of the canonical path>` and is
+/// only a hint: an entry whose tree is no longer in the store is ignored,
+/// and a torn or foreign entry fails to parse and is ignored too.
+pub fn import_path_cached(store: &LocalStore, path: &Path) -> Result<Imported> {
+    use std::os::unix::fs::MetadataExt;
+    let meta = std::fs::metadata(path).map_err(io("stat", path))?;
+    if !meta.is_file() {
+        return import_path(store, path, &());
+    }
+    let canonical = std::fs::canonicalize(path).map_err(io("resolve", path))?;
+    let key = format!(
+        "{} {} {} {}.{} {}.{}",
+        meta.dev(),
+        meta.ino(),
+        meta.size(),
+        meta.mtime(),
+        meta.mtime_nsec(),
+        meta.ctime(),
+        meta.ctime_nsec()
+    );
+    let memo = store
+        .root()
+        .join("imports")
+        .join(Digest::of(canonical.as_os_str().as_encoded_bytes()).hex());
+    if let Some(hit) = std::fs::read_to_string(&memo)
+        .ok()
+        .and_then(|t| parse_memo(&t, &key))
+    {
+        if crate::store::DirectoryStore::has_directory(store, &hit.root).unwrap_or(false) {
+            return Ok(hit);
+        }
+    }
+    let imported = import_path(store, path, &())?;
+    // Best effort: a memo that cannot be written costs a re-import next time.
+    let dir = store.root().join("imports");
+    let _ = std::fs::create_dir_all(&dir);
+    if let Ok(tmp) = tempfile_in(&store.tmp_dir()) {
+        let line = format!("{key} {} {}\n", imported.root, imported.size);
+        if std::fs::write(&tmp, line).is_ok() && std::fs::rename(&tmp, &memo).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+    Ok(imported)
+}
+
+fn parse_memo(text: &str, key: &str) -> Option<Imported> {
+    let rest = text.trim_end().strip_prefix(key)?.strip_prefix(' ')?;
+    let (root, size) = rest.split_once(' ')?;
+    Some(Imported {
+        root: root.parse().ok()?,
+        size: size.parse().ok()?,
+    })
+}
+
+/// A fresh, unique name in `dir` for a file about to be renamed into place.
+fn tempfile_in(dir: &Path) -> std::io::Result<std::path::PathBuf> {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let p = dir.join(format!(
+        "memo-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::Relaxed)
+    ));
+    std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(&p)?;
+    Ok(p)
+}

@@ -100,27 +100,31 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     exec.keep_failed = a.keep_failed;
     // The build's own output goes to stderr, so stdout stays the result.
     let mut sink = std::io::stderr();
-    graph.build_all(|node, action, is_root| {
-        let req = BuildRequest {
-            lock_path: node.action.lock_path(&node.file),
-            record: is_root && a.record,
-            upstream_ca: a.upstream_ca.clone(),
-            cache: a.policy(is_root),
-            trust: a.trust.clone(),
-            action,
-        };
-        let outcome = exec
-            .build(&req, &mut sink)
-            .with_context(|| building(node, is_root))?;
-        dependency_ok(node, is_root, &outcome.record.record)?;
-        Ok::<_, anyhow::Error>((
-            outcome.record.record.outputs.clone(),
-            Built {
-                outcome,
-                remote: None,
-            },
-        ))
-    })
+    let store = exec.store().clone();
+    graph.build_all(
+        |p| import(&store, p),
+        |node, action, is_root| {
+            let req = BuildRequest {
+                lock_path: node.action.lock_path(&node.file),
+                record: is_root && a.record,
+                upstream_ca: a.upstream_ca.clone(),
+                cache: a.policy(is_root),
+                trust: a.trust.clone(),
+                action,
+            };
+            let outcome = exec
+                .build(&req, &mut sink)
+                .with_context(|| building(node, is_root))?;
+            dependency_ok(node, is_root, &outcome.record.record)?;
+            Ok::<_, anyhow::Error>((
+                outcome.record.record.outputs.clone(),
+                Built {
+                    outcome,
+                    remote: None,
+                },
+            ))
+        },
+    )
 }
 
 /// `fhsx build --remote ADDR`: the same graph, each action built by a
@@ -140,40 +144,53 @@ fn build_remote(
     let client =
         ::worker::client::Client::connect(&::worker::Endpoint::parse(addr), &token, &a.trust)
             .map_err(classify)?;
-    graph.build_all(|node, action: Action, is_root| {
-        let lock = node.action.lock_path(&node.file);
-        let out = client
-            .build(
-                &store,
-                &action,
-                lock.as_deref(),
-                Box::new(std::io::stderr()),
-                &a.trust,
-                a.policy(is_root),
-            )
-            .map_err(classify)
-            .with_context(|| building(node, is_root))?;
-        dependency_ok(node, is_root, &out.record.record)?;
-        let remote = json!({
-            "worker": client.endpoint(),
-            "worker_key": out.worker_key,
-            "uploaded": out.uploaded,
-            "downloaded": out.downloaded,
-        });
-        let outcome = BuildOutcome {
-            record_digest: out.record_digest,
-            record: out.record,
-            cached: out.cached,
-            check: out.check,
-        };
-        Ok::<_, anyhow::Error>((
-            outcome.record.record.outputs.clone(),
-            Built {
-                outcome,
-                remote: Some(remote),
-            },
-        ))
-    })
+    graph.build_all(
+        |p| import(&store, p),
+        |node, action: Action, is_root| {
+            let lock = node.action.lock_path(&node.file);
+            let out = client
+                .build(
+                    &store,
+                    &action,
+                    lock.as_deref(),
+                    Box::new(std::io::stderr()),
+                    &a.trust,
+                    a.policy(is_root),
+                )
+                .map_err(classify)
+                .with_context(|| building(node, is_root))?;
+            dependency_ok(node, is_root, &out.record.record)?;
+            let remote = json!({
+                "worker": client.endpoint(),
+                "worker_key": out.worker_key,
+                "uploaded": out.uploaded,
+                "downloaded": out.downloaded,
+            });
+            let outcome = BuildOutcome {
+                record_digest: out.record_digest,
+                record: out.record,
+                cached: out.cached,
+                check: out.check,
+            };
+            Ok::<_, anyhow::Error>((
+                outcome.record.record.outputs.clone(),
+                Built {
+                    outcome,
+                    remote: Some(remote),
+                },
+            ))
+        },
+    )
+}
+
+/// A path input: imported (an unchanged archive is not read again).
+fn import(
+    store: &castore::LocalStore,
+    path: &std::path::Path,
+) -> anyhow::Result<Vec<castore::Digest>> {
+    let imported = castore::import::import_path_cached(store, path)
+        .with_context(|| format!("importing the input {}", path.display()))?;
+    Ok(vec![imported.root])
 }
 
 fn building(node: &GraphNode, is_root: bool) -> String {
