@@ -1,9 +1,8 @@
 #!/usr/bin/env bash
-# Download the hello example's inputs into DIR (default: examples/hello/inputs):
-# the toolchain's .debs (toolchain.txt) with `apt-get download`, the fetch
-# action's tool (busybox-static, for its wget), and GNU
-# hello's pristine upstream tarball from Debian's source package `hello`,
-# through a private apt configuration (the system's sources are not touched).
+# Download the test suite's real inputs into DIR (default: examples/hello/inputs):
+# a fixed list of .debs (toolchain.txt) with `apt-get download`, busybox-static,
+# and GNU hello's upstream tarball (fetch-source.sh). The example itself makes
+# its toolchains with `fhsx toolchain apt` instead (see run.sh).
 # Idempotent: what is already there is not fetched again.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
@@ -21,23 +20,5 @@ if [ ${#missing[@]} -gt 0 ]; then
   apt-get download "${missing[@]}" 2> >(grep -v 'Download is performed unsandboxed' >&2) ||
     { echo "apt-get download failed: run 'apt-get update' first" >&2; exit 2; }
 fi
-cd "$dir/src"
-if ! compgen -G "hello_2.10.orig.tar.gz" >/dev/null; then
-  apt_dir=$(mktemp -d)
-  trap 'rm -rf "$apt_dir"' EXIT
-  mkdir -p "$apt_dir/lists/partial"
-  cat > "$apt_dir/src.sources" <<SRC
-Types: deb-src
-URIs: http://deb.debian.org/debian
-Suites: bookworm
-Components: main
-Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
-SRC
-  opts=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$apt_dir"
-        -o "Dir::State::Lists=$apt_dir/lists" -o "APT::Sandbox::User=root")
-  mv "$apt_dir/src.sources" "$apt_dir/debian-src.sources"
-  apt-get "${opts[@]}" update -qq
-  apt-get "${opts[@]}" source --download-only hello
-  rm -f hello_*.dsc hello_*.debian.tar.* hello_*.asc
-fi
+"$here/fetch-source.sh" "$dir" >/dev/null
 echo "$dir"

@@ -308,8 +308,8 @@ impl FhsExecutor {
                 };
                 let _ = writeln!(
                     log,
-                    "fhsx: cached: action {} was built before (record {}, signed by {}); nothing ran — pass --rebuild to run it anyway",
-                    plan.action_digest, hit.digest, hit.record.public_key
+                    "fhsx: cached: action {} → record {}; nothing ran (--rebuild runs it)",
+                    plan.action_digest, hit.digest
                 );
                 Ok(Consulted::Hit(Box::new(BuildOutcome {
                     record_digest: hit.digest,

@@ -954,7 +954,7 @@ impl Client {
         };
         let _ = writeln!(
             log,
-            "fhsx: cached: action {digest} was built before (record {}, signed by {}); nothing was sent to the worker — pass --rebuild to run it anyway",
+            "fhsx: cached: action {digest} → record {} (signed by {}); nothing sent to the worker (--rebuild sends it)",
             hit.digest, hit.record.public_key
         );
         Ok(Some(RemoteOutcome {

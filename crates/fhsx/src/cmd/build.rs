@@ -183,14 +183,41 @@ fn build_remote(
     )
 }
 
-/// A path input: imported (an unchanged archive is not read again).
+/// A path input: a toolchain file's atoms, or a directory or archive
+/// imported (an unchanged archive is not read again).
 fn import(
     store: &castore::LocalStore,
     path: &std::path::Path,
 ) -> anyhow::Result<Vec<castore::Digest>> {
+    if path.extension().is_some_and(|e| e == "toolchain") {
+        return toolchain_atoms(store, path);
+    }
     let imported = castore::import::import_path_cached(store, path)
         .with_context(|| format!("importing the input {}", path.display()))?;
     Ok(vec![imported.root])
+}
+
+/// A toolchain file's atoms, each of which must be in the store.
+fn toolchain_atoms(
+    store: &castore::LocalStore,
+    path: &std::path::Path,
+) -> anyhow::Result<Vec<castore::Digest>> {
+    let usage = |m: String| anyhow::Error::from(Classified(ExitClass::Usage, m));
+    let t = debian::Toolchain::read(path).map_err(|e| usage(e.to_string()))?;
+    for p in &t.packages {
+        if !castore::DirectoryStore::has_directory(store, &p.atom)? {
+            return Err(usage(format!(
+                "{}: package {} {} (atom {}) is not in this store: make the toolchain here with `fhsx toolchain apt {} -o {}`",
+                path.display(),
+                p.name,
+                p.version,
+                p.atom,
+                t.requested.join(" "),
+                path.display()
+            )));
+        }
+    }
+    Ok(t.atoms())
 }
 
 fn building(node: &GraphNode, is_root: bool) -> String {

@@ -11,6 +11,7 @@ mod proxy;
 mod record;
 mod run;
 mod store;
+mod toolchain;
 mod worker;
 
 use std::path::PathBuf;
@@ -62,6 +63,9 @@ pub enum Command {
     Lock(lock::LockCmd),
     /// Serve builds to remote clients over Cap'n Proto (`fhsx build --remote`).
     Worker(worker::WorkerArgs),
+    /// Make toolchain files: Debian packages pinned as atoms.
+    #[command(subcommand)]
+    Toolchain(toolchain::ToolchainCmd),
     /// Realise a view outside the store: Fast tier (read-only link farm) or Export (tarball, OCI layout).
     Materialize(materialize::MaterializeArgs),
 }
@@ -90,5 +94,6 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Lock(c) => lock::run(&g, c),
         Command::Worker(a) => worker::run(&g, a),
         Command::Materialize(a) => materialize::run(&g, a),
+        Command::Toolchain(c) => toolchain::run(&g, c),
     }
 }

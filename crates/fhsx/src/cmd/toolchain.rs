@@ -1,0 +1,73 @@
+//! `fhsx toolchain apt PKG…`: a toolchain file from Debian packages.
+
+use std::path::PathBuf;
+
+use clap::{Args, Subcommand};
+use executor_core::ExitClass;
+use serde_json::json;
+
+use super::store::open_store;
+use super::Globals;
+use crate::exit::Classified;
+
+#[derive(Subcommand, Debug)]
+pub enum ToolchainCmd {
+    /// Resolve PKG… and their dependencies with the host's apt, import each
+    /// `.deb` as an atom (once), and write a toolchain file actions can name
+    /// (`toolchain = ["FILE"]`).
+    Apt(AptArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct AptArgs {
+    /// Debian package names.
+    #[arg(required = true)]
+    pub packages: Vec<String>,
+    /// Add Debian's Essential and `required` packages (what every Debian
+    /// system has: /bin/sh, coreutils, awk, sed, grep, locale, …).
+    #[arg(long)]
+    pub essential: bool,
+    /// Write the toolchain file here (atomically) instead of to stdout.
+    #[arg(long, short = 'o', value_name = "FILE")]
+    pub output: Option<PathBuf>,
+}
+
+pub fn run(g: &Globals, cmd: ToolchainCmd) -> anyhow::Result<i32> {
+    let ToolchainCmd::Apt(a) = cmd;
+    let store = open_store(g)?;
+    let classify = |e: debian::Error| {
+        let class = if e.is_usage() {
+            ExitClass::Usage
+        } else {
+            ExitClass::BuildFailed
+        };
+        Classified(class, e.to_string())
+    };
+    let req = debian::Request {
+        packages: a.packages.clone(),
+        essential: a.essential,
+    };
+    let packages = debian::resolve(&req).map_err(classify)?;
+    let entries = debian::import_packages(&store, &packages, &mut |line| eprintln!("fhsx: {line}"))
+        .map_err(classify)?;
+    let toolchain = debian::Toolchain::new(a.packages, a.essential, entries);
+    match &a.output {
+        Some(file) => {
+            toolchain.write(file).map_err(classify)?;
+            if g.json {
+                println!(
+                    "{}",
+                    json!({"file": file, "packages": toolchain.packages.len(), "atoms": toolchain.atoms()})
+                );
+            } else {
+                eprintln!(
+                    "fhsx: wrote {} ({} packages)",
+                    file.display(),
+                    toolchain.packages.len()
+                );
+            }
+        }
+        None => print!("{}", toolchain.encode()),
+    }
+    Ok(0)
+}
