@@ -35,10 +35,31 @@
 //!   only below [`FHSX_RUN_DIR`], which no view provides.
 //! - **Limits** ([`SandboxSpec::limits`], [`Limits`]): `file_size` and
 //!   `open_files` are `RLIMIT_FSIZE`/`RLIMIT_NOFILE` set by the supervisor on
-//!   the command; `memory` is the run cgroup's `memory.max` (swap 0) when the
-//!   run has a cgroup with the memory controller, else `RLIMIT_AS`; the
-//!   process count is [`SandboxSpec::nproc`] (`RLIMIT_NPROC`). A value above
-//!   the caller's own hard limit is clamped to it.
+//!   the command; the process count is [`SandboxSpec::nproc`]
+//!   (`RLIMIT_NPROC`, and a cgroup's `pids.max`). A value above the caller's
+//!   own hard limit is clamped to it.
+//! - **Memory** ([`Limits::memory`]) is limited by a memory controller
+//!   wherever one can be had, so that it bounds memory and not address
+//!   space: the run's cgroup v2 `memory.max` (`memory.swap.max` 0; the
+//!   controller is enabled in the parent's `cgroup.subtree_control` when
+//!   the parent has it and may hand it down), else a per-run cgroup in the
+//!   host's cgroup v1 `memory` hierarchy (`memory.limit_in_bytes`, and
+//!   `memory.memsw.limit_in_bytes` the same where swap accounting exists),
+//!   made, joined before bwrap execs and removed like the v1 pids cgroup.
+//!   Past the limit the kernel's OOM killer ends a process of the run
+//!   inside its cgroup (the host is not touched); the run counts those
+//!   ([`RunReport::oom_kills`]) and says so in its output (`fhsx: the run
+//!   reached its [limits] memory (…): the kernel's OOM killer ended …`).
+//!   Only where no controller can be had (without root, unless a cgroup v2
+//!   with the memory controller is delegated to the caller) is it
+//!   `RLIMIT_AS`, which also refuses address space that is only reserved
+//!   (`PROT_NONE`/`MAP_NORESERVE` mappings: ASan, Go, the JVM,
+//!   `WebAssembly.Memory`); then [`RunReport::memory`] is
+//!   [`MemoryEnforcement::AddressSpace`] and the run's output starts with
+//!   a line saying so (`fhsx: [limits] memory (…) is enforced as an
+//!   address-space limit (RLIMIT_AS) here: …`). The sandbox writes these
+//!   lines itself, where the command's stderr goes, so a caller's log has
+//!   them without its help.
 //! - **Cancellation** ([`RunOptions::cancel`]): a flag the caller sets (a
 //!   SIGINT handler, a worker whose client left); the run ends like a
 //!   timeout (SIGTERM to proven processes, grace, SIGKILL) and
@@ -65,7 +86,9 @@
 //! what namespaces leave open (`TIOCSTI`/`TIOCLINUX`, keyrings,
 //! `perf_event_open`, `ptrace`, the new mount API, `personality`); a
 //! process limit that binds host root too (cgroup v2 `pids.max`, else a
-//! cgroup v1 pids cgroup: `RLIMIT_NPROC` exempts uid 0). The
+//! cgroup v1 pids cgroup: `RLIMIT_NPROC` exempts uid 0); a memory limit
+//! that is the memory controller's (cgroup v2, else a cgroup v1 memory
+//! cgroup), not an address-space limit. The
 //! writable places are the work directory, a private `/tmp`
 //! and a private `/dev/shm` (a tmpfs like `/tmp`: POSIX shared memory needs
 //! it).
@@ -90,5 +113,5 @@ pub use executor_core::SandboxError;
 pub use probe::{BwrapFeatures, FileKind, HostFs, MemFs, RealFs};
 pub use reaper::{ReaperMode, ReaperPreference, GRACE_PERIOD};
 pub use rpc::{Request, Response, RpcHandler, MAX_FRAME};
-pub use runner::{Outcome, Output, RunOptions, RunReport, Runtime, Stdin};
+pub use runner::{MemoryEnforcement, Outcome, Output, RunOptions, RunReport, Runtime, Stdin};
 pub use spec::*;

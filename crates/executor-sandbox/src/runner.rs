@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use executor_core::SandboxError;
 
 use crate::probe::{find_bwrap, BwrapFeatures, RealFs};
-use crate::reaper::{Reaper, ReaperMode, ReaperPreference, GRACE_PERIOD};
+use crate::reaper::{MemoryCgroup, Reaper, ReaperMode, ReaperPreference, GRACE_PERIOD};
 use crate::rpc::{BasicHandler, RpcHandler, RpcLimits, RpcServer};
 use crate::spec::{HostEnv, RuntimePaths, SandboxSpec};
 use crate::supervisor::{SUPERVISOR_BYTES, SUPERVISOR_TAG};
@@ -137,6 +137,72 @@ impl Outcome {
     }
 }
 
+/// How a run's memory limit ([`Limits::memory`](crate::Limits)) was
+/// enforced ([`RunReport::memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryEnforcement {
+    /// The run had no memory limit.
+    None,
+    /// The run's own cgroup v2: `memory.max`, `memory.swap.max` 0.
+    CgroupV2,
+    /// A per-run cgroup in the host's cgroup v1 memory hierarchy:
+    /// `memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes` the same
+    /// where swap accounting exists.
+    CgroupV1,
+    /// No memory controller could be had (without root, unless a cgroup v2
+    /// with the memory controller is delegated to the caller): the
+    /// command's `RLIMIT_AS`, which limits *address space*, so a program
+    /// that only reserves more (a `PROT_NONE` mapping, a JIT's or a
+    /// sanitizer's reservation, Go, the JVM, `WebAssembly.Memory`) fails
+    /// too. The run writes a line saying so to its output.
+    AddressSpace,
+}
+
+impl MemoryEnforcement {
+    /// A memory controller (v2 or v1) enforces the limit.
+    pub fn is_cgroup(self) -> bool {
+        matches!(
+            self,
+            MemoryEnforcement::CgroupV2 | MemoryEnforcement::CgroupV1
+        )
+    }
+}
+
+/// `n` bytes for a log line: exact, with the binary unit when it is round.
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n => format!("{n} bytes"),
+    }
+}
+
+/// The line a run writes to its output when its memory limit is only an
+/// address-space limit.
+fn address_space_note(limit: u64) -> String {
+    format!(
+        "fhsx: [limits] memory ({}) is enforced as an address-space limit (RLIMIT_AS) here: no memory cgroup could be made for the run (that takes root, or a delegated cgroup v2 with the memory controller), so reserving more address space than that fails too\n",
+        bytes(limit)
+    )
+}
+
+/// The line a run writes to its output when the OOM killer ended some of
+/// it.
+fn oom_note(kills: u64, limit: Option<u64>) -> String {
+    let what = if kills == 1 {
+        "1 process".to_string()
+    } else {
+        format!("{kills} processes")
+    };
+    match limit {
+        Some(l) => format!(
+            "fhsx: the run reached its [limits] memory ({}): the kernel's OOM killer ended {what} of it\n",
+            bytes(l)
+        ),
+        None => format!("fhsx: the kernel's OOM killer ended {what} of the run\n"),
+    }
+}
+
 /// What a run did.
 #[derive(Debug)]
 pub struct RunReport {
@@ -150,6 +216,15 @@ pub struct RunReport {
     /// The Landlock ABI the command ran under (0: the kernel has none, so
     /// the mount layout and namespaces alone held).
     pub landlock_abi: u32,
+    /// How the memory limit was enforced. [`MemoryEnforcement::AddressSpace`]
+    /// is also said in the run's output (a line starting `fhsx: [limits]
+    /// memory`), so a log shows it without the caller's help.
+    pub memory: MemoryEnforcement,
+    /// Processes of the run the kernel's OOM killer ended inside the run's
+    /// memory cgroup (its limit was reached; 0 without a memory cgroup).
+    /// Also said in the run's output (`fhsx: the run reached its [limits]
+    /// memory …`).
+    pub oom_kills: u64,
     pub elapsed: Duration,
     /// Captured output (empty unless `capture_output` or
     /// [`Output::Capture`]).
@@ -347,9 +422,18 @@ impl Runtime {
         }
         let started = Instant::now();
         let mut reaper = Reaper::new(opts.reaper);
-        // Memory: the run cgroup's memory.max if it has the controller,
-        // else RLIMIT_AS set by the supervisor.
-        let memory_in_cgroup = spec.limits.memory.is_some_and(|m| reaper.set_memory_max(m));
+        // Memory: a memory cgroup (v2 memory.max, else a v1 memory
+        // cgroup), else RLIMIT_AS set by the supervisor — which also
+        // refuses address space that is only reserved, and says so.
+        let memory = match spec.limits.memory {
+            None => MemoryEnforcement::None,
+            Some(m) => match reaper.set_memory_max(m) {
+                Some(MemoryCgroup::V2) => MemoryEnforcement::CgroupV2,
+                Some(MemoryCgroup::V1) => MemoryEnforcement::CgroupV1,
+                None => MemoryEnforcement::AddressSpace,
+            },
+        };
+        let memory_in_cgroup = memory.is_cgroup();
         // Processes: RLIMIT_NPROC (set by the supervisor) does not bind
         // host root (the kernel exempts it); a cgroup's pids.max does, so
         // it is set as well where the run has one with that controller.
@@ -413,6 +497,16 @@ impl Runtime {
         } else {
             (None, None)
         };
+        // The sandbox's own notes go where the command's stderr goes (our
+        // own stderr when inherited).
+        let mut note_out: Option<fs::File> = match (&err_pipe, &combined) {
+            (Some((_, w)), _) => w.try_clone().ok().map(fs::File::from),
+            (None, Some(fd)) => fd.try_clone().ok().map(fs::File::from),
+            (None, None) => None,
+        };
+        if let (MemoryEnforcement::AddressSpace, Some(m)) = (memory, spec.limits.memory) {
+            note(&mut note_out, &address_space_note(m));
+        }
 
         // Everything the child needs, prepared before fork (the child may
         // only make async-signal-safe calls).
@@ -461,7 +555,7 @@ impl Runtime {
         let envp: [*const libc::c_char; 1] = [std::ptr::null()];
         let child_fds = ChildFds {
             join_cgroup: reaper.join_fd(),
-            join_pids_v1: reaper.join_pids_v1_fd(),
+            join_v1: reaper.join_v1_fds(),
             stdin: in_hi.as_ref().map(|f| f.as_raw_fd()),
             stdout: out_hi.as_ref().map(|f| f.as_raw_fd()),
             stderr: err_hi.as_ref().map(|f| f.as_raw_fd()),
@@ -655,6 +749,11 @@ impl Runtime {
         }
         drop(server);
         let reaper_mode = reaper.mode();
+        let oom_kills = reaper.oom_kills();
+        if oom_kills > 0 {
+            note(&mut note_out, &oom_note(oom_kills, spec.limits.memory));
+        }
+        drop(note_out);
         let cgroup_leftovers = reaper.finish();
         let [out_t, err_t] = readers;
         let stdout = out_t.and_then(|t| t.join().ok()).unwrap_or_default();
@@ -696,6 +795,8 @@ impl Runtime {
             outcome,
             lingering_killed: report.lingering,
             landlock_abi: report.landlock,
+            memory,
+            oom_kills,
             cgroup_leftovers,
             reaper: reaper_mode,
             elapsed: started.elapsed(),
@@ -791,6 +892,14 @@ fn parse_control(buf: &[u8]) -> ControlReport {
     r
 }
 
+/// One line of the sandbox's own into the run's output.
+fn note(out: &mut Option<fs::File>, line: &str) {
+    let _ = match out {
+        Some(f) => f.write_all(line.as_bytes()),
+        None => std::io::stderr().write_all(line.as_bytes()),
+    };
+}
+
 /// Read what is available; false once the peer has closed.
 fn drain(f: &mut fs::File, buf: &mut Vec<u8>) -> bool {
     let mut chunk = [0u8; 512];
@@ -831,8 +940,9 @@ extern "C" fn child_entry(arg: *mut libc::c_void) -> ! {
 #[derive(Clone, Copy)]
 struct ChildFds {
     join_cgroup: Option<RawFd>,
-    /// A cgroup v1 pids `cgroup.procs` to join as well (see the reaper).
-    join_pids_v1: Option<RawFd>,
+    /// Cgroup v1 `tasks` files (pids, memory) to join as well (see the
+    /// reaper).
+    join_v1: [Option<RawFd>; 2],
     stdin: Option<RawFd>,
     stdout: Option<RawFd>,
     stderr: Option<RawFd>,
@@ -856,7 +966,8 @@ unsafe fn exec_child(
     envp: &[*const libc::c_char],
 ) -> ! {
     unsafe {
-        for j in [fds.join_cgroup, fds.join_pids_v1].into_iter().flatten() {
+        let [pids_v1, memory_v1] = fds.join_v1;
+        for j in [fds.join_cgroup, pids_v1, memory_v1].into_iter().flatten() {
             if libc::write(j, b"0".as_ptr().cast(), 1) != 1 {
                 libc::_exit(126);
             }

@@ -169,8 +169,11 @@ pub struct ProxyForward {
 /// a resource as the caller has it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
-    /// Memory in bytes: the run cgroup's `memory.max` when the run has a
-    /// cgroup with the memory controller, else `RLIMIT_AS` of the command.
+    /// Memory in bytes: a memory cgroup's limit (the run's cgroup v2
+    /// `memory.max`, else a per-run cgroup v1 memory cgroup's
+    /// `memory.limit_in_bytes`), else — only where neither can be had —
+    /// `RLIMIT_AS` of the command, which limits address space (see
+    /// [`MemoryEnforcement`](crate::MemoryEnforcement)).
     pub memory: Option<u64>,
     /// The largest file the command may write, in bytes (`RLIMIT_FSIZE`;
     /// a write past it fails with `EFBIG` or `SIGXFSZ`).

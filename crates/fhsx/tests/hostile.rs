@@ -104,13 +104,24 @@ impl World {
     }
 
     fn build(&self, action: &Path) -> (Output, Option<serde_json::Value>) {
-        let o = fhsx(&self.store)
+        let (o, v, _) = self.build_pid(action);
+        (o, v)
+    }
+
+    /// [`build`](Self::build), and the PID the `fhsx` process had (its
+    /// per-run cgroups are named after it).
+    fn build_pid(&self, action: &Path) -> (Output, Option<serde_json::Value>, u32) {
+        let child = fhsx(&self.store)
             .args(["--json", "build"])
             .arg(action)
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap();
+        let pid = child.id();
+        let o = child.wait_with_output().unwrap();
         let v = serde_json::from_slice(&o.stdout).ok();
-        (o, v)
+        (o, v, pid)
     }
 
     fn blob(&self, digest: &str) -> String {
@@ -662,9 +673,149 @@ fn host_isolation_fork_bomb_is_stopped_by_limits_pids() {
     exhaust("forkbomb", "pids = 64", "a fork bomb");
 }
 
+/// The per-run cgroup directories (`fhsx-run-PID-N`) an `fhsx` of that
+/// PID made in our cgroup of every hierarchy that is mounted (v2, and the
+/// v1 pids and memory ones).
+fn run_cgroups_of(pid: u32) -> Vec<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut bases = Vec::new();
+    for l in mounts.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        let Some(sep) = f.iter().position(|x| *x == "-") else {
+            continue;
+        };
+        let (fs_type, opts) = (f[sep + 1], f.get(sep + 3).copied().unwrap_or(""));
+        let ctl = match fs_type {
+            "cgroup2" => "",
+            "cgroup" => match opts.split(',').find(|o| *o == "pids" || *o == "memory") {
+                Some(c) => c,
+                None => continue,
+            },
+            _ => continue,
+        };
+        let Some(path) = own.lines().find_map(|c| {
+            let mut it = c.splitn(3, ':');
+            let (_, ctls, path) = (it.next()?, it.next()?, it.next()?);
+            let hit = if ctl.is_empty() {
+                ctls.is_empty()
+            } else {
+                ctls.split(',').any(|x| x == ctl)
+            };
+            hit.then(|| path.to_owned())
+        }) else {
+            continue;
+        };
+        let rel = path.strip_prefix(f[3]).unwrap_or(&path);
+        bases.push(Path::new(f[4]).join(rel.trim_start_matches('/')));
+    }
+    let prefix = format!("fhsx-run-{pid}-");
+    bases
+        .iter()
+        .filter_map(|b| fs::read_dir(b).ok())
+        .flat_map(|rd| rd.flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Whether this build's memory limit was a memory cgroup's, by its log:
+/// only a run without a memory controller says it fell back to
+/// `RLIMIT_AS`. Run as root on a host that mounts the cgroup v1 memory
+/// hierarchy (or a cgroup v2 with the memory controller at its root), it
+/// must have had one.
+fn memory_was_a_cgroup(log: &str) -> bool {
+    let fallback = log.contains(ADDRESS_SPACE_NOTE);
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let v1 = mounts.lines().any(|l| {
+        l.contains(" - cgroup ")
+            && l.rsplit(' ')
+                .next()
+                .is_some_and(|o| o.split(',').any(|x| x == "memory"))
+    });
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let v2_root = own.lines().any(|l| l == "0::/")
+        && fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+    if root && (v1 || v2_root) {
+        assert!(
+            !fallback,
+            "root with a memory controller fell back to RLIMIT_AS:\n{log}"
+        );
+    }
+    // Without root there is one only where a cgroup v2 is delegated to the
+    // caller; either way the log says which.
+    !fallback
+}
+
+const ADDRESS_SPACE_NOTE: &str = "is enforced as an address-space limit (RLIMIT_AS) here";
+
+/// Touching more memory than `[limits] memory` ends the build as a clean
+/// limit failure: killed by the OOM killer inside the run's memory cgroup
+/// and said so in the log (without root: the allocation fails under
+/// `RLIMIT_AS`, and the log says the limit is only that). The per-run
+/// memory cgroup is gone afterwards.
 #[test]
 fn host_isolation_memory_hog_is_stopped_by_limits_memory() {
     exhaust("memory=768", "memory = 67108864", "a memory hog");
+    let w = World::new();
+    let a = w.action(
+        "hog.toml",
+        "exec $A memory=200",
+        "[limits]\nmemory = 67108864\n",
+    );
+    let (o, v, pid) = w.build_pid(&a);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let log = w.log(&o, &v);
+    assert!(!log.contains("ALLOCATED"), "200 MiB fit in 64 MiB:\n{log}");
+    if memory_was_a_cgroup(&log) {
+        assert!(
+            log.contains(
+                "fhsx: the run reached its [limits] memory (64 MiB): the kernel's OOM killer ended"
+            ),
+            "the OOM kill is not reported:\n{log}"
+        );
+    }
+    assert_eq!(
+        run_cgroups_of(pid),
+        Vec::<PathBuf>::new(),
+        "per-run cgroups left"
+    );
+    assert!(Command::new("true").status().unwrap().success());
+    no_leftovers(w.path());
+}
+
+/// `[limits] memory` limits memory, not address space: under the default
+/// 8 GiB a program that reserves 16 GiB (`PROT_NONE`, `MAP_NORESERVE`, as
+/// JITs, sanitizers, Go, the JVM and WebAssembly engines do) runs. Where no
+/// memory cgroup can be had (without root) the limit falls back to
+/// `RLIMIT_AS`, the reservation fails, and the log says why.
+#[test]
+fn host_isolation_limits_memory_is_memory_not_address_space_a_16_gib_reservation_runs() {
+    let w = World::new();
+    let a = w.action("reserve.toml", "exec $A reserve=16384", "");
+    let (o, v, pid) = w.build_pid(&a);
+    let log = w.log(&o, &v);
+    if memory_was_a_cgroup(&log) {
+        assert!(o.status.success(), "{}\n{log}", text(&o));
+        assert!(log.contains("RESERVED 16384 MiB"), "{log}");
+    } else {
+        assert!(
+            log.contains(&format!(
+                "fhsx: [limits] memory (8 GiB) {ADDRESS_SPACE_NOTE}"
+            )),
+            "the address-space fallback is not said:\n{log}"
+        );
+        assert!(log.contains("RESERVE refused 16384 MiB"), "{log}");
+    }
+    assert_eq!(
+        run_cgroups_of(pid),
+        Vec::<PathBuf>::new(),
+        "per-run cgroups left"
+    );
+    no_leftovers(w.path());
 }
 
 #[test]

@@ -448,6 +448,26 @@ static void p_proxy(const char *arg) {
     }
 }
 
+/* Only reserve address space, as JITs, sanitizers, Go, the JVM and
+ * WebAssembly engines do: PROT_NONE, MAP_NORESERVE, then make 1 MiB of it
+ * usable and use it. A memory limit must not refuse this. */
+static void p_reserve(const char *mb) {
+    size_t len = (size_t)atol(mb) << 20;
+    char *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        printf("RESERVE refused %zu MiB: %s\n", len >> 20, strerror(errno));
+        fflush(stdout);
+        exit(1);
+    }
+    if (mprotect(p, 1 << 20, PROT_READ | PROT_WRITE) != 0) {
+        printf("RESERVE mprotect failed: %s\n", strerror(errno));
+        fflush(stdout);
+        exit(1);
+    }
+    memset(p, 0x5a, 1 << 20);
+    printf("RESERVED %zu MiB\n", len >> 20);
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 1; i < argc; i++) {
@@ -478,6 +498,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(name, "files")) p_files(arg);
         else if (!strcmp(name, "diskfiles")) p_diskfiles(arg);
         else if (!strcmp(name, "proxy")) p_proxy(arg);
+        else if (!strcmp(name, "reserve")) p_reserve(arg);
         else { printf("SETUP unknown probe %s\n", name); return 2; }
     }
     printf("DONE\n");
