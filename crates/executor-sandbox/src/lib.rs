@@ -70,6 +70,60 @@
 //!   (stdout and stderr apart), or both into one caller-provided descriptor
 //!   in write order ([`Output::Fd`]), for teeing a log live.
 //!
+//! # Process state
+//!
+//! Nothing of the caller's process state crosses. Signal dispositions (an
+//! ignored signal stays ignored across `execve`: `cmd &` in a script
+//! ignores SIGINT and SIGQUIT, `nohup` SIGHUP), the signal mask, the umask,
+//! nice and the scheduling policy, CPU affinity, personality, every
+//! resource limit and `oom_score_adj` survive `fork` and `execve`; so the
+//! child that execs bwrap sets all of them to the values below first,
+//! while it still has the caller's privileges, and the supervisor resets
+//! the dispositions, the mask, the umask and `oom_score_adj` once more for
+//! the command (after bwrap and its own start-up). The command starts
+//! with:
+//!
+//! | state | value |
+//! |---|---|
+//! | signal dispositions, mask | every signal `SIG_DFL` (none ignored); mask empty |
+//! | umask | `0022` |
+//! | nice, scheduling | nice 0, `SCHED_OTHER`; I/O priority none (it follows nice) |
+//! | CPU affinity | every CPU (the kernel keeps those online that the caller's cpuset allows) |
+//! | NUMA policy, THP, timer slack | `MPOL_DEFAULT`, THP not disabled, 50 µs |
+//! | personality | `PER_LINUX`: no `ADDR_NO_RANDOMIZE`, `READ_IMPLIES_EXEC`, … |
+//! | `oom_score_adj` | 500 (see below) |
+//! | `RLIMIT_STACK` | 8 MiB soft, unlimited hard |
+//! | `RLIMIT_CORE` | 0 soft, unlimited hard (no core files unless the build asks) |
+//! | `RLIMIT_NOFILE` | 1024 soft, 524288 hard (systemd's default; at most `fs.nr_open`) |
+//! | `RLIMIT_NPROC`, `RLIMIT_SIGPENDING` | `kernel.threads-max / 2`, soft and hard (what the kernel gives init at boot) |
+//! | `RLIMIT_MEMLOCK` | 8 MiB, soft and hard (the kernel's default since 5.16) |
+//! | `RLIMIT_MSGQUEUE` | 819200 bytes, soft and hard (the kernel's default) |
+//! | `RLIMIT_NICE`, `RLIMIT_RTPRIO` | 0, soft and hard |
+//! | `RLIMIT_CPU`, `FSIZE`, `DATA`, `RSS`, `AS`, `LOCKS`, `RTTIME` | unlimited |
+//!
+//! [`Limits`] and [`SandboxSpec::nproc`] then set `RLIMIT_FSIZE`,
+//! `RLIMIT_NOFILE`, `RLIMIT_NPROC` (and `RLIMIT_AS` where it is the memory
+//! limit) on top, soft and hard.
+//!
+//! `oom_score_adj` 500 makes a build the kernel OOM killer's first choice,
+//! before the executor (whose FUSE daemon serves the build's view) and the
+//! host's services, and inside the run's memory cgroup before bwrap and the
+//! supervisor. As host root those two get 0, which with CAP_SYS_RESOURCE
+//! is also the floor nothing inside may go below, and the supervisor
+//! raises the command's to 500. Without root the supervisor cannot (its
+//! not-dumpable child's `/proc` files are not the sandbox uid's), so the
+//! host side sets 500 for the whole sandbox, and a build may lower its own
+//! down to the caller's floor only.
+//!
+//! Some of it takes privilege to undo: a caller's raised nice value or
+//! `SCHED_IDLE` needs CAP_SYS_NICE, a hard limit the caller lowered
+//! (`ulimit -s 1024` lowers both) needs CAP_SYS_RESOURCE. Without them
+//! (unprivileged, or root in a container that dropped them) those stay as
+//! the caller had them (a hard limit below the table's value clamps it);
+//! everything else is always reset. What the caller cannot lift itself
+//! either — its seccomp filter, `no_new_privs`, its cpuset and cgroups, an
+//! LSM profile — is the host's policy and stays.
+//!
 //! # Running as root
 //!
 //! bwrap maps the sandbox uid (1000) to the caller's uid; for root that is
@@ -88,7 +142,9 @@
 //! process limit that binds host root too (cgroup v2 `pids.max`, else a
 //! cgroup v1 pids cgroup: `RLIMIT_NPROC` exempts uid 0); a memory limit
 //! that is the memory controller's (cgroup v2, else a cgroup v1 memory
-//! cgroup), not an address-space limit. The
+//! cgroup), not an address-space limit; a pristine process state (see
+//! "Process state": as root the host side also undoes a caller's nice
+//! value and lowered hard limits, and floors `oom_score_adj` at 0). The
 //! writable places are the work directory, a private `/tmp`
 //! and a private `/dev/shm` (a tmpfs like `/tmp`: POSIX shared memory needs
 //! it).
@@ -100,6 +156,7 @@
 //! opinion on the command it runs.
 
 mod layers;
+mod pristine;
 pub mod probe;
 pub mod reaper;
 pub mod rpc;

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use executor_core::SandboxError;
 
+use crate::pristine::Pristine;
 use crate::probe::{find_bwrap, BwrapFeatures, RealFs};
 use crate::reaper::{MemoryCgroup, Reaper, ReaperMode, ReaperPreference, GRACE_PERIOD};
 use crate::rpc::{BasicHandler, RpcHandler, RpcLimits, RpcServer};
@@ -553,6 +554,7 @@ impl Runtime {
             .chain(std::iter::once(std::ptr::null()))
             .collect();
         let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+        let pristine = Pristine::new();
         let child_fds = ChildFds {
             join_cgroup: reaper.join_fd(),
             join_v1: reaper.join_v1_fds(),
@@ -578,6 +580,7 @@ impl Runtime {
                 join_cgroup: None,
                 ..child_fds
             },
+            pristine: &pristine,
             bwrap: &bwrap_c,
             argv: &argv_ptrs,
             envp: &envp,
@@ -598,7 +601,7 @@ impl Runtime {
                 Ok(sys::Cloned::Child) => {
                     child_fds.join_cgroup = None;
                     // SAFETY: we are the freshly cloned child.
-                    unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
+                    unsafe { exec_child(&child_fds, &pristine, &bwrap_c, &argv_ptrs, &envp) };
                 }
                 Ok(sys::Cloned::Parent { pid, pidfd }) => (pid, Some(pidfd)),
                 Err(_) => {
@@ -613,7 +616,7 @@ impl Runtime {
                     }
                     if pid == 0 {
                         // SAFETY: we are the freshly forked child.
-                        unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
+                        unsafe { exec_child(&child_fds, &pristine, &bwrap_c, &argv_ptrs, &envp) };
                     }
                     (pid, None)
                 }
@@ -922,6 +925,7 @@ fn drain(f: &mut fs::File, buf: &mut Vec<u8>) -> bool {
 /// What a vfork-style child needs, behind one pointer.
 struct ChildJob<'a> {
     fds: &'a ChildFds,
+    pristine: &'a Pristine,
     bwrap: &'a CString,
     argv: &'a [*const libc::c_char],
     envp: &'a [*const libc::c_char],
@@ -933,7 +937,7 @@ extern "C" fn child_entry(arg: *mut libc::c_void) -> ! {
     // suspended (CLONE_VFORK) so it stays valid until we exec.
     unsafe {
         let job = &*(arg as *const ChildJob);
-        exec_child(job.fds, job.bwrap, job.argv, job.envp)
+        exec_child(job.fds, job.pristine, job.bwrap, job.argv, job.envp)
     }
 }
 
@@ -953,14 +957,16 @@ struct ChildFds {
     new_pgrp: bool,
 }
 
-/// In the forked child: join the cgroup, arrange fds 0-4, close every
-/// other inherited descriptor, reset signals, exec bwrap. Never returns.
+/// In the forked child: join the cgroup, arrange fds 0-5, close every
+/// other inherited descriptor, impose the pristine process state (see
+/// `pristine`), exec bwrap. Never returns.
 ///
 /// # Safety
 /// Must only be called in a freshly forked child; uses only
 /// async-signal-safe calls.
 unsafe fn exec_child(
     fds: &ChildFds,
+    pristine: &Pristine,
     bwrap: &CString,
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
@@ -997,10 +1003,9 @@ unsafe fn exec_child(
                 libc::close(fd);
             }
         }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        // Nothing of the caller's process state crosses either: signal
+        // dispositions and mask, umask, nice, affinity, limits, ...
+        pristine.apply();
         libc::execve(bwrap.as_ptr(), argv.as_ptr(), envp.as_ptr());
         libc::_exit(127);
     }

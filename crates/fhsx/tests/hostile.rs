@@ -979,3 +979,125 @@ fn zz_every_hostile_action_also_fails_as_an_unprivileged_user() {
     );
     println!("as {HOSTILE_USER}:\n{so}");
 }
+
+/// What a build sees of its own process state: signal dispositions and
+/// mask, CPU affinity, umask, nice and scheduling policy, personality,
+/// `oom_score_adj`, every resource limit. Written to `$out/state` too, so
+/// the output digest covers it.
+const PROCESS_STATE: &str = r#"
+busybox mkdir -p $out
+{
+  busybox grep -E '^(SigIgn|SigBlk|SigCgt|Cpus_allowed_list):' /proc/self/status
+  echo "umask $(umask)"
+  echo "nice $(busybox cut -d' ' -f19 /proc/self/stat)"
+  echo "policy $(busybox cut -d' ' -f41 /proc/self/stat)"
+  echo "personality $(busybox cat /proc/self/personality)"
+  echo "oom_score_adj $(busybox cat /proc/self/oom_score_adj)"
+  ulimit -a
+} > $out/state
+busybox sed 's/^/STATE /' $out/state
+"#;
+
+/// The `STATE` lines of a build's log.
+fn state_lines(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.starts_with("STATE ")).collect()
+}
+
+/// Nothing of the caller's process state crosses into the build: the same
+/// action run plainly, backgrounded from a script (SIGINT and SIGQUIT
+/// ignored), under `nohup` (SIGHUP ignored), and from a caller with umask
+/// 077, nice 7, one CPU, a 1 MiB stack, no address randomisation,
+/// `SCHED_BATCH` and another `oom_score_adj` sees the same state and makes
+/// the same output. A caller's higher nice value and lowered hard limits
+/// can only be undone with CAP_SYS_NICE and CAP_SYS_RESOURCE (which the
+/// unprivileged pass, and root in some containers, lack): without them
+/// the caller keeps nice and lowers only soft limits.
+#[test]
+fn host_isolation_nothing_of_the_callers_process_state_crosses() {
+    let w = World::new();
+    let a = w.action("state.toml", PROCESS_STATE, "");
+    // Raising a hard limit takes CAP_SYS_RESOURCE, lowering nice
+    // CAP_SYS_NICE (root in a container may lack either).
+    let (raise, renice) = (has_cap(24), has_cap(23));
+    let exe = support::fhsx_exe();
+    let build = |shell: &str| {
+        let o = Command::new("bash")
+            .arg("-c")
+            .arg(shell)
+            .arg(&exe)
+            .arg(&w.store)
+            .arg(&a)
+            .env("TMPDIR", w.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let v: Option<serde_json::Value> = serde_json::from_slice(&o.stdout).ok();
+        assert!(o.status.success(), "{shell}: {}", text(&o));
+        let log = w.log(&o, &v);
+        let out = v.as_ref().unwrap()["output"].as_str().unwrap().to_owned();
+        (log, out)
+    };
+    let fhsx = r#""$0" --store "$1" --json build "$2""#;
+    // `ulimit -s` sets the soft and the hard limit, `-S` only the soft.
+    let hard = if raise { "" } else { "-S" };
+    let nice = if renice { "nice -n 7" } else { "" };
+    let hostile = format!(
+        "umask 077; ulimit {hard} -s 1024; ulimit {hard} -n 512; ulimit {hard} -c 0; exec choom -n 300 -- {nice} taskset -c 0 setarch \"$(uname -m)\" -R chrt -b 0 {fhsx}"
+    );
+    let runs = [
+        ("plain", format!("exec {fhsx}")),
+        ("backgrounded", format!("{fhsx} & wait")),
+        ("nohup", format!("exec nohup {fhsx}")),
+        ("hostile caller", hostile),
+    ];
+    let results: Vec<_> = runs.iter().map(|(name, sh)| (name, build(sh))).collect();
+    let (_, (log0, out0)) = &results[0];
+    let state0 = state_lines(log0);
+    let field = |k: &str| {
+        state0
+            .iter()
+            .find_map(|l| l.strip_prefix("STATE ")?.strip_prefix(k))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("no {k} in the state:\n{log0}"))
+    };
+    assert_eq!(field("SigIgn:"), "0000000000000000", "{log0}");
+    assert_eq!(field("SigBlk:"), "0000000000000000", "{log0}");
+    assert_eq!(field("umask"), "0022", "{log0}");
+    assert_eq!(field("nice"), "0", "{log0}");
+    assert_eq!(field("policy"), "0", "SCHED_OTHER: {log0}");
+    assert_eq!(field("personality"), "00000000", "{log0}");
+    assert_eq!(field("oom_score_adj"), "500", "{log0}");
+    assert!(
+        state0
+            .iter()
+            .any(|l| l.contains("stack") && l.ends_with(" 8192")),
+        "the stack limit is not 8 MiB:\n{log0}"
+    );
+    assert!(
+        state0
+            .iter()
+            .any(|l| l.contains("core") && l.ends_with(" 0")),
+        "core dumps are not off:\n{log0}"
+    );
+    for (name, (log, out)) in &results[1..] {
+        assert_eq!(
+            state_lines(log),
+            state0,
+            "run {name} saw another process state than a plain run"
+        );
+        assert_eq!(out, out0, "run {name} made another output");
+    }
+    no_leftovers(w.path());
+}
+
+/// Whether this process has capability `bit` in its effective set.
+fn has_cap(bit: u32) -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << bit) != 0)
+}
