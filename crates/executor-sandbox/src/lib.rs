@@ -32,7 +32,9 @@
 //!   is the caller's policy ([`SandboxSpec::set_env`]).
 //! - **Extra read-only files** ([`SandboxSpec::ro_bind_file`]), e.g. the
 //!   proxy's CA bundle at [`PROXY_CA_PATH`] (variables: [`CA_BUNDLE_ENV`]):
-//!   only below [`FHSX_RUN_DIR`], which no view provides.
+//!   only below [`FHSX_RUN_DIR`], which no view provides. The command can
+//!   read them, and they are not part of the view: bind only public data,
+//!   and record them ([`SandboxSpec::readable_host_files`]).
 //! - **Limits** ([`SandboxSpec::limits`], [`Limits`]): `file_size` and
 //!   `open_files` are `RLIMIT_FSIZE`/`RLIMIT_NOFILE` set by the supervisor on
 //!   the command; the process count is [`SandboxSpec::nproc`]
@@ -69,6 +71,44 @@
 //! - **Output** ([`RunOptions::output`], [`Output`]): inherited, captured
 //!   (stdout and stderr apart), or both into one caller-provided descriptor
 //!   in write order ([`Output::Fd`]), for teeing a log live.
+//!
+//! # No byte from outside the view
+//!
+//! Every byte a command can read is part of its root (the view, whose
+//! reads the FUSE daemon records; for [`SandboxSpec::host`], the host's
+//! system directories by design) or its own work directory, or it is
+//! unreadable, or it is one of these, each from the host and each named:
+//!
+//! - **the supervisor** ([`SUPERVISOR_PATH`], 1.4 MB of this crate's
+//!   build): installed execute-only (mode 0111) and bound read-only, so the
+//!   command may run it (it then refuses to start: it is not PID 1) but
+//!   `open` for reading fails — the sandbox uid is its owner inside, with
+//!   no capability to override that. A process of an unreadable file is
+//!   made non-dumpable by the kernel at `execve`, so PID 1's `/proc/1/exe`,
+//!   `mem`, `maps`, `environ`, `fd/` and `map_files/` (and those of a copy
+//!   the command execs itself, or of PID 1's child before it execs the
+//!   command) are closed as well, and `process_vm_readv` and `ptrace` are
+//!   refused. The command's own `/proc/self/exe` is the command.
+//! - **files bound by [`SandboxSpec::ro_bind_file`]**: readable; the
+//!   caller vouches for them. fhsx's executor binds only the fetch proxy's
+//!   CA certificate (`STORE/ca/ca.crt`: public, the one every build of that
+//!   store trusts; its key never leaves the store), which a build must
+//!   read to trust the proxy. [`SandboxSpec::readable_host_files`] lists
+//!   them, for a record of what the build could read.
+//! - **sockets**: the RPC bridge ([`RPC_SOCKET_PATH`]: its answers are
+//!   `Pong`, the run id, which names the host process, and the elapsed
+//!   time) and the fetch proxy's socket ([`PROXY_SOCKET_PATH`]: what the
+//!   proxy serves is recorded by the proxy); `open` of a socket reads
+//!   nothing.
+//! - **synthetic files**: for [`SandboxSpec::host`] only, `/etc/passwd` and
+//!   `/etc/group`, constants of this crate; `/dev/null` over
+//!   `/proc/sysrq-trigger` and masked files.
+//! - **the kernel's own files**: bwrap's `/dev` (null, zero, full, random,
+//!   urandom, tty), the sandbox's `/proc` (its own processes; `/proc/sys`
+//!   read-only) — kernel state, not host files; `/proc/self/mountinfo`
+//!   names the host paths the binds come from (names, not contents), and
+//!   `/proc/1/cmdline` is the supervisor's argv (derived from the spec:
+//!   limits, writable paths, the command).
 //!
 //! # Process state
 //!
@@ -134,7 +174,9 @@
 //! entries (no `shadow`, no `ssl/private`), a synthetic `passwd`/`group`,
 //! no `/sys`; `/proc/sys` re-bound read-only and `/proc/sysrq-trigger`
 //! covered (bwrap leaves both writable to host uid 0); PID 1 non-dumpable
-//! (the command can neither ptrace it nor read its fds); a fresh session
+//! (the command can neither ptrace it nor read its fds) and its file
+//! execute-only (the owner class, which host uid 0 without
+//! CAP_DAC_OVERRIDE falls in, has no read bit); a fresh session
 //! keyring; a seccomp filter ([`seccomp`]) that refuses setuid/setgid
 //! modes, since a file made in the workspace is root's on the host, and
 //! what namespaces leave open (`TIOCSTI`/`TIOCLINUX`, keyrings,

@@ -245,6 +245,10 @@ pub struct Runtime {
 
 static RUN_SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// The installed supervisor's mode: execute-only, for everyone (the
+/// sandbox uid is its owner inside).
+pub(crate) const SUPERVISOR_MODE: u32 = 0o111;
+
 const PASSWD: &str = "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nbuild:x:1000:100:fhsx build user:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
 const GROUP: &str = "root:x:0:\nusers:x:100:\nnogroup:x:65534:\n";
 
@@ -295,6 +299,9 @@ fn install_file(path: &Path, data: &[u8], mode: u32) -> Result<bool, SandboxErro
         .map_err(|e| path_err("creating", &tmp, e))?;
     f.write_all(data)
         .map_err(|e| path_err("writing", &tmp, e))?;
+    // Exactly `mode`, whatever the caller's umask took away.
+    f.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(|e| path_err("setting the mode of", &tmp, e))?;
     drop(f);
     fs::rename(&tmp, path).map_err(|e| path_err("installing", path, e))?;
     Ok(true)
@@ -334,7 +341,10 @@ impl Runtime {
         let base = std::env::temp_dir().join(format!("fhsx-{}", uid()));
         private_dir(&base)?;
         let supervisor = base.join(format!("supervisor-{SUPERVISOR_TAG}"));
-        if install_file(&supervisor, SUPERVISOR_BYTES, 0o555)? {
+        // Execute-only: the build may run it but read no byte of it (nor,
+        // since the kernel makes a process of an unreadable file
+        // non-dumpable, of PID 1's memory or /proc/1/exe).
+        if install_file(&supervisor, SUPERVISOR_BYTES, SUPERVISOR_MODE)? {
             sweep_old_supervisors(&base, &supervisor);
         }
         let passwd = base.join("passwd");

@@ -19,6 +19,11 @@
 //! `pristine_for_command`; the host side pinned the rest of the process
 //! state before bwrap).
 //!
+//! It is installed execute-only (mode 0111): the build may run it, but not
+//! read it, and because its file is unreadable the kernel makes it
+//! non-dumpable from its first instruction, so `/proc/1/exe`, `/proc/1/mem`
+//! and `/proc/1/map_files` are closed to the command as well.
+//!
 //! With `--proxy-port`, before CMD starts it listens on `127.0.0.1:P` (the
 //! sandbox's own network namespace, where only `lo` exists) and forwards
 //! every accepted connection to the UNIX socket PATH, both ways, one thread

@@ -1090,6 +1090,87 @@ fn host_isolation_nothing_of_the_callers_process_state_crosses() {
     no_leftovers(w.path());
 }
 
+/// No byte from outside the view: the supervisor (PID 1, a host file bound
+/// into the sandbox) can be run but not read — not by its path, not by
+/// `/proc/1/exe`, `/proc/1/mem`, `/proc/1/map_files`, `process_vm_readv`,
+/// nor through a copy of it the build execs itself — while the command's
+/// own `/proc/self/exe` is the command. Every other file bound from the
+/// host is unreadable too, or public: the fetch proxy's CA certificate,
+/// which the build must trust, and which is exactly the store's
+/// `ca/ca.crt`, no key.
+#[test]
+fn no_read_outside_declared_closure_the_supervisor_and_every_bound_host_file() {
+    let w = World::new();
+    fs::write(w.path().join("fetch.lock"), "version = 1\n").unwrap();
+    let script = r#"
+        $A supervisor=/run/fhsx/supervisor
+        busybox md5sum /run/fhsx/supervisor 2>/dev/null && echo "ESCAPED md5sum of the supervisor"
+        busybox cat /proc/1/exe >/dev/null 2>&1 && echo "ESCAPED cat /proc/1/exe"
+        s=$(busybox md5sum < /proc/self/exe); b=$(busybox md5sum < /bin/busybox)
+        [ "$s" = "$b" ] && echo "SELF-EXE of the shell is busybox"
+        # Every mount that is not the view (FUSE) or a kernel file system:
+        # what the host bound in.
+        busybox awk '{ for (i = 7; $i != "-"; i++); print $5, $(i + 1) }' /proc/self/mountinfo |
+        while read mp fstype; do
+          case "$fstype" in fuse*|proc|sysfs|tmpfs|devtmpfs|devpts|mqueue|cgroup*) continue;; esac
+          if [ -S "$mp" ]; then echo "BOUND socket $mp"
+          elif [ -d "$mp" ]; then echo "BOUND dir $mp"
+          elif [ -f "$mp" ]; then
+            if busybox head -c 1 "$mp" >/dev/null 2>&1; then echo "BOUND readable $mp $(busybox md5sum < "$mp")"
+            else echo "BOUND unreadable $mp"; fi
+          else echo "BOUND other $mp"; fi
+        done
+        busybox cat /run/fhsx/ca.pem 2>/dev/null | busybox sed 's/^/CA /'
+        echo BLOCKED shell: done
+    "#;
+    for mode in ["none", "replay"] {
+        let net = if mode == "none" {
+            String::new()
+        } else {
+            "[network]\nmode = \"replay\"\nlock = \"fetch.lock\"\n".to_owned()
+        };
+        let a = w.action(&format!("bound-{mode}.toml"), script, &net);
+        let (o, v) = w.build(&a);
+        assert!(o.status.success(), "{mode}: {}", text(&o));
+        let log = w.log(&o, &v);
+        assert_blocked(&log, &["supervisor", "shell"]);
+        assert!(log.contains("SELF-EXE is the command"), "{log}");
+        assert!(log.contains("SELF-EXE of the shell is busybox"), "{log}");
+        let bound: Vec<&str> = log.lines().filter(|l| l.starts_with("BOUND ")).collect();
+        assert!(
+            bound.contains(&"BOUND unreadable /run/fhsx/supervisor"),
+            "{mode}: the supervisor is not among the bound files, unreadable:\n{log}"
+        );
+        for b in &bound {
+            let mut f = b.split_whitespace().skip(1);
+            let (kind, mp) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+            match kind {
+                "unreadable" | "socket" => {}
+                "dir" => assert_eq!(mp, "/build", "{mode}: a host directory is bound: {b}"),
+                "readable" => assert_eq!(
+                    (mode, mp),
+                    ("replay", "/run/fhsx/ca.pem"),
+                    "a host file is readable: {b}\n{log}"
+                ),
+                _ => panic!("{mode}: something else is bound from the host: {b}"),
+            }
+        }
+        let ca: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix("CA ")).collect();
+        if mode == "replay" {
+            let public = fs::read_to_string(w.store.join("ca/ca.crt")).unwrap();
+            assert_eq!(
+                ca,
+                public.lines().collect::<Vec<_>>(),
+                "the bound CA is not the store's public certificate"
+            );
+            assert!(!ca.iter().any(|l| l.contains("PRIVATE KEY")));
+        } else {
+            assert!(ca.is_empty(), "{log}");
+        }
+        no_leftovers(w.path());
+    }
+}
+
 /// Whether this process has capability `bit` in its effective set.
 fn has_cap(bit: u32) -> bool {
     fs::read_to_string("/proc/self/status")
