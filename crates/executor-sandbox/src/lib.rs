@@ -32,13 +32,36 @@
 //!   is the caller's policy ([`SandboxSpec::set_env`]).
 //! - **Extra read-only files** ([`SandboxSpec::ro_bind_file`]), e.g. the
 //!   proxy's CA bundle at [`PROXY_CA_PATH`] (variables: [`CA_BUNDLE_ENV`]):
-//!   only below [`FHSX_RUN_DIR`], which no view provides.
+//!   only below [`FHSX_RUN_DIR`], which no view provides. The command can
+//!   read them, and they are not part of the view: bind only public data,
+//!   and record them ([`SandboxSpec::readable_host_files`]).
 //! - **Limits** ([`SandboxSpec::limits`], [`Limits`]): `file_size` and
 //!   `open_files` are `RLIMIT_FSIZE`/`RLIMIT_NOFILE` set by the supervisor on
-//!   the command; `memory` is the run cgroup's `memory.max` (swap 0) when the
-//!   run has a cgroup with the memory controller, else `RLIMIT_AS`; the
-//!   process count is [`SandboxSpec::nproc`] (`RLIMIT_NPROC`). A value above
-//!   the caller's own hard limit is clamped to it.
+//!   the command; the process count is [`SandboxSpec::nproc`]
+//!   (`RLIMIT_NPROC`, and a cgroup's `pids.max`). A value above the caller's
+//!   own hard limit is clamped to it.
+//! - **Memory** ([`Limits::memory`]) is limited by a memory controller
+//!   wherever one can be had, so that it bounds memory and not address
+//!   space: the run's cgroup v2 `memory.max` (`memory.swap.max` 0; the
+//!   controller is enabled in the parent's `cgroup.subtree_control` when
+//!   the parent has it and may hand it down), else a per-run cgroup in the
+//!   host's cgroup v1 `memory` hierarchy (`memory.limit_in_bytes`, and
+//!   `memory.memsw.limit_in_bytes` the same where swap accounting exists),
+//!   made, joined before bwrap execs and removed like the v1 pids cgroup.
+//!   Past the limit the kernel's OOM killer ends a process of the run
+//!   inside its cgroup (the host is not touched); the run counts those
+//!   ([`RunReport::oom_kills`]) and says so in its output (`fhsx: the run
+//!   reached its [limits] memory (…): the kernel's OOM killer ended …`).
+//!   Only where no controller can be had (without root, unless a cgroup v2
+//!   with the memory controller is delegated to the caller) is it
+//!   `RLIMIT_AS`, which also refuses address space that is only reserved
+//!   (`PROT_NONE`/`MAP_NORESERVE` mappings: ASan, Go, the JVM,
+//!   `WebAssembly.Memory`); then [`RunReport::memory`] is
+//!   [`MemoryEnforcement::AddressSpace`] and the run's output starts with
+//!   a line saying so (`fhsx: [limits] memory (…) is enforced as an
+//!   address-space limit (RLIMIT_AS) here: …`). The sandbox writes these
+//!   lines itself, where the command's stderr goes, so a caller's log has
+//!   them without its help.
 //! - **Cancellation** ([`RunOptions::cancel`]): a flag the caller sets (a
 //!   SIGINT handler, a worker whose client left); the run ends like a
 //!   timeout (SIGTERM to proven processes, grace, SIGKILL) and
@@ -48,6 +71,98 @@
 //! - **Output** ([`RunOptions::output`], [`Output`]): inherited, captured
 //!   (stdout and stderr apart), or both into one caller-provided descriptor
 //!   in write order ([`Output::Fd`]), for teeing a log live.
+//!
+//! # No byte from outside the view
+//!
+//! Every byte a command can read is part of its root (the view, whose
+//! reads the FUSE daemon records; for [`SandboxSpec::host`], the host's
+//! system directories by design) or its own work directory, or it is
+//! unreadable, or it is one of these, each from the host and each named:
+//!
+//! - **the supervisor** ([`SUPERVISOR_PATH`], 1.4 MB of this crate's
+//!   build): installed execute-only (mode 0111) and bound read-only, so the
+//!   command may run it (it then refuses to start: it is not PID 1) but
+//!   `open` for reading fails — the sandbox uid is its owner inside, with
+//!   no capability to override that. A process of an unreadable file is
+//!   made non-dumpable by the kernel at `execve`, so PID 1's `/proc/1/exe`,
+//!   `mem`, `maps`, `environ`, `fd/` and `map_files/` (and those of a copy
+//!   the command execs itself, or of PID 1's child before it execs the
+//!   command) are closed as well, and `process_vm_readv` and `ptrace` are
+//!   refused. The command's own `/proc/self/exe` is the command.
+//! - **files bound by [`SandboxSpec::ro_bind_file`]**: readable; the
+//!   caller vouches for them. fhsx's executor binds only the fetch proxy's
+//!   CA certificate (`STORE/ca/ca.crt`: public, the one every build of that
+//!   store trusts; its key never leaves the store), which a build must
+//!   read to trust the proxy. [`SandboxSpec::readable_host_files`] lists
+//!   them, for a record of what the build could read.
+//! - **sockets**: the RPC bridge ([`RPC_SOCKET_PATH`]: its answers are
+//!   `Pong`, the run id, which names the host process, and the elapsed
+//!   time) and the fetch proxy's socket ([`PROXY_SOCKET_PATH`]: what the
+//!   proxy serves is recorded by the proxy); `open` of a socket reads
+//!   nothing.
+//! - **synthetic files**: for [`SandboxSpec::host`] only, `/etc/passwd` and
+//!   `/etc/group`, constants of this crate; `/dev/null` over
+//!   `/proc/sysrq-trigger` and masked files.
+//! - **the kernel's own files**: bwrap's `/dev` (null, zero, full, random,
+//!   urandom, tty), the sandbox's `/proc` (its own processes; `/proc/sys`
+//!   read-only) — kernel state, not host files; `/proc/self/mountinfo`
+//!   names the host paths the binds come from (names, not contents), and
+//!   `/proc/1/cmdline` is the supervisor's argv (derived from the spec:
+//!   limits, writable paths, the command).
+//!
+//! # Process state
+//!
+//! Nothing of the caller's process state crosses. Signal dispositions (an
+//! ignored signal stays ignored across `execve`: `cmd &` in a script
+//! ignores SIGINT and SIGQUIT, `nohup` SIGHUP), the signal mask, the umask,
+//! nice and the scheduling policy, CPU affinity, personality, every
+//! resource limit and `oom_score_adj` survive `fork` and `execve`; so the
+//! child that execs bwrap sets all of them to the values below first,
+//! while it still has the caller's privileges, and the supervisor resets
+//! the dispositions, the mask, the umask and `oom_score_adj` once more for
+//! the command (after bwrap and its own start-up). The command starts
+//! with:
+//!
+//! | state | value |
+//! |---|---|
+//! | signal dispositions, mask | every signal `SIG_DFL` (none ignored); mask empty |
+//! | umask | `0022` |
+//! | nice, scheduling | nice 0, `SCHED_OTHER`; I/O priority none (it follows nice) |
+//! | CPU affinity | every CPU (the kernel keeps those online that the caller's cpuset allows) |
+//! | NUMA policy, THP, timer slack | `MPOL_DEFAULT`, THP not disabled, 50 µs |
+//! | personality | `PER_LINUX`: no `ADDR_NO_RANDOMIZE`, `READ_IMPLIES_EXEC`, … |
+//! | `oom_score_adj` | 500 (see below) |
+//! | `RLIMIT_STACK` | 8 MiB soft, unlimited hard |
+//! | `RLIMIT_CORE` | 0 soft, unlimited hard (no core files unless the build asks) |
+//! | `RLIMIT_NOFILE` | 1024 soft, 524288 hard (systemd's default; at most `fs.nr_open`) |
+//! | `RLIMIT_NPROC`, `RLIMIT_SIGPENDING` | `kernel.threads-max / 2`, soft and hard (what the kernel gives init at boot) |
+//! | `RLIMIT_MEMLOCK` | 8 MiB, soft and hard (the kernel's default since 5.16) |
+//! | `RLIMIT_MSGQUEUE` | 819200 bytes, soft and hard (the kernel's default) |
+//! | `RLIMIT_NICE`, `RLIMIT_RTPRIO` | 0, soft and hard |
+//! | `RLIMIT_CPU`, `FSIZE`, `DATA`, `RSS`, `AS`, `LOCKS`, `RTTIME` | unlimited |
+//!
+//! [`Limits`] and [`SandboxSpec::nproc`] then set `RLIMIT_FSIZE`,
+//! `RLIMIT_NOFILE`, `RLIMIT_NPROC` (and `RLIMIT_AS` where it is the memory
+//! limit) on top, soft and hard.
+//!
+//! `oom_score_adj` 500 makes a build the kernel OOM killer's first choice,
+//! before the executor (whose FUSE daemon serves the build's view) and the
+//! host's services, and inside the run's memory cgroup before bwrap and the
+//! supervisor. As host root those two get 0, which with CAP_SYS_RESOURCE
+//! is also the floor nothing inside may go below, and the supervisor
+//! raises the command's to 500. Without root the supervisor cannot (its
+//! not-dumpable child's `/proc` files are not the sandbox uid's), so the
+//! host side sets 500 for the whole sandbox, and a build may lower its own
+//! down to the caller's floor only.
+//!
+//! Some of it takes privilege to undo: a caller's raised nice value or
+//! `SCHED_IDLE` needs CAP_SYS_NICE, a hard limit the caller lowered
+//! (`ulimit -s 1024` lowers both) needs CAP_SYS_RESOURCE. Without them
+//! (unprivileged, or root in a container that dropped them) those stay as
+//! the caller had them (a hard limit below the table's value clamps it);
+//! everything else is always reset. What the caller cannot lift itself
+//! either — its seccomp filter, `no_new_privs`, its cpuset and cgroups, an
+//! LSM profile — is the host's policy and stays.
 //!
 //! # Running as root
 //!
@@ -59,13 +174,19 @@
 //! entries (no `shadow`, no `ssl/private`), a synthetic `passwd`/`group`,
 //! no `/sys`; `/proc/sys` re-bound read-only and `/proc/sysrq-trigger`
 //! covered (bwrap leaves both writable to host uid 0); PID 1 non-dumpable
-//! (the command can neither ptrace it nor read its fds); a fresh session
+//! (the command can neither ptrace it nor read its fds) and its file
+//! execute-only (the owner class, which host uid 0 without
+//! CAP_DAC_OVERRIDE falls in, has no read bit); a fresh session
 //! keyring; a seccomp filter ([`seccomp`]) that refuses setuid/setgid
 //! modes, since a file made in the workspace is root's on the host, and
 //! what namespaces leave open (`TIOCSTI`/`TIOCLINUX`, keyrings,
 //! `perf_event_open`, `ptrace`, the new mount API, `personality`); a
 //! process limit that binds host root too (cgroup v2 `pids.max`, else a
-//! cgroup v1 pids cgroup: `RLIMIT_NPROC` exempts uid 0). The
+//! cgroup v1 pids cgroup: `RLIMIT_NPROC` exempts uid 0); a memory limit
+//! that is the memory controller's (cgroup v2, else a cgroup v1 memory
+//! cgroup), not an address-space limit; a pristine process state (see
+//! "Process state": as root the host side also undoes a caller's nice
+//! value and lowered hard limits, and floors `oom_score_adj` at 0). The
 //! writable places are the work directory, a private `/tmp`
 //! and a private `/dev/shm` (a tmpfs like `/tmp`: POSIX shared memory needs
 //! it).
@@ -77,6 +198,7 @@
 //! opinion on the command it runs.
 
 mod layers;
+mod pristine;
 pub mod probe;
 pub mod reaper;
 pub mod rpc;
@@ -90,5 +212,5 @@ pub use executor_core::SandboxError;
 pub use probe::{BwrapFeatures, FileKind, HostFs, MemFs, RealFs};
 pub use reaper::{ReaperMode, ReaperPreference, GRACE_PERIOD};
 pub use rpc::{Request, Response, RpcHandler, MAX_FRAME};
-pub use runner::{Outcome, Output, RunOptions, RunReport, Runtime, Stdin};
+pub use runner::{MemoryEnforcement, Outcome, Output, RunOptions, RunReport, Runtime, Stdin};
 pub use spec::*;

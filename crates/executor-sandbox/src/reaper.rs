@@ -7,6 +7,12 @@
 //! a pidfd opened *before* the membership is read. A signal can only be sent
 //! with a `Proof`; there is no way to signal a bare PID.
 //!
+//! It also holds the run's limits that live in cgroups: `pids.max` and
+//! `memory.max` in the run's cgroup v2 where the controllers are there,
+//! else per-run cgroups in the host's cgroup v1 `pids` and `memory`
+//! hierarchies, which the child joins (by their `tasks` files) before it
+//! execs bwrap and which are removed when the run is over.
+//!
 //! With a cgroup, `kill_all` is one write to `cgroup.kill` (kernel >= 5.14),
 //! which catches `setsid` double-forks and fork bombs alike. Without one, it
 //! SIGKILLs the recorded children (bwrap); `--die-with-parent` then takes the
@@ -74,40 +80,58 @@ pub struct Reaper {
     /// mounts the cgroup v1 pids hierarchy: a per-run v1 pids cgroup, only
     /// for `pids.max` (a fork bomb run as host root is otherwise bounded by
     /// nothing: RLIMIT_NPROC exempts uid 0).
-    pids_v1: Option<PidsV1>,
+    pids_v1: Option<V1Cgroup>,
+    /// Where the run has no cgroup v2 with the memory controller but the
+    /// host mounts the cgroup v1 memory hierarchy (and lets us write it): a
+    /// per-run v1 memory cgroup for `memory.limit_in_bytes` (and
+    /// `memory.memsw.limit_in_bytes`, so swap is no way around it).
+    memory_v1: Option<V1Cgroup>,
     owned: Vec<(i32, OwnedFd)>,
 }
 
-/// A per-run cgroup v1 pids directory.
-#[derive(Debug)]
-struct PidsV1 {
-    dir: PathBuf,
-    procs: fs::File,
+/// Where a run's memory limit is enforced (see [`Reaper::set_memory_max`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum MemoryCgroup {
+    V2,
+    V1,
 }
 
-impl PidsV1 {
-    /// The v1 pids hierarchy's mount point and our cgroup in it.
-    fn base() -> Option<PathBuf> {
+/// A per-run directory in one cgroup v1 hierarchy (pids or memory).
+#[derive(Debug)]
+struct V1Cgroup {
+    dir: PathBuf,
+    tasks: fs::File,
+}
+
+impl V1Cgroup {
+    /// The v1 hierarchy of `controller`: its mount point and our cgroup in
+    /// it.
+    fn base(controller: &str) -> Option<PathBuf> {
         let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
         let (root, mount) = mounts.lines().find_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
             let sep = f.iter().position(|x| *x == "-")?;
             let (fs_type, opts) = (f.get(sep + 1)?, f.get(sep + 3)?);
-            (*fs_type == "cgroup" && opts.split(',').any(|o| o == "pids"))
+            (*fs_type == "cgroup" && opts.split(',').any(|o| o == controller))
                 .then(|| (f[3].to_owned(), f[4].to_owned()))
         })?;
         let cg = fs::read_to_string("/proc/self/cgroup").ok()?;
         let own = cg.lines().find_map(|l| {
             let mut it = l.splitn(3, ':');
             let (_, ctl, path) = (it.next()?, it.next()?, it.next()?);
-            ctl.split(',').any(|c| c == "pids").then(|| path.to_owned())
+            ctl.split(',')
+                .any(|c| c == controller)
+                .then(|| path.to_owned())
         })?;
         let rel = own.strip_prefix(root.as_str()).unwrap_or(&own);
         Some(Path::new(&mount).join(rel.trim_start_matches('/')))
     }
 
-    fn create(max: u64) -> Option<PidsV1> {
-        let base = Self::base()?;
+    /// A fresh per-run cgroup in the `controller` hierarchy with `settings`
+    /// written in order (a setting whose file is absent is skipped when
+    /// marked optional); `None` if any required one cannot be made.
+    fn create(controller: &str, settings: &[(&str, String, bool)]) -> Option<V1Cgroup> {
+        let base = Self::base(controller)?;
         remove_stale(&base);
         let dir = base.join(format!(
             "fhsx-run-{}-{}",
@@ -115,22 +139,49 @@ impl PidsV1 {
             SEQ.fetch_add(1, Ordering::Relaxed)
         ));
         fs::create_dir(&dir).ok()?;
-        let set = fs::OpenOptions::new()
-            .write(true)
-            .open(dir.join("pids.max"))
-            .and_then(|mut f| f.write_all(max.to_string().as_bytes()));
+        let set = settings.iter().all(|(name, value, optional)| {
+            let file = dir.join(name);
+            if *optional && !file.exists() {
+                return true;
+            }
+            fs::OpenOptions::new()
+                .write(true)
+                .open(file)
+                .and_then(|mut f| f.write_all(value.as_bytes()))
+                .is_ok()
+        });
         // `tasks`, not `cgroup.procs`: the joining child is single-threaded,
         // and moving one thread (`0`: itself) skips the global threadgroup
         // lock whose RCU grace period made each join cost ~14 ms.
-        let procs = fs::OpenOptions::new().write(true).open(dir.join("tasks"));
-        match (set, procs) {
-            (Ok(()), Ok(procs)) => Some(PidsV1 { dir, procs }),
+        let tasks = fs::OpenOptions::new().write(true).open(dir.join("tasks"));
+        match (set, tasks) {
+            (true, Ok(tasks)) => Some(V1Cgroup { dir, tasks }),
             _ => {
                 let _ = fs::remove_dir(&dir);
                 None
             }
         }
     }
+
+    /// Empty once the namespace is gone (rmdir fails until then).
+    fn remove(self) {
+        drop(self.tasks);
+        remove_cgroup(&self.dir);
+    }
+}
+
+/// The `oom_kill N` count of a memory cgroup's event file (v2
+/// `memory.events`, v1 `memory.oom_control`).
+fn oom_kill_count(file: &Path) -> u64 {
+    fs::read_to_string(file)
+        .ok()
+        .and_then(|t| {
+            t.lines().find_map(|l| {
+                l.strip_prefix("oom_kill ")
+                    .and_then(|v| v.trim().parse().ok())
+            })
+        })
+        .unwrap_or(0)
 }
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
@@ -195,6 +246,53 @@ impl Cgroup {
         }
     }
 
+    fn write(&self, name: &str, value: &str) -> bool {
+        fs::OpenOptions::new()
+            .write(true)
+            .open(self.dir.join(name))
+            .and_then(|mut f| f.write_all(value.as_bytes()))
+            .is_ok()
+    }
+
+    /// Make `controller`'s files appear in the run's cgroup: if the parent
+    /// has the controller but does not hand it down, enable it in the
+    /// parent's `cgroup.subtree_control` (which the kernel refuses when the
+    /// parent is a non-root cgroup holding processes: then there is none).
+    fn ensure_controller(&self, controller: &str, probe: &str) -> bool {
+        if self.dir.join(probe).exists() {
+            return true;
+        }
+        let Some(parent) = self.dir.parent() else {
+            return false;
+        };
+        let offered = fs::read_to_string(parent.join("cgroup.controllers"))
+            .is_ok_and(|t| t.split_whitespace().any(|c| c == controller));
+        if !offered {
+            return false;
+        }
+        let _ = fs::OpenOptions::new()
+            .write(true)
+            .open(parent.join("cgroup.subtree_control"))
+            .and_then(|mut f| f.write_all(format!("+{controller}").as_bytes()));
+        self.dir.join(probe).exists()
+    }
+
+    fn set_memory_max(&self, bytes: u64) -> bool {
+        if !self.ensure_controller("memory", "memory.max")
+            || !self.write("memory.max", &bytes.to_string())
+        {
+            return false;
+        }
+        if self.dir.join("memory.swap.max").exists() {
+            let _ = self.write("memory.swap.max", "0");
+        }
+        true
+    }
+
+    fn set_pids_max(&self, n: u64) -> bool {
+        self.ensure_controller("pids", "pids.max") && self.write("pids.max", &n.to_string())
+    }
+
     fn kill(&self) {
         if let Ok(mut f) = fs::OpenOptions::new()
             .write(true)
@@ -224,6 +322,7 @@ impl Reaper {
         Reaper {
             cgroup,
             pids_v1: None,
+            memory_v1: None,
             owned: Vec::new(),
         }
     }
@@ -247,52 +346,60 @@ impl Reaper {
         self.cgroup.as_ref().map(|c| c.dir_fd.as_raw_fd())
     }
 
-    /// Limit the run's memory by its cgroup (`memory.max`, and
-    /// `memory.swap.max` 0 where swap accounting exists). False when the
-    /// run has no cgroup or the memory controller is not enabled for it.
-    pub(crate) fn set_memory_max(&self, bytes: u64) -> bool {
-        let Some(cg) = &self.cgroup else {
-            return false;
-        };
-        let write = |name: &str, v: &str| {
-            fs::OpenOptions::new()
-                .write(true)
-                .open(cg.dir.join(name))
-                .and_then(|mut f| f.write_all(v.as_bytes()))
-                .is_ok()
-        };
-        if !write("memory.max", &bytes.to_string()) {
-            return false;
+    /// Limit the run's memory by a memory cgroup: the run's cgroup v2
+    /// (`memory.max`, and `memory.swap.max` 0 where swap accounting
+    /// exists; the controller is enabled in the parent's
+    /// `cgroup.subtree_control` first if the parent has it but does not
+    /// hand it down), else a per-run cgroup v1 memory directory
+    /// (`memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes` the same
+    /// where swap accounting exists; the child joins it by
+    /// [`Self::join_v1_fds`]). `None`: no memory controller can be had
+    /// here, and the caller falls back to `RLIMIT_AS`.
+    pub(crate) fn set_memory_max(&mut self, bytes: u64) -> Option<MemoryCgroup> {
+        if let Some(cg) = &self.cgroup {
+            if cg.set_memory_max(bytes) {
+                return Some(MemoryCgroup::V2);
+            }
         }
-        if cg.dir.join("memory.swap.max").exists() {
-            let _ = write("memory.swap.max", "0");
+        let v = bytes.to_string();
+        self.memory_v1 = V1Cgroup::create(
+            "memory",
+            &[
+                // The plain limit first: memsw may never be below it.
+                ("memory.limit_in_bytes", v.clone(), false),
+                ("memory.memsw.limit_in_bytes", v, true),
+            ],
+        );
+        self.memory_v1.as_ref().map(|_| MemoryCgroup::V1)
+    }
+
+    /// How many processes the kernel's OOM killer ended in the run's
+    /// memory cgroup so far (0 without one). Read before [`Self::finish`].
+    pub(crate) fn oom_kills(&self) -> u64 {
+        if let Some(v1) = &self.memory_v1 {
+            return oom_kill_count(&v1.dir.join("memory.oom_control"));
         }
-        true
+        self.cgroup
+            .as_ref()
+            .map_or(0, |cg| oom_kill_count(&cg.dir.join("memory.events")))
     }
 
     /// Cap the run's process count by its cgroup (`pids.max`). False when
     /// the run has no cgroup or the pids controller is not enabled for it.
     /// Without that, a per-run cgroup v1 pids directory where the host
-    /// mounts that hierarchy (the child joins it by [`Self::join_pids_v1_fd`]).
+    /// mounts that hierarchy (the child joins it by [`Self::join_v1_fds`]).
     pub(crate) fn set_pids_max(&mut self, n: u64) -> bool {
-        let v2 = self.cgroup.as_ref().is_some_and(|cg| {
-            fs::OpenOptions::new()
-                .write(true)
-                .open(cg.dir.join("pids.max"))
-                .and_then(|mut f| f.write_all(n.to_string().as_bytes()))
-                .is_ok()
-        });
-        if v2 {
+        if self.cgroup.as_ref().is_some_and(|cg| cg.set_pids_max(n)) {
             return true;
         }
-        self.pids_v1 = PidsV1::create(n);
+        self.pids_v1 = V1Cgroup::create("pids", &[("pids.max", n.to_string(), false)]);
         self.pids_v1.is_some()
     }
 
-    /// The v1 pids `tasks` fd a freshly forked (single-threaded) child
-    /// writes `0` to.
-    pub(crate) fn join_pids_v1_fd(&self) -> Option<RawFd> {
-        self.pids_v1.as_ref().map(|c| c.procs.as_raw_fd())
+    /// The v1 `tasks` fds (pids, memory) a freshly forked (single-threaded)
+    /// child writes `0` to.
+    pub(crate) fn join_v1_fds(&self) -> [Option<RawFd>; 2] {
+        [&self.pids_v1, &self.memory_v1].map(|c| c.as_ref().map(|c| c.tasks.as_raw_fd()))
     }
 
     /// Register a child we forked ourselves, by its pidfd.
@@ -356,10 +463,11 @@ impl Reaper {
     /// After the run: kill what is left in the cgroup, wait until it is
     /// empty (bounded), remove it. Returns whether anything was left.
     pub fn finish(&mut self) -> bool {
-        if let Some(v1) = self.pids_v1.take() {
-            // Empty once the namespace is gone (rmdir fails until then).
-            drop(v1.procs);
-            remove_cgroup(&v1.dir);
+        for v1 in [self.pids_v1.take(), self.memory_v1.take()]
+            .into_iter()
+            .flatten()
+        {
+            v1.remove();
         }
         let Some(cg) = self.cgroup.take() else {
             return false;

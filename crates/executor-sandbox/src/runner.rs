@@ -15,8 +15,9 @@ use std::time::{Duration, Instant};
 
 use executor_core::SandboxError;
 
+use crate::pristine::Pristine;
 use crate::probe::{find_bwrap, BwrapFeatures, RealFs};
-use crate::reaper::{Reaper, ReaperMode, ReaperPreference, GRACE_PERIOD};
+use crate::reaper::{MemoryCgroup, Reaper, ReaperMode, ReaperPreference, GRACE_PERIOD};
 use crate::rpc::{BasicHandler, RpcHandler, RpcLimits, RpcServer};
 use crate::spec::{HostEnv, RuntimePaths, SandboxSpec};
 use crate::supervisor::{SUPERVISOR_BYTES, SUPERVISOR_TAG};
@@ -137,6 +138,72 @@ impl Outcome {
     }
 }
 
+/// How a run's memory limit ([`Limits::memory`](crate::Limits)) was
+/// enforced ([`RunReport::memory`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryEnforcement {
+    /// The run had no memory limit.
+    None,
+    /// The run's own cgroup v2: `memory.max`, `memory.swap.max` 0.
+    CgroupV2,
+    /// A per-run cgroup in the host's cgroup v1 memory hierarchy:
+    /// `memory.limit_in_bytes`, and `memory.memsw.limit_in_bytes` the same
+    /// where swap accounting exists.
+    CgroupV1,
+    /// No memory controller could be had (without root, unless a cgroup v2
+    /// with the memory controller is delegated to the caller): the
+    /// command's `RLIMIT_AS`, which limits *address space*, so a program
+    /// that only reserves more (a `PROT_NONE` mapping, a JIT's or a
+    /// sanitizer's reservation, Go, the JVM, `WebAssembly.Memory`) fails
+    /// too. The run writes a line saying so to its output.
+    AddressSpace,
+}
+
+impl MemoryEnforcement {
+    /// A memory controller (v2 or v1) enforces the limit.
+    pub fn is_cgroup(self) -> bool {
+        matches!(
+            self,
+            MemoryEnforcement::CgroupV2 | MemoryEnforcement::CgroupV1
+        )
+    }
+}
+
+/// `n` bytes for a log line: exact, with the binary unit when it is round.
+fn bytes(n: u64) -> String {
+    match n {
+        n if n >= 1 << 30 && n % (1 << 30) == 0 => format!("{} GiB", n >> 30),
+        n if n >= 1 << 20 && n % (1 << 20) == 0 => format!("{} MiB", n >> 20),
+        n => format!("{n} bytes"),
+    }
+}
+
+/// The line a run writes to its output when its memory limit is only an
+/// address-space limit.
+fn address_space_note(limit: u64) -> String {
+    format!(
+        "fhsx: [limits] memory ({}) is enforced as an address-space limit (RLIMIT_AS) here: no memory cgroup could be made for the run (that takes root, or a delegated cgroup v2 with the memory controller), so reserving more address space than that fails too\n",
+        bytes(limit)
+    )
+}
+
+/// The line a run writes to its output when the OOM killer ended some of
+/// it.
+fn oom_note(kills: u64, limit: Option<u64>) -> String {
+    let what = if kills == 1 {
+        "1 process".to_string()
+    } else {
+        format!("{kills} processes")
+    };
+    match limit {
+        Some(l) => format!(
+            "fhsx: the run reached its [limits] memory ({}): the kernel's OOM killer ended {what} of it\n",
+            bytes(l)
+        ),
+        None => format!("fhsx: the kernel's OOM killer ended {what} of the run\n"),
+    }
+}
+
 /// What a run did.
 #[derive(Debug)]
 pub struct RunReport {
@@ -150,6 +217,15 @@ pub struct RunReport {
     /// The Landlock ABI the command ran under (0: the kernel has none, so
     /// the mount layout and namespaces alone held).
     pub landlock_abi: u32,
+    /// How the memory limit was enforced. [`MemoryEnforcement::AddressSpace`]
+    /// is also said in the run's output (a line starting `fhsx: [limits]
+    /// memory`), so a log shows it without the caller's help.
+    pub memory: MemoryEnforcement,
+    /// Processes of the run the kernel's OOM killer ended inside the run's
+    /// memory cgroup (its limit was reached; 0 without a memory cgroup).
+    /// Also said in the run's output (`fhsx: the run reached its [limits]
+    /// memory …`).
+    pub oom_kills: u64,
     pub elapsed: Duration,
     /// Captured output (empty unless `capture_output` or
     /// [`Output::Capture`]).
@@ -168,6 +244,10 @@ pub struct Runtime {
 }
 
 static RUN_SEQ: AtomicU64 = AtomicU64::new(0);
+
+/// The installed supervisor's mode: execute-only, for everyone (the
+/// sandbox uid is its owner inside).
+pub(crate) const SUPERVISOR_MODE: u32 = 0o111;
 
 const PASSWD: &str = "root:x:0:0:root:/nonexistent:/usr/sbin/nologin\nbuild:x:1000:100:fhsx build user:/tmp:/bin/sh\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n";
 const GROUP: &str = "root:x:0:\nusers:x:100:\nnogroup:x:65534:\n";
@@ -219,6 +299,9 @@ fn install_file(path: &Path, data: &[u8], mode: u32) -> Result<bool, SandboxErro
         .map_err(|e| path_err("creating", &tmp, e))?;
     f.write_all(data)
         .map_err(|e| path_err("writing", &tmp, e))?;
+    // Exactly `mode`, whatever the caller's umask took away.
+    f.set_permissions(fs::Permissions::from_mode(mode))
+        .map_err(|e| path_err("setting the mode of", &tmp, e))?;
     drop(f);
     fs::rename(&tmp, path).map_err(|e| path_err("installing", path, e))?;
     Ok(true)
@@ -258,7 +341,10 @@ impl Runtime {
         let base = std::env::temp_dir().join(format!("fhsx-{}", uid()));
         private_dir(&base)?;
         let supervisor = base.join(format!("supervisor-{SUPERVISOR_TAG}"));
-        if install_file(&supervisor, SUPERVISOR_BYTES, 0o555)? {
+        // Execute-only: the build may run it but read no byte of it (nor,
+        // since the kernel makes a process of an unreadable file
+        // non-dumpable, of PID 1's memory or /proc/1/exe).
+        if install_file(&supervisor, SUPERVISOR_BYTES, SUPERVISOR_MODE)? {
             sweep_old_supervisors(&base, &supervisor);
         }
         let passwd = base.join("passwd");
@@ -347,9 +433,18 @@ impl Runtime {
         }
         let started = Instant::now();
         let mut reaper = Reaper::new(opts.reaper);
-        // Memory: the run cgroup's memory.max if it has the controller,
-        // else RLIMIT_AS set by the supervisor.
-        let memory_in_cgroup = spec.limits.memory.is_some_and(|m| reaper.set_memory_max(m));
+        // Memory: a memory cgroup (v2 memory.max, else a v1 memory
+        // cgroup), else RLIMIT_AS set by the supervisor — which also
+        // refuses address space that is only reserved, and says so.
+        let memory = match spec.limits.memory {
+            None => MemoryEnforcement::None,
+            Some(m) => match reaper.set_memory_max(m) {
+                Some(MemoryCgroup::V2) => MemoryEnforcement::CgroupV2,
+                Some(MemoryCgroup::V1) => MemoryEnforcement::CgroupV1,
+                None => MemoryEnforcement::AddressSpace,
+            },
+        };
+        let memory_in_cgroup = memory.is_cgroup();
         // Processes: RLIMIT_NPROC (set by the supervisor) does not bind
         // host root (the kernel exempts it); a cgroup's pids.max does, so
         // it is set as well where the run has one with that controller.
@@ -413,6 +508,16 @@ impl Runtime {
         } else {
             (None, None)
         };
+        // The sandbox's own notes go where the command's stderr goes (our
+        // own stderr when inherited).
+        let mut note_out: Option<fs::File> = match (&err_pipe, &combined) {
+            (Some((_, w)), _) => w.try_clone().ok().map(fs::File::from),
+            (None, Some(fd)) => fd.try_clone().ok().map(fs::File::from),
+            (None, None) => None,
+        };
+        if let (MemoryEnforcement::AddressSpace, Some(m)) = (memory, spec.limits.memory) {
+            note(&mut note_out, &address_space_note(m));
+        }
 
         // Everything the child needs, prepared before fork (the child may
         // only make async-signal-safe calls).
@@ -459,9 +564,10 @@ impl Runtime {
             .chain(std::iter::once(std::ptr::null()))
             .collect();
         let envp: [*const libc::c_char; 1] = [std::ptr::null()];
+        let pristine = Pristine::new();
         let child_fds = ChildFds {
             join_cgroup: reaper.join_fd(),
-            join_pids_v1: reaper.join_pids_v1_fd(),
+            join_v1: reaper.join_v1_fds(),
             stdin: in_hi.as_ref().map(|f| f.as_raw_fd()),
             stdout: out_hi.as_ref().map(|f| f.as_raw_fd()),
             stderr: err_hi.as_ref().map(|f| f.as_raw_fd()),
@@ -484,6 +590,7 @@ impl Runtime {
                 join_cgroup: None,
                 ..child_fds
             },
+            pristine: &pristine,
             bwrap: &bwrap_c,
             argv: &argv_ptrs,
             envp: &envp,
@@ -504,7 +611,7 @@ impl Runtime {
                 Ok(sys::Cloned::Child) => {
                     child_fds.join_cgroup = None;
                     // SAFETY: we are the freshly cloned child.
-                    unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
+                    unsafe { exec_child(&child_fds, &pristine, &bwrap_c, &argv_ptrs, &envp) };
                 }
                 Ok(sys::Cloned::Parent { pid, pidfd }) => (pid, Some(pidfd)),
                 Err(_) => {
@@ -519,7 +626,7 @@ impl Runtime {
                     }
                     if pid == 0 {
                         // SAFETY: we are the freshly forked child.
-                        unsafe { exec_child(&child_fds, &bwrap_c, &argv_ptrs, &envp) };
+                        unsafe { exec_child(&child_fds, &pristine, &bwrap_c, &argv_ptrs, &envp) };
                     }
                     (pid, None)
                 }
@@ -655,6 +762,11 @@ impl Runtime {
         }
         drop(server);
         let reaper_mode = reaper.mode();
+        let oom_kills = reaper.oom_kills();
+        if oom_kills > 0 {
+            note(&mut note_out, &oom_note(oom_kills, spec.limits.memory));
+        }
+        drop(note_out);
         let cgroup_leftovers = reaper.finish();
         let [out_t, err_t] = readers;
         let stdout = out_t.and_then(|t| t.join().ok()).unwrap_or_default();
@@ -696,6 +808,8 @@ impl Runtime {
             outcome,
             lingering_killed: report.lingering,
             landlock_abi: report.landlock,
+            memory,
+            oom_kills,
             cgroup_leftovers,
             reaper: reaper_mode,
             elapsed: started.elapsed(),
@@ -791,6 +905,14 @@ fn parse_control(buf: &[u8]) -> ControlReport {
     r
 }
 
+/// One line of the sandbox's own into the run's output.
+fn note(out: &mut Option<fs::File>, line: &str) {
+    let _ = match out {
+        Some(f) => f.write_all(line.as_bytes()),
+        None => std::io::stderr().write_all(line.as_bytes()),
+    };
+}
+
 /// Read what is available; false once the peer has closed.
 fn drain(f: &mut fs::File, buf: &mut Vec<u8>) -> bool {
     let mut chunk = [0u8; 512];
@@ -813,6 +935,7 @@ fn drain(f: &mut fs::File, buf: &mut Vec<u8>) -> bool {
 /// What a vfork-style child needs, behind one pointer.
 struct ChildJob<'a> {
     fds: &'a ChildFds,
+    pristine: &'a Pristine,
     bwrap: &'a CString,
     argv: &'a [*const libc::c_char],
     envp: &'a [*const libc::c_char],
@@ -824,15 +947,16 @@ extern "C" fn child_entry(arg: *mut libc::c_void) -> ! {
     // suspended (CLONE_VFORK) so it stays valid until we exec.
     unsafe {
         let job = &*(arg as *const ChildJob);
-        exec_child(job.fds, job.bwrap, job.argv, job.envp)
+        exec_child(job.fds, job.pristine, job.bwrap, job.argv, job.envp)
     }
 }
 
 #[derive(Clone, Copy)]
 struct ChildFds {
     join_cgroup: Option<RawFd>,
-    /// A cgroup v1 pids `cgroup.procs` to join as well (see the reaper).
-    join_pids_v1: Option<RawFd>,
+    /// Cgroup v1 `tasks` files (pids, memory) to join as well (see the
+    /// reaper).
+    join_v1: [Option<RawFd>; 2],
     stdin: Option<RawFd>,
     stdout: Option<RawFd>,
     stderr: Option<RawFd>,
@@ -843,20 +967,23 @@ struct ChildFds {
     new_pgrp: bool,
 }
 
-/// In the forked child: join the cgroup, arrange fds 0-4, close every
-/// other inherited descriptor, reset signals, exec bwrap. Never returns.
+/// In the forked child: join the cgroup, arrange fds 0-5, close every
+/// other inherited descriptor, impose the pristine process state (see
+/// `pristine`), exec bwrap. Never returns.
 ///
 /// # Safety
 /// Must only be called in a freshly forked child; uses only
 /// async-signal-safe calls.
 unsafe fn exec_child(
     fds: &ChildFds,
+    pristine: &Pristine,
     bwrap: &CString,
     argv: &[*const libc::c_char],
     envp: &[*const libc::c_char],
 ) -> ! {
     unsafe {
-        for j in [fds.join_cgroup, fds.join_pids_v1].into_iter().flatten() {
+        let [pids_v1, memory_v1] = fds.join_v1;
+        for j in [fds.join_cgroup, pids_v1, memory_v1].into_iter().flatten() {
             if libc::write(j, b"0".as_ptr().cast(), 1) != 1 {
                 libc::_exit(126);
             }
@@ -886,10 +1013,9 @@ unsafe fn exec_child(
                 libc::close(fd);
             }
         }
-        let mut empty: libc::sigset_t = std::mem::zeroed();
-        libc::sigemptyset(&mut empty);
-        libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+        // Nothing of the caller's process state crosses either: signal
+        // dispositions and mask, umask, nice, affinity, limits, ...
+        pristine.apply();
         libc::execve(bwrap.as_ptr(), argv.as_ptr(), envp.as_ptr());
         libc::_exit(127);
     }

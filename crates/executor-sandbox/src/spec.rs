@@ -99,7 +99,8 @@ pub fn current_host_env() -> HostEnv {
 /// Host paths a run needs, inside a private per-run directory.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimePaths {
-    /// The static supervisor executable (mode 0555).
+    /// The static supervisor executable (mode 0111: execute-only, so the
+    /// build can run it but not read it).
     pub supervisor: PathBuf,
     /// The RPC bridge socket the host listens on.
     pub rpc_socket: PathBuf,
@@ -169,8 +170,11 @@ pub struct ProxyForward {
 /// a resource as the caller has it.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Limits {
-    /// Memory in bytes: the run cgroup's `memory.max` when the run has a
-    /// cgroup with the memory controller, else `RLIMIT_AS` of the command.
+    /// Memory in bytes: a memory cgroup's limit (the run's cgroup v2
+    /// `memory.max`, else a per-run cgroup v1 memory cgroup's
+    /// `memory.limit_in_bytes`), else — only where neither can be had —
+    /// `RLIMIT_AS` of the command, which limits address space (see
+    /// [`MemoryEnforcement`](crate::MemoryEnforcement)).
     pub memory: Option<u64>,
     /// The largest file the command may write, in bytes (`RLIMIT_FSIZE`;
     /// a write past it fails with `EFBIG` or `SIGXFSZ`).
@@ -437,6 +441,11 @@ impl SandboxSpec {
     /// bundle at [`PROXY_CA_PATH`]). `dest` must be a plain absolute path
     /// below [`FHSX_RUN_DIR`], which no view provides, and not one the
     /// sandbox uses itself (the supervisor, the proxy socket).
+    ///
+    /// The command can read every byte of it, and it is not part of the
+    /// view (no read set records it): bind only data that is public, and
+    /// record it if a record says what the build could read
+    /// ([`readable_host_files`](Self::readable_host_files)).
     pub fn ro_bind_file(
         &mut self,
         host: &Path,
@@ -480,6 +489,16 @@ impl SandboxSpec {
         // `a/./b` names `a/b`: store it as bwrap will see it.
         self.files.push((src, dest.components().collect()));
         Ok(self)
+    }
+
+    /// The host files bound into the sandbox that the command can read,
+    /// besides its root and its work directory: `(host path, path
+    /// inside)`, each from [`ro_bind_file`](Self::ro_bind_file). The
+    /// supervisor is bound too, but execute-only: no byte of it is
+    /// readable inside. An executor recording what a build could read
+    /// records these (their digests) with its read set.
+    pub fn readable_host_files(&self) -> Vec<(PathBuf, PathBuf)> {
+        self.files.clone()
     }
 
     /// Install the no-setuid-bits seccomp filter (see [`crate::seccomp`]);

@@ -13,7 +13,16 @@
 //! abstract-socket connection out of the domain.
 //!
 //! The `--rlimit-*` limits (and `--nproc`) are set on CMD only, just before
-//! it execs; a value above the current hard limit is clamped to it.
+//! it execs; a value above the current hard limit is clamped to it. CMD
+//! also starts with every signal disposition at its default, an empty
+//! signal mask, umask 0022 and `oom_score_adj` 500 (see
+//! `pristine_for_command`; the host side pinned the rest of the process
+//! state before bwrap).
+//!
+//! It is installed execute-only (mode 0111): the build may run it, but not
+//! read it, and because its file is unreadable the kernel makes it
+//! non-dumpable from its first instruction, so `/proc/1/exe`, `/proc/1/mem`
+//! and `/proc/1/map_files` are closed to the command as well.
 //!
 //! With `--proxy-port`, before CMD starts it listens on `127.0.0.1:P` (the
 //! sandbox's own network namespace, where only `lo` exists) and forwards
@@ -70,7 +79,6 @@ extern "C" {
     fn sigemptyset(set: *mut SigSet) -> c_int;
     fn sigaddset(set: *mut SigSet, sig: c_int) -> c_int;
     fn signalfd(fd: c_int, mask: *const SigSet, flags: c_int) -> c_int;
-    fn signal(sig: c_int, handler: usize) -> usize;
     fn waitpid(pid: c_int, status: *mut c_int, options: c_int) -> c_int;
     fn kill(pid: c_int, sig: c_int) -> c_int;
     fn poll(fds: *mut PollFd, n: u64, timeout: c_int) -> c_int;
@@ -85,6 +93,69 @@ extern "C" {
     fn __errno_location() -> *mut c_int;
     fn syscall(n: i64, ...) -> i64;
     fn prctl(option: c_int, arg2: u64, arg3: u64, arg4: u64, arg5: u64) -> c_int;
+    fn umask(mask: c_uint) -> c_uint;
+    fn open(path: *const u8, flags: c_int, ...) -> c_int;
+}
+
+/// x86_64 and aarch64 syscall numbers of rt_sigaction(2).
+#[cfg(target_arch = "x86_64")]
+const SYS_RT_SIGACTION: i64 = 13;
+#[cfg(target_arch = "aarch64")]
+const SYS_RT_SIGACTION: i64 = 134;
+const SIGSTOP: c_int = 19;
+const O_WRONLY: c_int = 1;
+const O_CLOEXEC: c_int = 0o2000000;
+
+/// The command's `oom_score_adj` (executor-sandbox's
+/// `COMMAND_OOM_SCORE_ADJ`): the first the OOM killer picks, in the run's
+/// memory cgroup and on the host.
+const COMMAND_OOM_SCORE_ADJ: &[u8] = b"500";
+
+/// In the command's child, before exec: every signal disposition to
+/// default (an ignored one would survive execve; std ignores SIGPIPE in
+/// this process), an empty mask, umask 0022, and the command's
+/// `oom_score_adj`. The host side imposed the rest of the pristine state
+/// on bwrap already (see executor-sandbox's `pristine.rs`). Raw calls
+/// only: async-signal-safe.
+fn pristine_for_command() {
+    // The kernel's struct sigaction, zeroed: SIG_DFL, no flags, no mask.
+    let dfl = [0u64; 4];
+    for sig in 1..=64 {
+        if sig != SIGKILL && sig != SIGSTOP {
+            // SAFETY: a valid struct sigaction; no old action wanted.
+            unsafe {
+                syscall(
+                    SYS_RT_SIGACTION,
+                    sig as i64,
+                    dfl.as_ptr(),
+                    std::ptr::null::<u64>(),
+                    8i64,
+                )
+            };
+        }
+    }
+    let empty = SigSet { val: [0; 16] };
+    // SAFETY: valid sigset pointer; umask has no preconditions.
+    unsafe {
+        sigprocmask(SIG_SETMASK, &empty, std::ptr::null_mut());
+        umask(0o022);
+    }
+    // Raising is always allowed. Only where the caller is host root are
+    // this child's /proc files its own (it is not dumpable, so they belong
+    // to host uid 0); elsewhere the host side set the value for the whole
+    // sandbox already, and this open fails.
+    // SAFETY: a NUL-terminated path; our own descriptor.
+    unsafe {
+        let fd = open(b"/proc/self/oom_score_adj\0".as_ptr(), O_WRONLY | O_CLOEXEC);
+        if fd >= 0 {
+            write(
+                fd,
+                COMMAND_OOM_SCORE_ADJ.as_ptr().cast(),
+                COMMAND_OOM_SCORE_ADJ.len(),
+            );
+            close(fd);
+        }
+    }
 }
 
 const PR_SET_DUMPABLE: c_int = 4;
@@ -101,10 +172,8 @@ const SIG_SETMASK: c_int = 2;
 const SIGHUP: c_int = 1;
 const SIGINT: c_int = 2;
 const SIGKILL: c_int = 9;
-const SIGPIPE: c_int = 13;
 const SIGTERM: c_int = 15;
 const SIGCHLD: c_int = 17;
-const SIG_DFL: usize = 0;
 const SFD_CLOEXEC: c_int = 0o2000000;
 const SFD_NONBLOCK: c_int = 0o4000;
 const WNOHANG: c_int = 1;
@@ -408,9 +477,7 @@ fn main() {
     // SAFETY: the closure only calls async-signal-safe functions.
     unsafe {
         cmd.pre_exec(move || {
-            let empty = SigSet { val: [0; 16] };
-            sigprocmask(SIG_SETMASK, &empty, std::ptr::null_mut());
-            signal(SIGPIPE, SIG_DFL);
+            pristine_for_command();
             if let Some(n) = nproc {
                 let lim = RLimit { cur: n, max: n };
                 setrlimit(RLIMIT_NPROC, &lim);

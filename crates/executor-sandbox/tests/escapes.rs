@@ -72,6 +72,39 @@ fn no_read_outside_declared_closure_root_home_and_unbound_host_paths() {
     assert_all_blocked(&r);
 }
 
+/// The supervisor is a host file bound into every sandbox: the command may
+/// run it but read none of its bytes, by its path or through PID 1.
+#[test]
+fn no_read_outside_declared_closure_the_supervisor_runs_but_cannot_be_read() {
+    use std::os::unix::fs::PermissionsExt;
+    let ws = workspace();
+    let r = sh_in(
+        ws.path(),
+        "for p in /run/fhsx/supervisor /proc/1/exe /proc/1/mem /proc/1/maps /proc/1/environ; do
+           if head -c 1 \"$p\" >/dev/null 2>&1; then echo \"ESCAPED $p\"; else echo \"BLOCKED $p\"; fi
+         done
+         if ls /proc/1/map_files/ 2>/dev/null | grep -q .; then echo ESCAPED map_files; else echo BLOCKED map_files; fi
+         if readlink /proc/1/exe >/dev/null 2>&1; then echo ESCAPED readlink; else echo BLOCKED readlink; fi
+         /run/fhsx/supervisor -- true 2>/dev/null; echo \"BLOCKED exec $?\"
+         [ \"$(readlink /proc/self/exe)\" = /usr/bin/readlink ] && echo BLOCKED self-exe-is-the-command",
+    );
+    assert_all_blocked(&r);
+    let o = out(&r);
+    // It runs (and refuses, not being PID 1): exit 125.
+    assert!(o.contains("BLOCKED exec 125"), "{o}");
+    assert!(o.contains("BLOCKED self-exe-is-the-command"), "{o}");
+    let rt = Runtime::new().expect("runtime");
+    let mode = std::fs::metadata(&rt.paths().supervisor)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(
+        mode & 0o7777,
+        0o111,
+        "the installed supervisor is not execute-only"
+    );
+}
+
 #[test]
 fn no_write_outside_build_scratch_host_root() {
     let ws = workspace();

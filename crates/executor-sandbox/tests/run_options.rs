@@ -12,7 +12,8 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use executor_sandbox::{
-    HostEnv, Limits, Outcome, Output, RunOptions, RunReport, Runtime, SandboxError,
+    HostEnv, Limits, MemoryEnforcement, Outcome, Output, RunOptions, RunReport, Runtime,
+    SandboxError,
 };
 
 fn pipe() -> (File, OwnedFd) {
@@ -346,6 +347,22 @@ fn open_files_limit_applies_to_the_command() {
     assert_eq!(out(&r).trim(), "64", "{}", err(&r));
 }
 
+/// Whether this process can make a per-run memory cgroup: root with the
+/// cgroup v1 memory hierarchy mounted (a pure cgroup v2 host depends on
+/// delegation; the report says which it got either way).
+fn memory_cgroup_expected() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    root && std::fs::read_to_string("/proc/self/mountinfo").is_ok_and(|m| {
+        m.lines().any(|l| {
+            l.contains(" - cgroup ")
+                && l.rsplit(' ')
+                    .next()
+                    .is_some_and(|o| o.split(',').any(|x| x == "memory"))
+        })
+    })
+}
+
 #[test]
 fn memory_limit_stops_an_allocation_past_it() {
     if !std::path::Path::new("/usr/bin/python3").exists() {
@@ -361,8 +378,55 @@ fn memory_limit_stops_an_allocation_past_it() {
     };
     let small = run(ws.path(), &alloc(16), opts(), limits).unwrap();
     assert_eq!(small.outcome, Outcome::Exited(0), "{}", err(&small));
+    assert_eq!(small.oom_kills, 0);
     let big = run(ws.path(), &alloc(1024), opts(), limits).unwrap();
-    // RLIMIT_AS: MemoryError (exit 1); cgroup memory.max: OOM kill.
     assert_ne!(big.outcome, Outcome::Exited(0), "{}", out(&big));
     assert!(!out(&big).contains("allocated"));
+    if memory_cgroup_expected() {
+        assert!(big.memory.is_cgroup(), "{:?}", big.memory);
+    }
+    if big.memory.is_cgroup() {
+        // The OOM killer in the run's cgroup, and the run says so.
+        assert!(big.oom_kills >= 1, "{big:?}");
+        assert!(
+            err(&big).contains("fhsx: the run reached its [limits] memory (256 MiB): the kernel's OOM killer ended"),
+            "{}",
+            err(&big)
+        );
+    } else {
+        // RLIMIT_AS: MemoryError (exit 1), and the run says what held.
+        assert_eq!(big.memory, MemoryEnforcement::AddressSpace);
+        assert!(
+            err(&big).contains("fhsx: [limits] memory (256 MiB) is enforced as an address-space limit (RLIMIT_AS) here"),
+            "{}",
+            err(&big)
+        );
+    }
+}
+
+/// A memory limit limits memory, not address space: a 16 GiB reservation
+/// (`PROT_NONE`, `MAP_NORESERVE`) runs under 256 MiB where a memory cgroup
+/// holds the limit; only the `RLIMIT_AS` fallback refuses it.
+#[test]
+fn memory_limit_lets_a_reservation_past_it_run() {
+    let ws = workspace();
+    let limits = Some(Limits {
+        memory: Some(256 << 20),
+        ..Limits::default()
+    });
+    let reserve = "/usr/bin/python3 -c 'import mmap; m = mmap.mmap(-1, 16 << 30, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | 0x4000, prot=0); print(\"reserved\")'";
+    let r = run(ws.path(), reserve, opts(), limits).unwrap();
+    if memory_cgroup_expected() {
+        assert!(r.memory.is_cgroup(), "{:?}", r.memory);
+    }
+    if r.memory.is_cgroup() {
+        assert_eq!(r.outcome, Outcome::Exited(0), "{}", err(&r));
+        assert_eq!(out(&r).trim(), "reserved");
+        assert!(!err(&r).contains("RLIMIT_AS"), "{}", err(&r));
+    } else {
+        assert_ne!(r.outcome, Outcome::Exited(0), "{}", out(&r));
+    }
+    // No limit, no enforcement to speak of.
+    let r = run(ws.path(), "true", opts(), None).unwrap();
+    assert_eq!(r.memory, MemoryEnforcement::None);
 }

@@ -2,7 +2,7 @@
 //! needed: an in-memory host).
 
 use std::ffi::OsString;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use executor_sandbox::{
@@ -153,6 +153,21 @@ fn ro_bind_file_binds_below_run_fhsx_only() {
     }
     s.ro_bind_file(Path::new("/srv/proxy/ca.pem"), "/run/fhsx/certs/other.pem")
         .unwrap();
+    // Both are readable inside and listed as such (the supervisor, bound
+    // execute-only, is not).
+    assert_eq!(
+        s.readable_host_files(),
+        vec![
+            (
+                PathBuf::from("/srv/proxy/ca.pem"),
+                PathBuf::from(PROXY_CA_PATH)
+            ),
+            (
+                PathBuf::from("/srv/proxy/ca.pem"),
+                PathBuf::from("/run/fhsx/certs/other.pem")
+            ),
+        ]
+    );
 }
 
 #[test]

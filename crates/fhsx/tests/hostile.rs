@@ -106,13 +106,24 @@ impl World {
     }
 
     fn build(&self, action: &Path) -> (Output, Option<serde_json::Value>) {
-        let o = fhsx(&self.store)
+        let (o, v, _) = self.build_pid(action);
+        (o, v)
+    }
+
+    /// [`build`](Self::build), and the PID the `fhsx` process had (its
+    /// per-run cgroups are named after it).
+    fn build_pid(&self, action: &Path) -> (Output, Option<serde_json::Value>, u32) {
+        let child = fhsx(&self.store)
             .args(["--json", "build"])
             .arg(action)
-            .output()
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
             .unwrap();
+        let pid = child.id();
+        let o = child.wait_with_output().unwrap();
         let v = serde_json::from_slice(&o.stdout).ok();
-        (o, v)
+        (o, v, pid)
     }
 
     fn blob(&self, digest: &str) -> String {
@@ -673,9 +684,149 @@ fn host_isolation_fork_bomb_is_stopped_by_limits_pids() {
     exhaust("forkbomb", "pids = 64", "a fork bomb");
 }
 
+/// The per-run cgroup directories (`fhsx-run-PID-N`) an `fhsx` of that
+/// PID made in our cgroup of every hierarchy that is mounted (v2, and the
+/// v1 pids and memory ones).
+fn run_cgroups_of(pid: u32) -> Vec<PathBuf> {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let mut bases = Vec::new();
+    for l in mounts.lines() {
+        let f: Vec<&str> = l.split(' ').collect();
+        let Some(sep) = f.iter().position(|x| *x == "-") else {
+            continue;
+        };
+        let (fs_type, opts) = (f[sep + 1], f.get(sep + 3).copied().unwrap_or(""));
+        let ctl = match fs_type {
+            "cgroup2" => "",
+            "cgroup" => match opts.split(',').find(|o| *o == "pids" || *o == "memory") {
+                Some(c) => c,
+                None => continue,
+            },
+            _ => continue,
+        };
+        let Some(path) = own.lines().find_map(|c| {
+            let mut it = c.splitn(3, ':');
+            let (_, ctls, path) = (it.next()?, it.next()?, it.next()?);
+            let hit = if ctl.is_empty() {
+                ctls.is_empty()
+            } else {
+                ctls.split(',').any(|x| x == ctl)
+            };
+            hit.then(|| path.to_owned())
+        }) else {
+            continue;
+        };
+        let rel = path.strip_prefix(f[3]).unwrap_or(&path);
+        bases.push(Path::new(f[4]).join(rel.trim_start_matches('/')));
+    }
+    let prefix = format!("fhsx-run-{pid}-");
+    bases
+        .iter()
+        .filter_map(|b| fs::read_dir(b).ok())
+        .flat_map(|rd| rd.flatten())
+        .filter(|e| e.file_name().to_string_lossy().starts_with(&prefix))
+        .map(|e| e.path())
+        .collect()
+}
+
+/// Whether this build's memory limit was a memory cgroup's, by its log:
+/// only a run without a memory controller says it fell back to
+/// `RLIMIT_AS`. Run as root on a host that mounts the cgroup v1 memory
+/// hierarchy (or a cgroup v2 with the memory controller at its root), it
+/// must have had one.
+fn memory_was_a_cgroup(log: &str) -> bool {
+    let fallback = log.contains(ADDRESS_SPACE_NOTE);
+    // SAFETY: geteuid has no preconditions.
+    let root = unsafe { libc::geteuid() } == 0;
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
+    let v1 = mounts.lines().any(|l| {
+        l.contains(" - cgroup ")
+            && l.rsplit(' ')
+                .next()
+                .is_some_and(|o| o.split(',').any(|x| x == "memory"))
+    });
+    let own = fs::read_to_string("/proc/self/cgroup").unwrap_or_default();
+    let v2_root = own.lines().any(|l| l == "0::/")
+        && fs::read_to_string("/sys/fs/cgroup/cgroup.controllers")
+            .is_ok_and(|c| c.split_whitespace().any(|x| x == "memory"));
+    if root && (v1 || v2_root) {
+        assert!(
+            !fallback,
+            "root with a memory controller fell back to RLIMIT_AS:\n{log}"
+        );
+    }
+    // Without root there is one only where a cgroup v2 is delegated to the
+    // caller; either way the log says which.
+    !fallback
+}
+
+const ADDRESS_SPACE_NOTE: &str = "is enforced as an address-space limit (RLIMIT_AS) here";
+
+/// Touching more memory than `[limits] memory` ends the build as a clean
+/// limit failure: killed by the OOM killer inside the run's memory cgroup
+/// and said so in the log (without root: the allocation fails under
+/// `RLIMIT_AS`, and the log says the limit is only that). The per-run
+/// memory cgroup is gone afterwards.
 #[test]
 fn host_isolation_memory_hog_is_stopped_by_limits_memory() {
     exhaust("memory=768", "memory = 67108864", "a memory hog");
+    let w = World::new();
+    let a = w.action(
+        "hog.toml",
+        "exec $A memory=200",
+        "[limits]\nmemory = 67108864\n",
+    );
+    let (o, v, pid) = w.build_pid(&a);
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let log = w.log(&o, &v);
+    assert!(!log.contains("ALLOCATED"), "200 MiB fit in 64 MiB:\n{log}");
+    if memory_was_a_cgroup(&log) {
+        assert!(
+            log.contains(
+                "fhsx: the run reached its [limits] memory (64 MiB): the kernel's OOM killer ended"
+            ),
+            "the OOM kill is not reported:\n{log}"
+        );
+    }
+    assert_eq!(
+        run_cgroups_of(pid),
+        Vec::<PathBuf>::new(),
+        "per-run cgroups left"
+    );
+    assert!(Command::new("true").status().unwrap().success());
+    no_leftovers(w.path());
+}
+
+/// `[limits] memory` limits memory, not address space: under the default
+/// 8 GiB a program that reserves 16 GiB (`PROT_NONE`, `MAP_NORESERVE`, as
+/// JITs, sanitizers, Go, the JVM and WebAssembly engines do) runs. Where no
+/// memory cgroup can be had (without root) the limit falls back to
+/// `RLIMIT_AS`, the reservation fails, and the log says why.
+#[test]
+fn host_isolation_limits_memory_is_memory_not_address_space_a_16_gib_reservation_runs() {
+    let w = World::new();
+    let a = w.action("reserve.toml", "exec $A reserve=16384", "");
+    let (o, v, pid) = w.build_pid(&a);
+    let log = w.log(&o, &v);
+    if memory_was_a_cgroup(&log) {
+        assert!(o.status.success(), "{}\n{log}", text(&o));
+        assert!(log.contains("RESERVED 16384 MiB"), "{log}");
+    } else {
+        assert!(
+            log.contains(&format!(
+                "fhsx: [limits] memory (8 GiB) {ADDRESS_SPACE_NOTE}"
+            )),
+            "the address-space fallback is not said:\n{log}"
+        );
+        assert!(log.contains("RESERVE refused 16384 MiB"), "{log}");
+    }
+    assert_eq!(
+        run_cgroups_of(pid),
+        Vec::<PathBuf>::new(),
+        "per-run cgroups left"
+    );
+    no_leftovers(w.path());
 }
 
 #[test]
@@ -838,4 +989,207 @@ fn zz_every_hostile_action_also_fails_as_an_unprivileged_user() {
         "the hostile suite failed as user {HOSTILE_USER}:\n{so}\n{se}"
     );
     println!("as {HOSTILE_USER}:\n{so}");
+}
+
+/// What a build sees of its own process state: signal dispositions and
+/// mask, CPU affinity, umask, nice and scheduling policy, personality,
+/// `oom_score_adj`, every resource limit. Written to `$out/state` too, so
+/// the output digest covers it.
+const PROCESS_STATE: &str = r#"
+busybox mkdir -p $out
+{
+  busybox grep -E '^(SigIgn|SigBlk|SigCgt|Cpus_allowed_list):' /proc/self/status
+  echo "umask $(umask)"
+  echo "nice $(busybox cut -d' ' -f19 /proc/self/stat)"
+  echo "policy $(busybox cut -d' ' -f41 /proc/self/stat)"
+  echo "personality $(busybox cat /proc/self/personality)"
+  echo "oom_score_adj $(busybox cat /proc/self/oom_score_adj)"
+  ulimit -a
+} > $out/state
+busybox sed 's/^/STATE /' $out/state
+"#;
+
+/// The `STATE` lines of a build's log.
+fn state_lines(log: &str) -> Vec<&str> {
+    log.lines().filter(|l| l.starts_with("STATE ")).collect()
+}
+
+/// Nothing of the caller's process state crosses into the build: the same
+/// action run plainly, backgrounded from a script (SIGINT and SIGQUIT
+/// ignored), under `nohup` (SIGHUP ignored), and from a caller with umask
+/// 077, nice 7, one CPU, a 1 MiB stack, no address randomisation,
+/// `SCHED_BATCH` and another `oom_score_adj` sees the same state and makes
+/// the same output. A caller's higher nice value and lowered hard limits
+/// can only be undone with CAP_SYS_NICE and CAP_SYS_RESOURCE (which the
+/// unprivileged pass, and root in some containers, lack): without them
+/// the caller keeps nice and lowers only soft limits.
+#[test]
+fn host_isolation_nothing_of_the_callers_process_state_crosses() {
+    let w = World::new();
+    let a = w.action("state.toml", PROCESS_STATE, "");
+    // Raising a hard limit takes CAP_SYS_RESOURCE, lowering nice
+    // CAP_SYS_NICE (root in a container may lack either).
+    let (raise, renice) = (has_cap(24), has_cap(23));
+    let exe = support::fhsx_exe();
+    let build = |shell: &str| {
+        let o = Command::new("bash")
+            .arg("-c")
+            .arg(shell)
+            .arg(&exe)
+            .arg(&w.store)
+            .arg(&a)
+            .env("TMPDIR", w.path())
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        let v: Option<serde_json::Value> = serde_json::from_slice(&o.stdout).ok();
+        assert!(o.status.success(), "{shell}: {}", text(&o));
+        let log = w.log(&o, &v);
+        let out = v.as_ref().unwrap()["output"].as_str().unwrap().to_owned();
+        (log, out)
+    };
+    let fhsx = r#""$0" --store "$1" --json build "$2""#;
+    // `ulimit -s` sets the soft and the hard limit, `-S` only the soft.
+    let hard = if raise { "" } else { "-S" };
+    let nice = if renice { "nice -n 7" } else { "" };
+    let hostile = format!(
+        "umask 077; ulimit {hard} -s 1024; ulimit {hard} -n 512; ulimit {hard} -c 0; exec choom -n 300 -- {nice} taskset -c 0 setarch \"$(uname -m)\" -R chrt -b 0 {fhsx}"
+    );
+    let runs = [
+        ("plain", format!("exec {fhsx}")),
+        ("backgrounded", format!("{fhsx} & wait")),
+        ("nohup", format!("exec nohup {fhsx}")),
+        ("hostile caller", hostile),
+    ];
+    let results: Vec<_> = runs.iter().map(|(name, sh)| (name, build(sh))).collect();
+    let (_, (log0, out0)) = &results[0];
+    let state0 = state_lines(log0);
+    let field = |k: &str| {
+        state0
+            .iter()
+            .find_map(|l| l.strip_prefix("STATE ")?.strip_prefix(k))
+            .map(str::trim)
+            .unwrap_or_else(|| panic!("no {k} in the state:\n{log0}"))
+    };
+    assert_eq!(field("SigIgn:"), "0000000000000000", "{log0}");
+    assert_eq!(field("SigBlk:"), "0000000000000000", "{log0}");
+    assert_eq!(field("umask"), "0022", "{log0}");
+    assert_eq!(field("nice"), "0", "{log0}");
+    assert_eq!(field("policy"), "0", "SCHED_OTHER: {log0}");
+    assert_eq!(field("personality"), "00000000", "{log0}");
+    assert_eq!(field("oom_score_adj"), "500", "{log0}");
+    assert!(
+        state0
+            .iter()
+            .any(|l| l.contains("stack") && l.ends_with(" 8192")),
+        "the stack limit is not 8 MiB:\n{log0}"
+    );
+    assert!(
+        state0
+            .iter()
+            .any(|l| l.contains("core") && l.ends_with(" 0")),
+        "core dumps are not off:\n{log0}"
+    );
+    for (name, (log, out)) in &results[1..] {
+        assert_eq!(
+            state_lines(log),
+            state0,
+            "run {name} saw another process state than a plain run"
+        );
+        assert_eq!(out, out0, "run {name} made another output");
+    }
+    no_leftovers(w.path());
+}
+
+/// No byte from outside the view: the supervisor (PID 1, a host file bound
+/// into the sandbox) can be run but not read — not by its path, not by
+/// `/proc/1/exe`, `/proc/1/mem`, `/proc/1/map_files`, `process_vm_readv`,
+/// nor through a copy of it the build execs itself — while the command's
+/// own `/proc/self/exe` is the command. Every other file bound from the
+/// host is unreadable too, or public: the fetch proxy's CA certificate,
+/// which the build must trust, and which is exactly the store's
+/// `ca/ca.crt`, no key.
+#[test]
+fn no_read_outside_declared_closure_the_supervisor_and_every_bound_host_file() {
+    let w = World::new();
+    fs::write(w.path().join("fetch.lock"), "version = 1\n").unwrap();
+    let script = r#"
+        $A supervisor=/run/fhsx/supervisor
+        busybox md5sum /run/fhsx/supervisor 2>/dev/null && echo "ESCAPED md5sum of the supervisor"
+        busybox cat /proc/1/exe >/dev/null 2>&1 && echo "ESCAPED cat /proc/1/exe"
+        s=$(busybox md5sum < /proc/self/exe); b=$(busybox md5sum < /bin/busybox)
+        [ "$s" = "$b" ] && echo "SELF-EXE of the shell is busybox"
+        # Every mount that is not the view (FUSE) or a kernel file system:
+        # what the host bound in.
+        busybox awk '{ for (i = 7; $i != "-"; i++); print $5, $(i + 1) }' /proc/self/mountinfo |
+        while read mp fstype; do
+          case "$fstype" in fuse*|proc|sysfs|tmpfs|devtmpfs|devpts|mqueue|cgroup*) continue;; esac
+          if [ -S "$mp" ]; then echo "BOUND socket $mp"
+          elif [ -d "$mp" ]; then echo "BOUND dir $mp"
+          elif [ -f "$mp" ]; then
+            if busybox head -c 1 "$mp" >/dev/null 2>&1; then echo "BOUND readable $mp $(busybox md5sum < "$mp")"
+            else echo "BOUND unreadable $mp"; fi
+          else echo "BOUND other $mp"; fi
+        done
+        busybox cat /run/fhsx/ca.pem 2>/dev/null | busybox sed 's/^/CA /'
+        echo BLOCKED shell: done
+    "#;
+    for mode in ["none", "replay"] {
+        let net = if mode == "none" {
+            String::new()
+        } else {
+            "[network]\nmode = \"replay\"\nlock = \"fetch.lock\"\n".to_owned()
+        };
+        let a = w.action(&format!("bound-{mode}.toml"), script, &net);
+        let (o, v) = w.build(&a);
+        assert!(o.status.success(), "{mode}: {}", text(&o));
+        let log = w.log(&o, &v);
+        assert_blocked(&log, &["supervisor", "shell"]);
+        assert!(log.contains("SELF-EXE is the command"), "{log}");
+        assert!(log.contains("SELF-EXE of the shell is busybox"), "{log}");
+        let bound: Vec<&str> = log.lines().filter(|l| l.starts_with("BOUND ")).collect();
+        assert!(
+            bound.contains(&"BOUND unreadable /run/fhsx/supervisor"),
+            "{mode}: the supervisor is not among the bound files, unreadable:\n{log}"
+        );
+        for b in &bound {
+            let mut f = b.split_whitespace().skip(1);
+            let (kind, mp) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
+            match kind {
+                "unreadable" | "socket" => {}
+                "dir" => assert_eq!(mp, "/build", "{mode}: a host directory is bound: {b}"),
+                "readable" => assert_eq!(
+                    (mode, mp),
+                    ("replay", "/run/fhsx/ca.pem"),
+                    "a host file is readable: {b}\n{log}"
+                ),
+                _ => panic!("{mode}: something else is bound from the host: {b}"),
+            }
+        }
+        let ca: Vec<&str> = log.lines().filter_map(|l| l.strip_prefix("CA ")).collect();
+        if mode == "replay" {
+            let public = fs::read_to_string(w.store.join("ca/ca.crt")).unwrap();
+            assert_eq!(
+                ca,
+                public.lines().collect::<Vec<_>>(),
+                "the bound CA is not the store's public certificate"
+            );
+            assert!(!ca.iter().any(|l| l.contains("PRIVATE KEY")));
+        } else {
+            assert!(ca.is_empty(), "{log}");
+        }
+        no_leftovers(w.path());
+    }
+}
+
+/// Whether this process has capability `bit` in its effective set.
+fn has_cap(bit: u32) -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|caps| caps & (1 << bit) != 0)
 }

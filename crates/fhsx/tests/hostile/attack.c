@@ -7,6 +7,7 @@
  * unless the probe's own setup failed (then 2, "SETUP").
  */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/keyctl.h>
@@ -30,6 +31,7 @@
 #include <sys/syscall.h>
 #include <sys/sysmacros.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 #include <sys/un.h>
 #include <sys/wait.h>
 #include <termios.h>
@@ -448,6 +450,105 @@ static void p_proxy(const char *arg) {
     }
 }
 
+/* Only reserve address space, as JITs, sanitizers, Go, the JVM and
+ * WebAssembly engines do: PROT_NONE, MAP_NORESERVE, then make 1 MiB of it
+ * usable and use it. A memory limit must not refuse this. */
+static void p_reserve(const char *mb) {
+    size_t len = (size_t)atol(mb) << 20;
+    char *p = mmap(NULL, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (p == MAP_FAILED) {
+        printf("RESERVE refused %zu MiB: %s\n", len >> 20, strerror(errno));
+        fflush(stdout);
+        exit(1);
+    }
+    if (mprotect(p, 1 << 20, PROT_READ | PROT_WRITE) != 0) {
+        printf("RESERVE mprotect failed: %s\n", strerror(errno));
+        fflush(stdout);
+        exit(1);
+    }
+    memset(p, 0x5a, 1 << 20);
+    printf("RESERVED %zu MiB\n", len >> 20);
+}
+
+/* Whether fd is the file at `path` (same device and inode). */
+static int same_file(int fd, const struct stat *want) {
+    struct stat st;
+    return fstat(fd, &st) == 0 && st.st_dev == want->st_dev && st.st_ino == want->st_ino;
+}
+
+/* Try to read a byte of the supervisor (`path`, PID 1) by every way
+ * there is: its file, PID 1's exe link, maps, mem, map_files and fds,
+ * process_vm_readv, and a copy of it the command execs itself. */
+static void p_supervisor(const char *path) {
+    struct stat sup;
+    if (stat(path, &sup) != 0) { printf("SETUP supervisor: stat %s: %s\n", path, strerror(errno)); return; }
+    char b[400], buf[64];
+    const char *files[] = {path, "/proc/1/exe", "/proc/1/mem", "/proc/1/maps",
+                           "/proc/1/environ", "/proc/1/task/1/mem"};
+    for (size_t i = 0; i < sizeof files / sizeof *files; i++) {
+        int fd = open(files[i], O_RDONLY);
+        if (fd < 0) { blocked("supervisor", files[i], errno); continue; }
+        ssize_t n = read(fd, buf, sizeof buf);
+        int e = errno;
+        close(fd);
+        if (n < 0) { blocked("supervisor", files[i], e); continue; }
+        snprintf(b, sizeof b, "read %zd bytes of %s", n, files[i]);
+        escaped("supervisor", b);
+    }
+    char link[256];
+    expect_fail("supervisor", "readlink /proc/1/exe", readlink("/proc/1/exe", link, sizeof link));
+    const char *dirs[] = {"/proc/1/map_files", "/proc/1/fd"};
+    for (size_t i = 0; i < 2; i++) {
+        DIR *d = opendir(dirs[i]);
+        if (!d) { blocked("supervisor", dirs[i], errno); continue; }
+        struct dirent *de;
+        int any = 0;
+        while ((de = readdir(d))) {
+            if (de->d_name[0] == '.') continue;
+            char f[300];
+            snprintf(f, sizeof f, "%s/%s", dirs[i], de->d_name);
+            int fd = open(f, O_RDONLY);
+            if (fd < 0) { any = 1; continue; }
+            if (read(fd, buf, 1) >= 0 || same_file(fd, &sup)) {
+                snprintf(b, sizeof b, "read %s", f);
+                escaped("supervisor", b);
+            }
+            close(fd);
+        }
+        closedir(d);
+        blocked("supervisor", any ? "entries listed, none opened" : "nothing listed", EACCES);
+    }
+    struct iovec local = {buf, 1}, remote = {(void *)0x400000, 1};
+    expect_fail("supervisor", "process_vm_readv(1)", process_vm_readv(1, &local, 1, &remote, 1, 0));
+    /* Exec a copy of it and race for that process's exe and memory. */
+    pid_t c = fork();
+    if (c == 0) {
+        char *argv[] = {(char *)path, NULL};
+        execv(path, argv);
+        _exit(127);
+    }
+    char exe[64], mem[64];
+    snprintf(exe, sizeof exe, "/proc/%d/exe", c);
+    snprintf(mem, sizeof mem, "/proc/%d/mem", c);
+    int got = 0, tries = 0;
+    for (; tries < 100000; tries++) {
+        int fd = open(exe, O_RDONLY);
+        if (fd >= 0) {
+            if (same_file(fd, &sup) && read(fd, buf, 1) == 1) got = 1;
+            close(fd);
+        }
+        if (got || waitpid(c, NULL, WNOHANG) == c) break;
+    }
+    if (!got) waitpid(c, NULL, 0);
+    if (got) escaped("supervisor", "read the supervisor through an exec'd copy's /proc/PID/exe");
+    else blocked("supervisor", "an exec'd copy's /proc/PID/exe", EACCES);
+    /* The command's own exe is the command. */
+    struct stat self, cmd;
+    if (stat("/proc/self/exe", &self) == 0 && stat("/opt/hostile/attack", &cmd) == 0 &&
+        self.st_ino == cmd.st_ino && self.st_dev == cmd.st_dev)
+        printf("SELF-EXE is the command\n");
+}
+
 int main(int argc, char **argv) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     for (int i = 1; i < argc; i++) {
@@ -478,6 +579,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(name, "files")) p_files(arg);
         else if (!strcmp(name, "diskfiles")) p_diskfiles(arg);
         else if (!strcmp(name, "proxy")) p_proxy(arg);
+        else if (!strcmp(name, "reserve")) p_reserve(arg);
+        else if (!strcmp(name, "supervisor")) p_supervisor(arg);
         else { printf("SETUP unknown probe %s\n", name); return 2; }
     }
     printf("DONE\n");
