@@ -147,6 +147,7 @@ impl FhsExecutor {
             Consulted::Hit(outcome) => return Ok(*outcome),
             Consulted::Run { against } => against,
         };
+        self.check_inputs(&plan)?;
         let view = view::compose(&self.store, &plan.atoms())?;
         let mut notes = Vec::new();
         let work = self.prepare(&plan, &mut notes, log)?;
@@ -231,8 +232,8 @@ impl FhsExecutor {
         })
     }
 
-    /// Stage 1, resolve: the effective network mode, the lock, the inputs'
-    /// presence, the action digest.
+    /// Stage 1, resolve: the effective network mode, the lock, the action
+    /// digest.
     fn resolve<'r>(&self, req: &'r BuildRequest) -> Result<Plan<'r>, Error> {
         let mut action = req.action.clone();
         action.network.mode = match (action.network.mode, req.record) {
@@ -267,14 +268,6 @@ impl FhsExecutor {
                 }
             }
         };
-        for (list, d) in action.inputs.iter() {
-            if !self.store.has_directory(d)? {
-                return Err(Error::MissingInput {
-                    what: list.name(),
-                    digest: *d,
-                });
-            }
-        }
         let action_digest = action.digest(lock_digest.as_ref());
         Ok(Plan {
             req,
@@ -282,6 +275,20 @@ impl FhsExecutor {
             lock_digest,
             action_digest,
         })
+    }
+
+    /// Stage 3a, inputs: every input is in the store (a cache hit needs
+    /// none of them).
+    fn check_inputs(&self, plan: &Plan<'_>) -> Result<(), Error> {
+        for (list, d) in plan.action.inputs.iter() {
+            if !self.store.has_directory(d)? {
+                return Err(Error::MissingInput {
+                    what: list.name(),
+                    digest: *d,
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Stage 2, cache: answer the build from a record if the policy allows;
