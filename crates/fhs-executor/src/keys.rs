@@ -40,8 +40,10 @@ pub fn generate(path: &Path) -> Result<SigningKey, Error> {
     if let Some(dir) = path.parent() {
         fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
     }
-    let tmp = path.with_extension("tmp");
-    let _ = fs::remove_file(&tmp);
+    // One name per writer: two builds starting on a fresh store both get
+    // here, and a shared temporary name would let one link the other's key
+    // while signing with its own.
+    let tmp = path.with_extension(format!("tmp-{}-{}", std::process::id(), hex::encode(&seed[..8])));
     let mut f = fs::File::options()
         .write(true)
         .create_new(true)

@@ -11,10 +11,12 @@
 //! the host never notices. Elsewhere the limit is not enforced, and the
 //! build says so in its log.
 //!
-//! Each area holds a lock file, `flock`ed while its build lives. A build
-//! killed outright (SIGKILL, a crash) leaves its area behind; the next build
-//! in the same `$TMPDIR` finds the lock free, detaches whatever is still
-//! mounted there and removes it.
+//! Each area holds a lock file, `flock`ed while its build lives, and is
+//! made under a staging name and renamed into place only once locked, so
+//! no other build ever sees an unlocked live area. A build killed outright
+//! (SIGKILL, a crash) leaves its area behind; the next build in the same
+//! `$TMPDIR` finds the lock free, detaches whatever is still mounted there
+//! and removes it.
 
 use std::fs;
 use std::os::fd::AsRawFd;
@@ -40,7 +42,8 @@ pub enum DiskLimit {
 /// A build's working area; dropping it unmounts and removes everything.
 #[derive(Debug)]
 pub struct WorkArea {
-    dir: Option<tempfile::TempDir>,
+    /// `None` once kept.
+    dir: Option<PathBuf>,
     scratch: PathBuf,
     mounted: bool,
     /// The scratch mount in the mount registry, so that it does not outlive
@@ -50,19 +53,29 @@ pub struct WorkArea {
     pub disk: DiskLimit,
 }
 
+/// Where an area is made before it is locked: a name no sweeper looks at.
+const STAGING: &str = ".fhsx-new-";
+
 impl WorkArea {
     /// Create the area in `$TMPDIR` with a scratch of at most `disk_bytes`,
     /// after sweeping areas of builds that were killed.
+    ///
+    /// An area is made under a staging name, locked, and only then renamed
+    /// to `fhsx-build-*`: a sweeper (another build starting) sees only
+    /// areas that are locked while their build lives, so it can never take
+    /// a fresh area for a dead one, nor hold the lock its owner is about to
+    /// take.
     pub fn create(disk_bytes: u64) -> Result<WorkArea, Error> {
         let tmp = std::env::temp_dir();
         sweep_abandoned(&tmp);
-        let dir = tempfile::Builder::new()
-            .prefix(PREFIX)
-            .tempdir()
+        let staging = tempfile::Builder::new()
+            .prefix(STAGING)
+            .tempdir_in(&tmp)
             .map_err(|e| Error::io("create build directory in", &tmp, e))?;
-        let lock_path = dir.path().join(LOCK);
+        let lock_path = staging.path().join(LOCK);
         let lock = fs::File::create(&lock_path).map_err(|e| Error::io("create", &lock_path, e))?;
-        // SAFETY: flock on an fd we own.
+        // SAFETY: flock on an fd we own. No one else knows the staging
+        // name, so this cannot be contended.
         if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
             return Err(Error::io(
                 "lock",
@@ -70,8 +83,16 @@ impl WorkArea {
                 std::io::Error::last_os_error(),
             ));
         }
-        let scratch = dir.path().join("build");
-        fs::create_dir(&scratch).map_err(|e| Error::io("create", &scratch, e))?;
+        let suffix = staging
+            .path()
+            .file_name()
+            .map(|n| n.to_string_lossy().trim_start_matches(STAGING).to_owned())
+            .unwrap_or_default();
+        let dir = tmp.join(format!("{PREFIX}{suffix}"));
+        fs::rename(staging.path(), &dir).map_err(|e| Error::io("rename into place", &dir, e))?;
+        // Renamed away: the staging guard must not remove anything now.
+        let _ = staging.keep();
+        let scratch = dir.join("build");
         let mut area = WorkArea {
             dir: Some(dir),
             scratch,
@@ -80,6 +101,7 @@ impl WorkArea {
             _lock: lock,
             disk: DiskLimit::NotEnforced(String::new()),
         };
+        fs::create_dir(&area.scratch).map_err(|e| Error::io("create", &area.scratch, e))?;
         area.disk = match area.mount_quota(disk_bytes) {
             Ok(bytes) => DiskLimit::Enforced(bytes),
             Err(why) => DiskLimit::NotEnforced(why),
@@ -88,7 +110,7 @@ impl WorkArea {
     }
 
     pub fn path(&self) -> &Path {
-        self.dir.as_ref().map_or(Path::new("/"), |d| d.path())
+        self.dir.as_deref().unwrap_or(Path::new("/"))
     }
 
     /// The scratch directory (`/build` inside the sandbox).
@@ -103,7 +125,7 @@ impl WorkArea {
         self.mounted = false;
         // Kept on purpose: no later cleanup may take it away.
         self.registration = None;
-        self.dir.take().map_or_else(PathBuf::new, |d| d.keep())
+        self.dir.take().unwrap_or_default()
     }
 
     /// Back the scratch with its own size-capped file system; the bytes
@@ -157,7 +179,13 @@ impl Drop for WorkArea {
             let _ = castore_fuse::detach(&self.scratch);
         }
         self.registration = None;
-        // The TempDir's own drop removes the directory.
+        if let Some(dir) = self.dir.take() {
+            // Never through a mount: what is still mounted (a detach that
+            // failed) keeps the area for a later sweep.
+            if still_mounted_below(&dir).is_empty() {
+                let _ = fs::remove_dir_all(&dir);
+            }
+        }
     }
 }
 
@@ -414,7 +442,22 @@ pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
         return swept;
     };
     for e in rd.flatten() {
-        if !e.file_name().as_bytes().starts_with(PREFIX.as_bytes()) {
+        let name = e.file_name();
+        if name.as_bytes().starts_with(STAGING.as_bytes()) {
+            // A creator killed between mkdir and rename; a live one renames
+            // within microseconds.
+            let stale = e
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age.as_secs() > 600);
+            if stale {
+                let _ = fs::remove_dir_all(e.path());
+            }
+            continue;
+        }
+        if !name.as_bytes().starts_with(PREFIX.as_bytes()) {
             continue;
         }
         let dir = e.path();
