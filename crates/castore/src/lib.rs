@@ -23,6 +23,7 @@ pub mod export;
 pub mod gc;
 pub mod import;
 mod nodes;
+pub mod roots;
 pub mod store;
 pub mod tier;
 pub mod verify;
@@ -33,7 +34,8 @@ pub use digest::Digest;
 pub use directory::Directory;
 pub use error::{Clash, Error, ErrorKind, Result};
 pub use nodes::{Name, Node, SymlinkTarget};
-pub use store::{BlobStore, DirectoryStore, LocalStore};
+pub use roots::{GcHold, Root, TempRoots};
+pub use store::{BlobStore, BlobWriter, CappedWriter, DirectoryStore, LocalStore};
 
 /// Progress reporting for long operations. The library only counts; how (and
 /// whether) to draw a bar is the caller's business.
