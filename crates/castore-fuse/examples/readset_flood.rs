@@ -24,7 +24,11 @@ fn vm_hwm_kib() -> u64 {
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().collect();
-    let n: u64 = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(2_000_000);
+    let n: u64 = args
+        .get(1)
+        .map(|s| s.parse())
+        .transpose()?
+        .unwrap_or(2_000_000);
     let threads: u64 = args.get(2).map(|s| s.parse()).transpose()?.unwrap_or(2);
     let full = args.get(3).is_some_and(|a| a == "full");
     let tmp = tempfile::TempDir::new()?;

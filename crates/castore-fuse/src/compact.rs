@@ -684,7 +684,9 @@ impl<'a> Cursor<'a> {
     fn next_ref(&mut self) -> Option<(&str, EntryKind, Option<Digest>, Access)> {
         loop {
             match self.step() {
-                Step::Entry(kind, digest, access) => return Some((&self.path, kind, digest, access)),
+                Step::Entry(kind, digest, access) => {
+                    return Some((&self.path, kind, digest, access))
+                }
                 Step::Enter | Step::Leave => continue,
                 Step::Done => return None,
             }
@@ -706,7 +708,10 @@ impl CompactReadSet {
         if self.root != *view {
             return Err(outside(
                 "/",
-                format!("observed in view {}, not in the declared view {view}", self.root),
+                format!(
+                    "observed in view {}, not in the declared view {view}",
+                    self.root
+                ),
             ));
         }
         let mut dirs = vec![store.get_directory(view)?];
@@ -733,9 +738,7 @@ impl CompactReadSet {
                         Some((EntryKind::Dir, *view))
                     } else {
                         let raw = unescape_path(&String::from_utf8_lossy(cur.name));
-                        dirs.last()
-                            .and_then(|d| d.get(&raw))
-                            .map(kind_digest)
+                        dirs.last().and_then(|d| d.get(&raw)).map(kind_digest)
                     };
                     let ok = match (found, digest) {
                         (None, None) => kind == EntryKind::Absent,
@@ -760,7 +763,9 @@ mod tests {
     use super::*;
 
     /// A fake inode table: (parent, name, observed).
-    struct Fake(Vec<(u32, Vec<u8>, Option<(EntryKind, Digest, Access)>)>);
+    type Observed = Option<(EntryKind, Digest, Access)>;
+
+    struct Fake(Vec<(u32, Vec<u8>, Observed)>);
 
     impl Tree for Fake {
         fn len(&self) -> usize {
@@ -811,13 +816,26 @@ mod tests {
     #[test]
     fn compact_encoding_equals_the_reference_encoding() {
         let pool: &[&[u8]] = &[
-            b"a", b"a-b", b"a.b", b"a0", b"ab", b"a!", b"b", b"%x", b"\x01", b"\xff", b"\xc3\xbc",
-            b"a\x7f", b"zz", b"a-", b"a.", b"\xc2\x85",
+            b"a",
+            b"a-b",
+            b"a.b",
+            b"a0",
+            b"ab",
+            b"a!",
+            b"b",
+            b"%x",
+            b"\x01",
+            b"\xff",
+            b"\xc3\xbc",
+            b"a\x7f",
+            b"zz",
+            b"a-",
+            b"a.",
+            b"\xc2\x85",
         ];
         for seed in 1..200u64 {
             let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
-            let mut inodes: Vec<(u32, Vec<u8>, Option<(EntryKind, Digest, Access)>)> =
-                vec![(0, Vec::new(), None)];
+            let mut inodes: Vec<(u32, Vec<u8>, Observed)> = vec![(0, Vec::new(), None)];
             let mut dirs = vec![0u32];
             let mut used: std::collections::HashSet<(u32, Vec<u8>)> = Default::default();
             let mut abs = Absences::default();
@@ -833,8 +851,14 @@ mod tests {
                 let r = rng.next() % 4;
                 if r == 0 {
                     // An absence.
-                    assert_eq!(abs.insert(parent, escaped(&name).as_bytes(), &budget), Ok(true));
-                    assert_eq!(abs.insert(parent, escaped(&name).as_bytes(), &budget), Ok(false));
+                    assert_eq!(
+                        abs.insert(parent, escaped(&name).as_bytes(), &budget),
+                        Ok(true)
+                    );
+                    assert_eq!(
+                        abs.insert(parent, escaped(&name).as_bytes(), &budget),
+                        Ok(false)
+                    );
                     let mut p = path_of(&Fake(inodes.clone()), parent);
                     if p != "/" {
                         p.push('/');
@@ -845,8 +869,12 @@ mod tests {
                     continue;
                 }
                 let d = Digest::of(&rng.next().to_le_bytes());
-                let kind = [EntryKind::Dir, EntryKind::File, EntryKind::Exe, EntryKind::Symlink]
-                    [(rng.next() % 4) as usize];
+                let kind = [
+                    EntryKind::Dir,
+                    EntryKind::File,
+                    EntryKind::Exe,
+                    EntryKind::Symlink,
+                ][(rng.next() % 4) as usize];
                 let obs = match rng.next() % 3 {
                     0 => None,
                     1 => Some((kind, d, Access::Lookup)),
@@ -858,7 +886,7 @@ mod tests {
                     dirs.push(i);
                 }
             }
-            if rng.next() % 2 == 0 {
+            if rng.next() & 1 == 0 {
                 inodes[0].2 = Some((EntryKind::Dir, Digest::of(b"root"), Access::Read));
             }
             let fake = Fake(inodes.clone());
@@ -904,22 +932,34 @@ mod tests {
         std::fs::write(src.join("d/f"), b"x").unwrap();
         std::fs::write(src.join("d/100%"), b"y").unwrap();
         let store = LocalStore::open(tmp.path().join("store")).unwrap();
-        let root = castore::import::import_path(&store, &src, &()).unwrap().root;
+        let root = castore::import::import_path(&store, &src, &())
+            .unwrap()
+            .root;
         let d = castore::walk::lookup(&store, &root, "d").unwrap();
         let (dk, dd) = kind_digest(&d);
         let build = |f_digest: Digest, absent: &[u8]| {
             let fake = Fake(vec![
                 (0, Vec::new(), Some((EntryKind::Dir, root, Access::Read))),
                 (0, b"d".to_vec(), Some((dk, dd, Access::Lookup))),
-                (1, b"f".to_vec(), Some((EntryKind::File, f_digest, Access::Read))),
-                (1, b"100%".to_vec(), Some((EntryKind::File, Digest::of(b"y"), Access::Lookup))),
+                (
+                    1,
+                    b"f".to_vec(),
+                    Some((EntryKind::File, f_digest, Access::Read)),
+                ),
+                (
+                    1,
+                    b"100%".to_vec(),
+                    Some((EntryKind::File, Digest::of(b"y"), Access::Lookup)),
+                ),
             ]);
             let budget = Budget::new(u64::MAX);
             let mut abs = Absences::default();
             abs.insert(1, escaped(absent).as_bytes(), &budget).unwrap();
             CompactReadSet::freeze(root, &fake, abs)
         };
-        build(Digest::of(b"x"), b"g").check_within(&store, &root).unwrap();
+        build(Digest::of(b"x"), b"g")
+            .check_within(&store, &root)
+            .unwrap();
         // A wrong digest, an "absence" of something present, another view.
         let e = build(Digest::of(b"z"), b"g")
             .check_within(&store, &root)

@@ -341,7 +341,6 @@ impl Shared {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(Path::new(&path))
     }
-
 }
 
 /// The inode table as the freezer sees it (index = inode number − 1).

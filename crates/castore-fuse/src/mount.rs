@@ -147,10 +147,7 @@ impl std::fmt::Display for ReadSetOverflow {
     }
 }
 
-fn check_outcome(
-    failures: &[IntegrityFailure],
-    overflow: Option<ReadSetOverflow>,
-) -> Result<()> {
+fn check_outcome(failures: &[IntegrityFailure], overflow: Option<ReadSetOverflow>) -> Result<()> {
     if !failures.is_empty() {
         return Err(Error::Integrity(failures.to_vec()));
     }

@@ -223,7 +223,10 @@ fn read_set_cap_refuses_new_paths_and_marks_the_set_incomplete() {
         matches!(err, castore_fuse::Error::ReadSetIncomplete(_)),
         "{err}"
     );
-    assert!(err.to_string().contains("max_read_set_entries = 20"), "{err}");
+    assert!(
+        err.to_string().contains("max_read_set_entries = 20"),
+        "{err}"
+    );
     // The stored encoding is still the canonical one of what was recorded.
     let rs = ReadSet::load(&fx.store, &out.read_set_digest).unwrap();
     assert_eq!(rs, out.read_set.to_read_set());

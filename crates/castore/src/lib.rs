@@ -12,6 +12,15 @@
 //! directory. So a store never holds an invalid tree, and code that walks one
 //! never re-checks.
 //!
+//! It also owns what keeps objects alive: [`gc`] deletes whatever no root
+//! reaches, and [`roots`] defines the roots — persistent ones named by the
+//! user (`ROOT/roots/`) and temporary ones held by running processes
+//! (`ROOT/temproots/`, flocked while alive) for what they read and write, so
+//! a gc running next to a build never deletes what the build holds. A blob
+//! that arrives as a stream of unknown length (a build log) is written with
+//! [`BlobWriter`]: hashed as written, invisible until finished, gone if
+//! dropped; [`CappedWriter`] bounds how much of a stream reaches it.
+//!
 //! It does not own how a tree is served to a build (the FUSE view lives in
 //! `castore-fuse`) nor anything about sandboxes or build records.
 

@@ -72,7 +72,12 @@ fn blob_writer_streams_and_is_invisible_until_finished() {
     assert_eq!(n, all.len() as u64);
     assert_eq!(env.store.read_blob(&d).unwrap(), all);
     // No staging left behind.
-    assert_eq!(std::fs::read_dir(env.store.root().join("tmp")).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(env.store.root().join("tmp"))
+            .unwrap()
+            .count(),
+        0
+    );
 
     // The same bytes again: deduplicated, still fine.
     let mut w = env.store.blob_writer().unwrap();
@@ -86,7 +91,12 @@ fn blob_writer_streams_and_is_invisible_until_finished() {
     drop(w);
     assert_eq!(blob_count(&env.store), 1);
     assert!(!env.store.has(ObjectKind::Blob, &Digest::of(b"half a log")));
-    assert_eq!(std::fs::read_dir(env.store.root().join("tmp")).unwrap().count(), 0);
+    assert_eq!(
+        std::fs::read_dir(env.store.root().join("tmp"))
+            .unwrap()
+            .count(),
+        0
+    );
 
     // Empty blob.
     let (e, n) = env.store.blob_writer().unwrap().finish().unwrap();

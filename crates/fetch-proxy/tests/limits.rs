@@ -12,7 +12,11 @@ use common::*;
 use fetch_proxy::{Abort, Error, Lock, Mode, RecordLimit};
 
 fn assert_no_partial_blob(h: &Harness) {
-    assert_eq!(h.blob_files(), Vec::<std::path::PathBuf>::new(), "a blob was stored");
+    assert_eq!(
+        h.blob_files(),
+        Vec::<std::path::PathBuf>::new(),
+        "a blob was stored"
+    );
     assert_eq!(h.staged_bytes(), 0, "staged bytes left behind");
 }
 
@@ -168,7 +172,10 @@ fn stop_mid_body(route: &str) {
     let stall = format!("http://127.0.0.1:{}{route}", up.port());
     let client = std::thread::spawn(move || {
         let mut s = std::net::TcpStream::connect(a).unwrap();
-        let _ = write!(s, "GET {stall} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
+        let _ = write!(
+            s,
+            "GET {stall} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+        );
         let mut buf = Vec::new();
         let _ = s.read_to_end(&mut buf);
         buf
@@ -211,7 +218,12 @@ fn recorded_blobs_survive_gc_while_rooted() {
     // Still held by the caller's roots after the proxy is gone.
     castore::gc::gc(&store, &[]).unwrap();
     assert_eq!(h.blob_files().len(), 1);
-    let entry = Lock::load(&lock).unwrap().entries().next().cloned().unwrap();
+    let entry = Lock::load(&lock)
+        .unwrap()
+        .entries()
+        .next()
+        .cloned()
+        .unwrap();
     assert_eq!(roots.digests(), vec![entry.blake3]);
     drop(roots);
     castore::gc::gc(&store, &[]).unwrap();

@@ -353,10 +353,16 @@ fn gc_keeps_persistent_roots_and_refuses_to_empty_an_unrooted_store() {
     let o = run(&store, &["store", "root", "add", &da, "--name", "atom-a"]);
     assert!(o.status.success(), "{}", text(&o));
     let o = run(&store, &["store", "root", "list"]);
-    assert_eq!(String::from_utf8_lossy(&o.stdout), format!("atom-a\t{da}\n"));
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("atom-a\t{da}\n")
+    );
     let o = run(&store, &["store", "gc"]);
     assert!(o.status.success(), "{}", text(&o));
-    assert_eq!(run(&store, &["store", "cat", &da, "usr/bin/a"]).stdout, b"a");
+    assert_eq!(
+        run(&store, &["store", "cat", &da, "usr/bin/a"]).stdout,
+        b"a"
+    );
     assert_eq!(run(&store, &["store", "ls", &db]).status.code(), Some(2));
     assert_eq!(run(&store, &["store", "verify"]).status.code(), Some(0));
 

@@ -22,8 +22,8 @@ use std::io::Read;
 use std::path::PathBuf;
 
 pub use local::{LocalStore, ObjectKind};
-pub(crate) use txn::{lock_exclusive, lock_shared};
 pub use txn::Txn;
+pub(crate) use txn::{lock_exclusive, lock_shared};
 pub use writer::{BlobWriter, CappedWriter};
 
 use crate::{Digest, Directory, Result};
