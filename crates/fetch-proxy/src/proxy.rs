@@ -245,7 +245,9 @@ pub(crate) struct Shared {
     max_record: u64,
     /// Bytes of bodies stored or being stored by this recording.
     record_bytes: AtomicU64,
-    roots: Arc<castore::TempRoots>,
+    /// None only in replay on a store where temp roots cannot be created
+    /// (read-only): nothing is written there, and gc is not ours to run.
+    roots: Option<Arc<castore::TempRoots>>,
     /// Storing threads still running (waited for at shutdown).
     pub writers: Arc<Writers>,
 }
@@ -305,9 +307,10 @@ impl Shared {
                 &cfg.upstream_ca_files,
             )?)),
         };
-        let roots = match cfg.temp_roots {
-            Some(r) => r,
-            None => Arc::new(cfg.store.temp_roots(&[])?),
+        let roots = match (cfg.temp_roots, cfg.mode) {
+            (Some(r), _) => Some(r),
+            (None, Mode::Record) => Some(Arc::new(cfg.store.temp_roots(&[])?)),
+            (None, Mode::Replay) => cfg.store.temp_roots(&[]).ok().map(Arc::new),
         };
         let events = cfg.events.unwrap_or_else(|| {
             Arc::new(|e: &Event| {
@@ -661,7 +664,7 @@ fn store_and_enter(
             let _ = lock.save(&s.lock_path);
         }
     };
-    if let Err(e) = s.roots.add(&[digest]) {
+    if let Err(e) = s.roots.as_ref().map_or(Ok(()), |r| r.add(&[digest])) {
         undo(&mut lock);
         return Err(rejected(RecordError::Failed(e.to_string())));
     }
@@ -1243,9 +1246,10 @@ async fn ensure_verified(shared: &Arc<Shared>, entry: &Entry) -> Result<PathBuf,
     let res = tokio::task::spawn_blocking(move || -> Result<(), String> {
         // Rooted before it is checked: present now means present for as
         // long as the roots are held.
-        s.roots
-            .add(&[want])
-            .map_err(|e| format!("rooting blob {want}: {e}"))?;
+        if let Some(r) = &s.roots {
+            r.add(&[want])
+                .map_err(|e| format!("rooting blob {want}: {e}"))?;
+        }
         let md = std::fs::metadata(&p).map_err(|e| {
             format!("blob {want} is not in the store ({e}); re-record or import it")
         })?;
