@@ -66,6 +66,16 @@ pub enum Error {
     #[error("integrity error: the view refused {} corrupt blob(s): {}; run `fhsx store verify` and re-import the affected atoms", .0.len(), list(.0))]
     Integrity(Vec<IntegrityFailure>),
 
+    /// The read set reached its cap: it is incomplete, and a build on this
+    /// mount must fail as a limit failure, never be recorded as complete.
+    #[error("limit exceeded: {0}; the build cannot be recorded (raise max_read_set_entries if it is legitimate)")]
+    ReadSetIncomplete(crate::ReadSetOverflow),
+
+    /// A read-set entry the declared view does not hold as recorded: the
+    /// view served something it should not have (never expected).
+    #[error("the build observed {path} as {observed}, which the declared view does not hold")]
+    OutsideView { path: String, observed: String },
+
     /// A read set that does not parse or is not canonical.
     #[error("invalid read set: {0}")]
     BadReadSet(String),
@@ -102,14 +112,15 @@ impl Error {
     pub fn kind(&self) -> ErrorKind {
         match self {
             Error::Store(e) => e.kind(),
-            Error::Integrity(_) => ErrorKind::Integrity,
+            Error::Integrity(_) | Error::OutsideView { .. } => ErrorKind::Integrity,
             Error::FuseUnavailable(_)
             | Error::Mount { .. }
             | Error::Unmount { .. }
             | Error::Registry { .. } => ErrorKind::Io,
-            Error::BadMountpoint { .. } | Error::BadReadSet(_) | Error::NotComposed(_) => {
-                ErrorKind::Input
-            }
+            Error::BadMountpoint { .. }
+            | Error::BadReadSet(_)
+            | Error::NotComposed(_)
+            | Error::ReadSetIncomplete(_) => ErrorKind::Input,
         }
     }
 }

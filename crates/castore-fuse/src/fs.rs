@@ -7,11 +7,16 @@
 //! tree is immutable and a mount lives for one build.
 //!
 //! Every answer the kernel gets is recorded before it is sent: a lookup marks
-//! the inode `Lookup` (or records the absent path), an open, readdir or
-//! readlink marks it `Read`. Marks are one atomic per inode, so recording
-//! costs no lock on the hot path.
+//! the inode `Lookup` (or records the absent name under its parent), an open,
+//! readdir or readlink marks it `Read`. Marks are one atomic per inode, so
+//! recording an existing path costs no lock on the hot path; absences go to
+//! the compact [`Absences`] table (see `compact.rs`).
+//!
+//! A new entry past `max_read_set_entries` is refused: the request fails
+//! with `ENOMEM` (an error reply, so the kernel caches nothing) and the
+//! mount's outcome says the read set is incomplete.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::ffi::OsStr;
 use std::fs::File;
 use std::os::unix::ffi::OsStrExt;
@@ -21,7 +26,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
 use std::time::{Duration, SystemTime};
 
-use castore::compose::escape_name;
 use castore::store::{BlobStore, DirectoryStore, LocalStore};
 use castore::{Digest, Name, Node};
 use fuser::{
@@ -31,7 +35,8 @@ use fuser::{
     ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, TimeOrNow,
 };
 
-use crate::readset::{Access, ReadSetEntry};
+use crate::compact::{escaped, kind_digest, Absences, Budget, CompactReadSet, Full, Tree};
+use crate::readset::{Access, EntryKind};
 use crate::IntegrityFailure;
 
 /// Entry and attribute lifetime: the content never changes under a mount.
@@ -55,26 +60,22 @@ struct Kids {
 
 struct Inode {
     parent: u64,
-    /// Absolute, escaped path (`/` for the root).
-    path: Box<str>,
+    /// Its place in the parent's `Kids` (its name is there); 0 for the root.
+    idx: u32,
     node: Node,
     mark: AtomicU8,
     kids: OnceLock<Result<Arc<Kids>, Errno>>,
 }
 
 impl Inode {
-    fn new(parent: u64, path: Box<str>, node: Node) -> Self {
+    fn new(parent: u64, idx: u32, node: Node) -> Self {
         Inode {
             parent,
-            path,
+            idx,
             node,
             mark: AtomicU8::new(MARK_NONE),
             kids: OnceLock::new(),
         }
-    }
-
-    fn mark(&self, m: u8) {
-        self.mark.fetch_max(m, Ordering::Relaxed);
     }
 }
 
@@ -87,7 +88,8 @@ pub(crate) struct Shared {
     store: LocalStore,
     root: Digest,
     inodes: RwLock<Vec<Arc<Inode>>>,
-    absent: Mutex<HashSet<String>>,
+    absent: Mutex<Absences>,
+    budget: Budget,
     verified: Mutex<HashMap<Digest, Arc<OnceLock<Verdict>>>>,
     failures: Mutex<Vec<IntegrityFailure>>,
     /// Open files served by the daemon (not passthrough), by file handle.
@@ -111,10 +113,11 @@ impl Shared {
         root: Digest,
         root_size: u64,
         want_passthrough: bool,
+        max_entries: u64,
     ) -> Self {
         let root_inode = Inode::new(
             ROOT_INO,
-            "/".into(),
+            0,
             Node::Directory {
                 digest: root,
                 size: root_size,
@@ -124,7 +127,8 @@ impl Shared {
             store,
             root,
             inodes: RwLock::new(vec![Arc::new(root_inode)]),
-            absent: Mutex::new(HashSet::new()),
+            absent: Mutex::new(Absences::default()),
+            budget: Budget::new(max_entries),
             verified: Mutex::new(HashMap::new()),
             failures: Mutex::new(Vec::new()),
             handles: Mutex::new(HashMap::new()),
@@ -144,22 +148,61 @@ impl Shared {
         self.passthrough.load(Ordering::Relaxed)
     }
 
-    /// The raw observations so far: every marked inode and every absent path.
-    pub(crate) fn observations(&self) -> Vec<ReadSetEntry> {
+    /// Freeze the observations so far into the canonical compact set. The
+    /// absences move out (a straggling request after this records nothing
+    /// that counts).
+    pub(crate) fn freeze(&self) -> CompactReadSet {
+        let absences = std::mem::take(&mut *lock(&self.absent));
         let inodes = self.inodes.read().unwrap_or_else(|e| e.into_inner());
-        let mut out = Vec::new();
-        for i in inodes.iter() {
-            let access = match i.mark.load(Ordering::Relaxed) {
-                MARK_LOOKUP => Access::Lookup,
-                MARK_READ => Access::Read,
-                _ => continue,
+        CompactReadSet::freeze(self.root, &InodeTree(&inodes), absences)
+    }
+
+    /// How many new entries were refused at the cap, and the cap.
+    pub(crate) fn refused(&self) -> (u64, u64) {
+        (self.budget.refused(), self.budget.max)
+    }
+
+    /// Mark `inode` as observed with `m`; false if that would be a new
+    /// entry past the cap (nothing is recorded then).
+    fn mark(&self, inode: &Inode, m: u8) -> bool {
+        let cur = inode.mark.load(Ordering::Relaxed);
+        if cur >= m {
+            return true;
+        }
+        if cur != MARK_NONE {
+            inode.mark.fetch_max(m, Ordering::Relaxed);
+            return true;
+        }
+        if !self.budget.reserve() {
+            return false;
+        }
+        if inode.mark.fetch_max(m, Ordering::Relaxed) != MARK_NONE {
+            // Another thread made it an entry first.
+            self.budget.release();
+        }
+        true
+    }
+
+    /// The absolute, escaped path of inode `ino` (for messages).
+    fn path_of(&self, ino: u64) -> String {
+        let mut parts = Vec::new();
+        let mut cur = ino;
+        while cur != ROOT_INO {
+            let Some(i) = self.inode(INodeNo(cur)) else {
+                break;
             };
-            out.push(ReadSetEntry::for_node(i.path.to_string(), &i.node, access));
+            let name = self
+                .inode(INodeNo(i.parent))
+                .and_then(|p| p.kids.get().and_then(|k| k.as_ref().ok().cloned()))
+                .and_then(|k| k.entries.get(i.idx as usize).map(|(n, _)| n.clone()));
+            match name {
+                Some(n) => parts.push(escaped(n.as_bytes()).into_owned()),
+                None => break,
+            }
+            cur = i.parent;
         }
-        for p in lock(&self.absent).iter() {
-            out.push(ReadSetEntry::absent(p.clone()));
-        }
-        out
+        parts.reverse();
+        format!("/{}", parts.join("/"))
     }
 
     /// Integrity failures so far, one per path, sorted.
@@ -205,7 +248,7 @@ impl Shared {
                             castore::Error::Corrupt { actual, .. } => Some(actual),
                             _ => None,
                         };
-                        self.fail(&inode.path, *digest, actual);
+                        self.fail(&self.path_of(ino), *digest, actual);
                         return Err(Errno::EIO);
                     }
                 };
@@ -215,14 +258,12 @@ impl Shared {
                     .collect();
                 let mut inodes = self.inodes.write().unwrap_or_else(|e| e.into_inner());
                 let first = inodes.len() as u64 + 1;
-                for (name, node) in &entries {
-                    let esc = escape_name(name.as_bytes());
-                    let path = if inode.path.len() == 1 {
-                        format!("/{esc}")
-                    } else {
-                        format!("{}/{esc}", inode.path)
-                    };
-                    inodes.push(Arc::new(Inode::new(ino, path.into(), node.clone())));
+                // Inode indices are u32 in the read set's trie.
+                if first + entries.len() as u64 > u64::from(u32::MAX) {
+                    return Err(Errno::ENOMEM);
+                }
+                for (idx, (_, node)) in entries.iter().enumerate() {
+                    inodes.push(Arc::new(Inode::new(ino, idx as u32, node.clone())));
                 }
                 Ok(Arc::new(Kids { first, entries }))
             })
@@ -267,11 +308,11 @@ impl Shared {
     /// first open hashes the very file it returns, so what the kernel is then
     /// handed (or what the daemon serves) is the inode that was verified.
     /// `None` (with the failure recorded) if it is missing or corrupt.
-    fn verified_file(&self, path: &str, digest: &Digest) -> Option<File> {
+    fn verified_file(&self, ino: u64, digest: &Digest) -> Option<File> {
         let file = match self.open_blob_file(digest) {
             Ok(f) => f,
             Err(_) => {
-                self.fail(path, *digest, None);
+                self.fail(&self.path_of(ino), *digest, None);
                 return None;
             }
         };
@@ -284,7 +325,7 @@ impl Shared {
         match verdict {
             Ok(()) => Some(file),
             Err(actual) => {
-                self.fail(path, *digest, *actual);
+                self.fail(&self.path_of(ino), *digest, *actual);
                 None
             }
         }
@@ -300,14 +341,45 @@ impl Shared {
             .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
             .open(Path::new(&path))
     }
+}
 
-    fn child_path(parent: &Inode, name: &OsStr) -> String {
-        let esc = escape_name(name.as_bytes());
-        if parent.path.len() == 1 {
-            format!("/{esc}")
-        } else {
-            format!("{}/{esc}", parent.path)
-        }
+/// The inode table as the freezer sees it (index = inode number − 1).
+struct InodeTree<'a>(&'a [Arc<Inode>]);
+
+impl Tree for InodeTree<'_> {
+    fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    fn parent(&self, i: u32) -> u32 {
+        self.0
+            .get(i as usize)
+            .map(|n| (n.parent - 1) as u32)
+            .unwrap_or(0)
+    }
+
+    fn name(&self, i: u32) -> &[u8] {
+        let Some(n) = self.0.get(i as usize) else {
+            return b"";
+        };
+        self.0
+            .get((n.parent - 1) as usize)
+            .and_then(|p| p.kids.get())
+            .and_then(|k| k.as_ref().ok())
+            .and_then(|k| k.entries.get(n.idx as usize))
+            .map(|(name, _)| name.as_bytes())
+            .unwrap_or(b"")
+    }
+
+    fn observed(&self, i: u32) -> Option<(EntryKind, Digest, Access)> {
+        let n = self.0.get(i as usize)?;
+        let access = match n.mark.load(Ordering::Relaxed) {
+            MARK_LOOKUP => Access::Lookup,
+            MARK_READ => Access::Read,
+            _ => return None,
+        };
+        let (kind, digest) = kind_digest(&n.node);
+        Some((kind, digest, access))
     }
 }
 
@@ -359,7 +431,9 @@ impl ViewFs {
         let s = &self.shared;
         let inode = s.inode(ino).ok_or(Errno::ENOENT)?;
         let kids = s.kids(ino.0, &inode)?;
-        inode.mark(MARK_READ);
+        if !s.mark(&inode, MARK_READ) {
+            return Err(Errno::ENOMEM);
+        }
         let parent_node = if inode.parent == ino.0 {
             inode.node.clone()
         } else {
@@ -432,12 +506,21 @@ impl Filesystem for ViewFs {
                 let ino = kids.first + i as u64;
                 let node = &kids.entries[i].1;
                 if let Some(child) = s.inode(INodeNo(ino)) {
-                    child.mark(MARK_LOOKUP);
+                    if !s.mark(&child, MARK_LOOKUP) {
+                        return reply.error(Errno::ENOMEM);
+                    }
                 }
                 reply.entry(&TTL, &s.attr(ino, node), Generation(0));
             }
             Err(_) => {
-                lock(&s.absent).insert(Shared::child_path(&p, OsStr::from_bytes(name)));
+                let esc = escaped(name);
+                // The parent is a directory inode: its index fits (see kids).
+                let parent_idx = (parent.0 - 1) as u32;
+                let r = lock(&s.absent).insert(parent_idx, esc.as_bytes(), &s.budget);
+                if let Err(Full) = r {
+                    // Not recorded, so not cached either: an error reply.
+                    return reply.error(Errno::ENOMEM);
+                }
                 // A negative entry with a lifetime: the kernel caches the
                 // absence instead of asking again.
                 let mut attr = s.attr(0, &p.node);
@@ -458,7 +541,9 @@ impl Filesystem for ViewFs {
         match self.shared.inode(ino) {
             Some(i) => match &i.node {
                 Node::Symlink { target } => {
-                    i.mark(MARK_READ);
+                    if !self.shared.mark(&i, MARK_READ) {
+                        return reply.error(Errno::ENOMEM);
+                    }
                     reply.data(target.as_bytes())
                 }
                 _ => reply.error(Errno::EINVAL),
@@ -478,7 +563,9 @@ impl Filesystem for ViewFs {
         let Node::File { digest, .. } = &inode.node else {
             return reply.error(Errno::EISDIR);
         };
-        inode.mark(MARK_READ);
+        if !s.mark(&inode, MARK_READ) {
+            return reply.error(Errno::ENOMEM);
+        }
         if s.passthrough.load(Ordering::Relaxed) {
             // One backing file per inode for the whole mount (it exists only
             // once verified): the kernel holds the file, not our fd table.
@@ -487,7 +574,7 @@ impl Filesystem for ViewFs {
                 return reply.opened_passthrough(FileHandle(0), FopenFlags::empty(), &id);
             }
         }
-        let Some(file) = s.verified_file(&inode.path, digest) else {
+        let Some(file) = s.verified_file(ino.0, digest) else {
             return reply.error(Errno::EIO);
         };
         if s.passthrough.load(Ordering::Relaxed) {

@@ -19,9 +19,17 @@ use castore::store::{DirectoryStore, LocalStore};
 use castore::Digest;
 use fuser::{Config, MountOption, SessionACL};
 
+use crate::compact::CompactReadSet;
 use crate::fs::{Shared, ViewFs};
 use crate::readset::ReadSet;
 use crate::{Error, IntegrityFailure, Result};
+
+/// The default [`MountOptions::max_read_set_entries`]: 4 million entries.
+/// At the cap an absence flood costs the daemon about 20 bytes plus the
+/// name per entry (measured: 45 bytes an entry peak RSS for 24-byte names,
+/// so ~180 MB), and the stored read set is ~80 bytes plus the path per entry
+/// (~330 MB for such a flood).
+pub const DEFAULT_MAX_READ_SET_ENTRIES: u64 = 4_000_000;
 
 /// The `source` field of our mounts in `/proc/self/mountinfo`.
 pub const FS_NAME: &str = "fhsx-view";
@@ -39,6 +47,14 @@ pub struct MountOptions {
     pub allow_other: bool,
     /// Where live mounts are registered; see [`default_registry`].
     pub registry: PathBuf,
+    /// The most read-set entries (distinct observed paths, absences
+    /// included) one mount records; default
+    /// [`DEFAULT_MAX_READ_SET_ENTRIES`]. Past it, a request that would add
+    /// a new entry fails with `ENOMEM` (so the kernel caches nothing for
+    /// it), nothing more is recorded, and the outcome's
+    /// `read_set_overflow` says the set is incomplete (its `check` fails).
+    /// Paths already in the set keep working. `u64::MAX`: no cap.
+    pub max_read_set_entries: u64,
 }
 
 impl Default for MountOptions {
@@ -52,6 +68,7 @@ impl Default for MountOptions {
             passthrough: true,
             allow_other: is_root(),
             registry: default_registry(),
+            max_read_set_entries: DEFAULT_MAX_READ_SET_ENTRIES,
         }
     }
 }
@@ -111,6 +128,37 @@ fn which(prog: &str) -> Option<PathBuf> {
     })
 }
 
+/// The read set hit [`MountOptions::max_read_set_entries`]: it is
+/// incomplete, and a build that ran on this mount must not be recorded as if
+/// it were.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct ReadSetOverflow {
+    /// The cap that was hit (`max_read_set_entries`).
+    pub max_entries: u64,
+    /// Requests for new paths refused (failed with `ENOMEM`) past it.
+    pub refused: u64,
+}
+
+impl std::fmt::Display for ReadSetOverflow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "the read set reached max_read_set_entries = {} and {} request(s) for new paths were refused",
+            self.max_entries, self.refused
+        )
+    }
+}
+
+fn check_outcome(failures: &[IntegrityFailure], overflow: Option<ReadSetOverflow>) -> Result<()> {
+    if !failures.is_empty() {
+        return Err(Error::Integrity(failures.to_vec()));
+    }
+    match overflow {
+        Some(o) => Err(Error::ReadSetIncomplete(o)),
+        None => Ok(()),
+    }
+}
+
 /// What a finished mount observed.
 #[derive(Debug, Clone)]
 pub struct MountOutcome {
@@ -120,16 +168,37 @@ pub struct MountOutcome {
     pub read_set_digest: Digest,
     /// Blobs the view refused to serve because their bytes were wrong.
     pub integrity_failures: Vec<IntegrityFailure>,
+    /// Set when the read set is incomplete (the entry cap was hit).
+    pub read_set_overflow: Option<ReadSetOverflow>,
 }
 
 impl MountOutcome {
-    /// `Err(Error::Integrity)` naming every refused path, if there was one.
+    /// `Err(Error::Integrity)` naming every refused path, if there was one;
+    /// else `Err(Error::ReadSetIncomplete)` if the read set hit its cap.
     pub fn check(&self) -> Result<()> {
-        if self.integrity_failures.is_empty() {
-            Ok(())
-        } else {
-            Err(Error::Integrity(self.integrity_failures.clone()))
-        }
+        check_outcome(&self.integrity_failures, self.read_set_overflow)
+    }
+}
+
+/// What a finished mount observed, with the read set kept compact (about
+/// 20–40 bytes an entry instead of ~150 for a [`ReadSet`]): from
+/// [`MountGuard::finish_compact`].
+#[derive(Debug)]
+pub struct CompactOutcome {
+    /// The canonical read set, compact; iterate it with `iter()`.
+    pub read_set: CompactReadSet,
+    /// The digest of its encoding, under which it is stored.
+    pub read_set_digest: Digest,
+    /// Blobs the view refused to serve because their bytes were wrong.
+    pub integrity_failures: Vec<IntegrityFailure>,
+    /// Set when the read set is incomplete (the entry cap was hit).
+    pub read_set_overflow: Option<ReadSetOverflow>,
+}
+
+impl CompactOutcome {
+    /// As [`MountOutcome::check`].
+    pub fn check(&self) -> Result<()> {
+        check_outcome(&self.integrity_failures, self.read_set_overflow)
     }
 }
 
@@ -181,6 +250,7 @@ pub fn mount(
         *root,
         root_dir.size(),
         opts.passthrough,
+        opts.max_read_set_entries,
     ));
 
     let mut config = Config::default();
@@ -260,17 +330,63 @@ impl MountGuard {
     }
 
     /// Unmount, wait for the serving threads, and store the read set in
-    /// `store`. Integrity failures are reported in the outcome (see
-    /// [`MountOutcome::check`]), not as an error: the read set is still wanted.
-    pub fn finish(mut self, store: &LocalStore) -> Result<MountOutcome> {
-        self.unmount()?;
-        let read_set = ReadSet::from_observations(self.shared.root(), self.shared.observations());
-        let read_set_digest = read_set.store(store)?;
+    /// `store`. Integrity failures and an overflowing read set are reported
+    /// in the outcome (see [`MountOutcome::check`]), not as an error: the
+    /// read set is still wanted. Materialises the whole set as a
+    /// [`ReadSet`]; [`finish_compact`](Self::finish_compact) does not.
+    pub fn finish(self, store: &LocalStore) -> Result<MountOutcome> {
+        let c = self.finish_compact(store)?;
         Ok(MountOutcome {
+            read_set: c.read_set.to_read_set(),
+            read_set_digest: c.read_set_digest,
+            integrity_failures: c.integrity_failures,
+            read_set_overflow: c.read_set_overflow,
+        })
+    }
+
+    /// [`finish`](Self::finish) without materialising the read set: it
+    /// stays compact, and its encoding is streamed into the store.
+    pub fn finish_compact(self, store: &LocalStore) -> Result<CompactOutcome> {
+        self.finish_with(store, None)
+    }
+
+    /// [`finish_compact`](Self::finish_compact), rooting the stored read
+    /// set in `roots` before any gc can see it.
+    pub fn finish_rooted(
+        self,
+        store: &LocalStore,
+        roots: &castore::TempRoots,
+    ) -> Result<CompactOutcome> {
+        self.finish_with(store, Some(roots))
+    }
+
+    fn finish_with(
+        mut self,
+        store: &LocalStore,
+        roots: Option<&castore::TempRoots>,
+    ) -> Result<CompactOutcome> {
+        self.unmount()?;
+        let read_set = self.shared.freeze();
+        let read_set_digest = match roots {
+            Some(r) => read_set.store_rooted(store, r)?,
+            None => read_set.store(store)?,
+        };
+        let (refused, max_entries) = self.shared.refused();
+        Ok(CompactOutcome {
             read_set,
             read_set_digest,
             integrity_failures: self.shared.failures(),
+            read_set_overflow: (refused > 0).then_some(ReadSetOverflow {
+                max_entries,
+                refused,
+            }),
         })
+    }
+
+    /// New paths refused so far because the read set is full (cheap; a
+    /// watchdog can end the build as soon as this is non-zero).
+    pub fn read_set_refused(&self) -> u64 {
+        self.shared.refused().0
     }
 
     fn unmount(&mut self) -> Result<()> {

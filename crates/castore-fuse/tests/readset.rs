@@ -175,3 +175,90 @@ fn mmapped_libraries_are_captured_with_passthrough() {
 fn mmapped_libraries_are_captured_without_passthrough() {
     mmap_captured(false);
 }
+
+/// Past `max_read_set_entries`, a stat of a new path (absent or present)
+/// fails with ENOMEM, is asked again next time (the kernel cached nothing),
+/// paths already in the set keep working, and the outcome says the read set
+/// is incomplete with the cap it hit.
+#[test]
+fn read_set_cap_refuses_new_paths_and_marks_the_set_incomplete() {
+    use std::io::ErrorKind;
+    let fx = Fixture::new(sample_tree);
+    let mp = fx.mountpoint("capped");
+    let opts = MountOptions {
+        max_read_set_entries: 20,
+        ..fx.opts()
+    };
+    let g = castore_fuse::mount(&fx.store, &fx.root, &mp, &opts).unwrap();
+    // /share, /share/doc, a.txt: three entries; then absences up to the cap.
+    fs::read(mp.join("share/doc/a.txt")).unwrap();
+    for i in 0..17 {
+        let e = fs::symlink_metadata(mp.join(format!("share/doc/nope{i}"))).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::NotFound, "{e}");
+    }
+    assert_eq!(g.read_set_refused(), 0);
+    // Full: a new absence and a new existing path are refused with ENOMEM.
+    for _ in 0..2 {
+        let e = fs::symlink_metadata(mp.join("share/doc/nope-new")).unwrap_err();
+        assert_eq!(e.raw_os_error(), Some(libc::ENOMEM), "{e}");
+    }
+    let e = fs::symlink_metadata(mp.join("share/doc/b.txt")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::ENOMEM), "{e}");
+    // Asked again each time: nothing was cached for the refused paths.
+    assert_eq!(g.read_set_refused(), 3);
+    // What is already in the set still answers.
+    assert_eq!(fs::read(mp.join("share/doc/a.txt")).unwrap(), b"a\n");
+    assert_eq!(
+        fs::symlink_metadata(mp.join("share/doc/nope3"))
+            .unwrap_err()
+            .kind(),
+        ErrorKind::NotFound
+    );
+    let out = g.finish_compact(&fx.store).unwrap();
+    assert_eq!(out.read_set.len(), 20);
+    let o = out.read_set_overflow.expect("the read set is incomplete");
+    assert_eq!((o.max_entries, o.refused), (20, 3));
+    let err = out.check().unwrap_err();
+    assert!(
+        matches!(err, castore_fuse::Error::ReadSetIncomplete(_)),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("max_read_set_entries = 20"),
+        "{err}"
+    );
+    // The stored encoding is still the canonical one of what was recorded.
+    let rs = ReadSet::load(&fx.store, &out.read_set_digest).unwrap();
+    assert_eq!(rs, out.read_set.to_read_set());
+    assert!(rs.get("/share/doc/nope-new").is_none());
+    assert!(rs.get("/share/doc/b.txt").is_none());
+}
+
+/// Under the default cap nothing is refused, and `finish_compact` stores
+/// the same bytes `finish` returns.
+#[test]
+fn compact_and_full_finish_agree() {
+    let fx = Fixture::new(sample_tree);
+    let script = |m: &str| {
+        format!(
+            "{} && ls {m}/many > /dev/null && ls {m}/ > /dev/null && cat {m}/bin/docs/a.txt > /dev/null; \
+             test -e {m}/many/nope; test -e '{m}/share/data/name with spaces ü'",
+            reads_a_b_stats_c(m)
+        )
+    };
+    let g = fx.mount("c1");
+    sh(&script(&g.mountpoint().display().to_string()));
+    let c = g.finish_compact(&fx.store).unwrap();
+    c.check().unwrap();
+    let g = fx.mount("c2");
+    sh(&script(&g.mountpoint().display().to_string()));
+    let full = g.finish(&fx.store).unwrap();
+    full.check().unwrap();
+    assert_eq!(c.read_set_digest, full.read_set_digest);
+    assert_eq!(c.read_set.to_read_set(), full.read_set);
+    assert_eq!(c.read_set.len(), full.read_set.entries.len() as u64);
+    assert_eq!(full.read_set.get("/").map(|e| e.access), Some(Access::Read));
+    assert!(full.read_set_overflow.is_none());
+    // Everything observed is in the view, checked in one walk.
+    c.read_set.check_within(&fx.store, &fx.root).unwrap();
+}

@@ -142,7 +142,7 @@ pub fn compose(store: &LocalStore, atoms: &[Digest]) -> Result<Composition> {
     Ok(c)
 }
 
-fn composition_path(store: &LocalStore, root: &Digest) -> std::path::PathBuf {
+pub(crate) fn composition_path(store: &LocalStore, root: &Digest) -> std::path::PathBuf {
     store.root().join("compositions").join(root.hex())
 }
 

@@ -67,6 +67,14 @@ pub enum Error {
     )]
     DestinationExists(PathBuf),
 
+    /// A persistent root name that is not allowed.
+    #[error("invalid root name {0:?}: use 1-200 characters of A-Z a-z 0-9 . _ + @ = - (not starting with `.`)")]
+    BadRootName(String),
+
+    /// A root file that does not hold one digest per line.
+    #[error("gc root file {} holds {line:?}, which is not a digest; fix or remove the file", .path.display())]
+    BadRootFile { path: PathBuf, line: String },
+
     /// Any other I/O failure, with the path it happened on.
     #[error("{op} {path}: {source}")]
     Io {

@@ -1,4 +1,13 @@
-//! Garbage collection: keep what the given roots reach, delete the rest.
+//! Garbage collection: keep what the roots reach, delete the rest.
+//!
+//! The roots are the store's persistent roots (`ROOT/roots/`), every live
+//! process's temporary roots (`ROOT/temproots/`, see [`crate::roots`]) and
+//! whatever the caller adds. A root digest keeps the blob, the directory
+//! tree, or the composed view (atoms, map and merged tree) it names.
+//!
+//! gc holds the store lock exclusively from the first read of a root to the
+//! last deletion: no writer is mid-transaction and no root is being added
+//! while it runs, which is what makes temporary roots race-free.
 
 use std::collections::HashSet;
 use std::fs;
@@ -13,12 +22,27 @@ pub struct GcReport {
     pub deleted_blobs: u64,
     pub deleted_directories: u64,
     pub freed_bytes: u64,
+    /// Digests named by persistent roots.
+    pub persistent_roots: u64,
+    /// Digests named by live processes' temporary roots.
+    pub temp_roots: u64,
+    /// Temp-roots files of dead processes removed.
+    pub reclaimed_temp_root_files: u64,
 }
 
-/// Delete every object not reachable from `keep`. Takes the store lock
-/// exclusively, so no import is in flight while it sweeps.
+/// Delete every object not reachable from the persistent roots, the live
+/// temporary roots, or `keep`. Takes the store lock exclusively, so no
+/// import is in flight while it sweeps.
 pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<GcReport> {
-    let _lock = crate::store::lock_exclusive(store)?;
+    let lock = crate::store::lock_exclusive(store)?;
+    let persistent = crate::roots::persistent_digests(store)?;
+    let temp = crate::roots::scan_temp_roots(store, &lock)?;
+    let mut roots: Vec<Digest> = keep.to_vec();
+    roots.extend_from_slice(&persistent);
+    roots.extend_from_slice(&temp.digests);
+    roots.sort();
+    roots.dedup();
+    let keep = &roots[..];
     let mut live_dirs = HashSet::new();
     let mut live_blobs = HashSet::new();
     let mut stack: Vec<Digest> = keep.to_vec();
@@ -51,6 +75,9 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<GcReport> {
     }
     let mut r = GcReport {
         kept_objects: (live_dirs.len() + live_blobs.len()) as u64,
+        persistent_roots: persistent.len() as u64,
+        temp_roots: temp.digests.len() as u64,
+        reclaimed_temp_root_files: temp.reclaimed_files,
         ..Default::default()
     };
     for (kind, live) in [

@@ -12,6 +12,15 @@
 //! directory. So a store never holds an invalid tree, and code that walks one
 //! never re-checks.
 //!
+//! It also owns what keeps objects alive: [`gc`] deletes whatever no root
+//! reaches, and [`roots`] defines the roots — persistent ones named by the
+//! user (`ROOT/roots/`) and temporary ones held by running processes
+//! (`ROOT/temproots/`, flocked while alive) for what they read and write, so
+//! a gc running next to a build never deletes what the build holds. A blob
+//! that arrives as a stream of unknown length (a build log) is written with
+//! [`BlobWriter`]: hashed as written, invisible until finished, gone if
+//! dropped; [`CappedWriter`] bounds how much of a stream reaches it.
+//!
 //! It does not own how a tree is served to a build (the FUSE view lives in
 //! `castore-fuse`) nor anything about sandboxes or build records.
 
@@ -24,6 +33,7 @@ pub mod export;
 pub mod gc;
 pub mod import;
 mod nodes;
+pub mod roots;
 pub mod store;
 pub mod tier;
 pub mod verify;
@@ -34,7 +44,8 @@ pub use digest::Digest;
 pub use directory::Directory;
 pub use error::{Clash, Error, ErrorKind, Result};
 pub use nodes::{Name, Node, SymlinkTarget};
-pub use store::{BlobStore, DirectoryStore, LocalStore};
+pub use roots::{GcHold, Root, TempRoots};
+pub use store::{BlobStore, BlobWriter, CappedWriter, DirectoryStore, LocalStore};
 
 /// Progress reporting for long operations. The library only counts; how (and
 /// whether) to draw a bar is the caller's business.

@@ -36,6 +36,32 @@
 //!   recording (every later request is refused, [`RunningProxy::shutdown`]
 //!   returns [`Error::NonDeterministic`]); a drifting ETag or Last-Modified
 //!   with the same body keeps the recorded entry untouched.
+//! - Recording is bounded: one body may store at most
+//!   [`ProxyConfig::max_body_bytes`] (default 4 GiB, after decoding) and one
+//!   recording (one proxy run) at most [`ProxyConfig::max_record_bytes`]
+//!   (default 16 GiB) in all. A declared `Content-Length` past either is
+//!   refused before a byte is stored; otherwise the count is kept as the
+//!   body streams. Crossing a limit aborts the recording like
+//!   non-determinism does — the request gets `403` with
+//!   `x-fhsx-refused: limit`, every later request is refused, and
+//!   [`RunningProxy::abort`] / [`RunningProxy::aborted`] name the limit —
+//!   and `shutdown` returns [`Error::RecordLimit`]. Both aborts are
+//!   [`Error::is_violation`]: the build failed a rule, the executor records
+//!   it as such. The defaults are above the largest single downloads real
+//!   builds make (toolchain and SDK archives of a few GB) while keeping one
+//!   runaway or endless response from filling the disk.
+//! - Nothing half-done is stored: a body streams into a store transaction
+//!   whose staging is discarded unless the body ended whole (an explicit
+//!   end from the upstream, and its `Content-Length` if it had one), fit
+//!   the limits, and its lock entry was written (or matched the one there);
+//!   only then is it committed. A cancelled or interrupted body — the
+//!   upstream hung up, the client went away, the proxy was stopped at the
+//!   build's timeout — never becomes a store object, and `shutdown`
+//!   returns only once every unfinished body has been discarded.
+//! - Every blob the proxy records or serves is added to temporary gc roots
+//!   (the caller's [`ProxyConfig::temp_roots`], else the proxy's own) before
+//!   it is committed or checked, so a concurrent `fhsx store gc` cannot
+//!   delete it under the build.
 
 pub mod ca;
 pub mod lock;
@@ -47,7 +73,10 @@ use std::path::{Path, PathBuf};
 
 pub use ca::CertAuthority;
 pub use lock::{Entry, Key, Lock, LockDiff, VerifyProblem};
-pub use proxy::{Event, EventSink, Mode, ProxyConfig};
+pub use proxy::{
+    Abort, Event, EventSink, Mode, ProxyConfig, RecordLimit, DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_RECORD_BYTES,
+};
 pub use server::{Listen, ListenAddr, RunningProxy, Stats, Summary};
 
 /// Variables naming the CA bundle, one per client family (OpenSSL, curl,
@@ -117,6 +146,15 @@ pub enum Error {
     /// Recording stopped: the same request got a different answer.
     #[error("non-deterministic upstream: {0}; the recording was aborted (delete the entry from the lock to re-record it on purpose)")]
     NonDeterministic(String),
+
+    /// Recording stopped: a body, or the recording, outgrew a limit.
+    #[error("{message}; the recording was aborted")]
+    RecordLimit {
+        limit: RecordLimit,
+        /// The limit's value in bytes.
+        max: u64,
+        message: String,
+    },
 }
 
 impl Error {
@@ -133,5 +171,12 @@ impl Error {
     pub fn is_integrity(&self) -> bool {
         matches!(self, Error::NonDeterministic(_))
             || matches!(self, Error::Store(e) if e.kind() == castore::ErrorKind::Integrity)
+    }
+
+    /// Whether the recording was aborted ([`Error::NonDeterministic`] or
+    /// [`Error::RecordLimit`]): the build broke a rule and must be recorded
+    /// as failed with this as its violation — not an infrastructure error.
+    pub fn is_violation(&self) -> bool {
+        matches!(self, Error::NonDeterministic(_) | Error::RecordLimit { .. })
     }
 }

@@ -96,6 +96,81 @@ pub struct ProxyConfig {
     pub upstream_ca_files: Vec<PathBuf>,
     /// Where events go; default: one JSON line each on stderr.
     pub events: Option<EventSink>,
+    /// The most one response body may store (record mode, after decoding);
+    /// default [`DEFAULT_MAX_BODY_BYTES`]. Past it the recording is aborted
+    /// ([`Abort::Limit`]) and nothing of that body is kept.
+    pub max_body_bytes: u64,
+    /// The most all bodies of one recording (one proxy run) may store
+    /// together; default [`DEFAULT_MAX_RECORD_BYTES`]. Past it, as above.
+    pub max_record_bytes: u64,
+    /// Temporary gc roots to add every blob this proxy records or serves
+    /// to (the caller's build-wide guard, so they outlive the proxy). None:
+    /// the proxy holds its own for as long as it runs.
+    pub temp_roots: Option<Arc<castore::TempRoots>>,
+}
+
+/// Default [`ProxyConfig::max_body_bytes`]: 4 GiB.
+pub const DEFAULT_MAX_BODY_BYTES: u64 = 4 << 30;
+/// Default [`ProxyConfig::max_record_bytes`]: 16 GiB.
+pub const DEFAULT_MAX_RECORD_BYTES: u64 = 16 << 30;
+
+/// Which recording limit was hit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub enum RecordLimit {
+    /// [`ProxyConfig::max_body_bytes`].
+    BodyBytes,
+    /// [`ProxyConfig::max_record_bytes`].
+    RecordBytes,
+}
+
+impl RecordLimit {
+    /// The limit's name as configured (`max_body_bytes`, `max_record_bytes`).
+    pub fn name(self) -> &'static str {
+        match self {
+            RecordLimit::BodyBytes => "max_body_bytes",
+            RecordLimit::RecordBytes => "max_record_bytes",
+        }
+    }
+}
+
+/// Why a recording was aborted. Every request after an abort is refused,
+/// and [`RunningProxy::shutdown`](crate::RunningProxy::shutdown) fails.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Abort {
+    /// The same key got a different answer.
+    NonDeterministic(String),
+    /// A body, or the recording as a whole, outgrew a limit.
+    Limit {
+        limit: RecordLimit,
+        /// The limit's value in bytes.
+        max: u64,
+        /// The request that crossed it, `METHOD URL`.
+        request: String,
+    },
+}
+
+impl std::fmt::Display for Abort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Abort::NonDeterministic(why) => f.write_str(why),
+            Abort::Limit {
+                limit: RecordLimit::BodyBytes,
+                max,
+                request,
+            } => write!(
+                f,
+                "limit exceeded: the response to {request} is larger than max_body_bytes = {max} bytes; nothing of it was stored"
+            ),
+            Abort::Limit {
+                limit: RecordLimit::RecordBytes,
+                max,
+                request,
+            } => write!(
+                f,
+                "limit exceeded: the recording outgrew max_record_bytes = {max} bytes at {request}; nothing of that response was stored"
+            ),
+        }
+    }
 }
 
 impl ProxyConfig {
@@ -111,6 +186,9 @@ impl ProxyConfig {
             system_roots: true,
             upstream_ca_files: Vec::new(),
             events: None,
+            max_body_bytes: DEFAULT_MAX_BODY_BYTES,
+            max_record_bytes: DEFAULT_MAX_RECORD_BYTES,
+            temp_roots: None,
         })
     }
 }
@@ -128,6 +206,16 @@ enum RecordError {
     Failed(String),
     /// Same key, different answer: the recording is aborted.
     NonDeterministic(String),
+    /// A limit was hit: the recording is aborted.
+    Limit(Abort),
+}
+
+/// How storing a body failed.
+enum StoreFail {
+    /// Before the lock was consulted (the body, the store): 502.
+    Failed(String),
+    /// The lock or a limit said no.
+    Record(RecordError),
 }
 
 #[derive(Clone, Debug)]
@@ -149,10 +237,54 @@ pub(crate) struct Shared {
     /// Upstream TLS trust. `None` in replay: replay has no way to connect.
     upstream: Option<Arc<rustls::ClientConfig>>,
     inflight: Mutex<Inflight>,
-    pub aborted: Mutex<Option<String>>,
+    pub aborted: Mutex<Option<Abort>>,
     verified: Mutex<HashSet<Digest>>,
     events: EventSink,
     pub counters: Counters,
+    max_body: u64,
+    max_record: u64,
+    /// Bytes of bodies stored or being stored by this recording.
+    record_bytes: AtomicU64,
+    /// None only in replay on a store where temp roots cannot be created
+    /// (read-only): nothing is written there, and gc is not ours to run.
+    roots: Option<Arc<castore::TempRoots>>,
+    /// Storing threads still running (waited for at shutdown).
+    pub writers: Arc<Writers>,
+}
+
+/// Counts the blocking threads that stream bodies into the store, so a
+/// stopping proxy can wait until every unfinished body has been discarded.
+#[derive(Default)]
+pub(crate) struct Writers {
+    n: Mutex<usize>,
+    idle: std::sync::Condvar,
+}
+
+impl Writers {
+    fn enter(self: &Arc<Self>) -> WriterGuard {
+        *lk(&self.n) += 1;
+        WriterGuard(self.clone())
+    }
+
+    /// Wait (up to `limit`) until no writer is running; whether none is.
+    pub(crate) fn wait_idle(&self, limit: std::time::Duration) -> bool {
+        let n = lk(&self.n);
+        let (n, _) = self
+            .idle
+            .wait_timeout_while(n, limit, |n| *n > 0)
+            .unwrap_or_else(|p| p.into_inner());
+        *n == 0
+    }
+}
+
+struct WriterGuard(Arc<Writers>);
+
+impl Drop for WriterGuard {
+    fn drop(&mut self) {
+        let mut n = lk(&self.0.n);
+        *n = n.saturating_sub(1);
+        self.0.idle.notify_all();
+    }
 }
 
 fn lk<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -175,6 +307,11 @@ impl Shared {
                 &cfg.upstream_ca_files,
             )?)),
         };
+        let roots = match (cfg.temp_roots, cfg.mode) {
+            (Some(r), _) => Some(r),
+            (None, Mode::Record) => Some(Arc::new(cfg.store.temp_roots(&[])?)),
+            (None, Mode::Replay) => cfg.store.temp_roots(&[]).ok().map(Arc::new),
+        };
         let events = cfg.events.unwrap_or_else(|| {
             Arc::new(|e: &Event| {
                 if let Ok(line) = serde_json::to_string(e) {
@@ -193,6 +330,11 @@ impl Shared {
             aborted: Mutex::new(None),
             verified: Mutex::new(HashSet::new()),
             events,
+            max_body: cfg.max_body_bytes,
+            max_record: cfg.max_record_bytes,
+            record_bytes: AtomicU64::new(0),
+            roots,
+            writers: Arc::new(Writers::default()),
             counters: Counters {
                 served: AtomicU64::new(0),
                 refused: AtomicU64::new(0),
@@ -204,6 +346,12 @@ impl Shared {
 
     fn emit(&self, e: Event) {
         (self.events)(&e);
+    }
+
+    /// Abort the recording (the first reason wins); returns the reason in
+    /// force.
+    fn abort(&self, why: Abort) -> Abort {
+        lk(&self.aborted).get_or_insert(why).clone()
     }
 }
 
@@ -327,25 +475,209 @@ fn file_body(path: PathBuf, start: u64, len: u64) -> RespBody {
     ChanBody { rx, remaining: len }.boxed()
 }
 
-/// A blocking `Read` over body chunks sent from async code.
+/// What the async side sends the storing thread.
+enum Chunk {
+    Data(Bytes),
+    /// The upstream body ended, whole.
+    End,
+    Err(io::Error),
+}
+
+/// A blocking `Read` over body chunks sent from async code. Only an
+/// explicit [`Chunk::End`] is the end of the body: a sender that goes away
+/// without one (the request was cancelled, the proxy is stopping) is an
+/// error, so a partial body is never taken for a whole one.
 struct ChanReader {
-    rx: mpsc::Receiver<io::Result<Bytes>>,
+    rx: mpsc::Receiver<Chunk>,
     cur: Bytes,
+    ended: bool,
 }
 
 impl Read for ChanReader {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         while self.cur.is_empty() {
+            if self.ended {
+                return Ok(0);
+            }
             match self.rx.blocking_recv() {
-                Some(Ok(b)) => self.cur = b,
-                Some(Err(e)) => return Err(e),
-                None => return Ok(0),
+                Some(Chunk::Data(b)) => self.cur = b,
+                Some(Chunk::End) => self.ended = true,
+                Some(Chunk::Err(e)) => return Err(e),
+                None => {
+                    return Err(io::Error::other(
+                        "the body was cut short (the request was cancelled or the proxy stopped)",
+                    ))
+                }
             }
         }
         let n = buf.len().min(self.cur.len());
         buf[..n].copy_from_slice(&self.cur.split_to(n));
         Ok(n)
     }
+}
+
+/// Counts what is stored of one body against the per-body and the
+/// recording's limits; past either it fails the read (and says which).
+struct Limited<'a, R> {
+    inner: R,
+    shared: &'a Shared,
+    body: u64,
+    hit: Option<(RecordLimit, u64)>,
+    /// The body was stored: its bytes stay counted.
+    keep: bool,
+}
+
+impl<R: Read> Read for Limited<'_, R> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.body += n as u64;
+        let total = self
+            .shared
+            .record_bytes
+            .fetch_add(n as u64, Ordering::Relaxed)
+            + n as u64;
+        if self.body > self.shared.max_body {
+            self.hit = Some((RecordLimit::BodyBytes, self.shared.max_body));
+        } else if total > self.shared.max_record {
+            self.hit = Some((RecordLimit::RecordBytes, self.shared.max_record));
+        }
+        if let Some((l, _)) = self.hit {
+            return Err(io::Error::other(format!("{} exceeded", l.name())));
+        }
+        Ok(n)
+    }
+}
+
+impl<R> Drop for Limited<'_, R> {
+    fn drop(&mut self) {
+        if !self.keep {
+            // Not stored: it does not count against the recording.
+            self.shared
+                .record_bytes
+                .fetch_sub(self.body, Ordering::Relaxed);
+        }
+    }
+}
+
+/// Stream one body into a store transaction and make it a blob only if it
+/// arrived whole, within the limits, and its lock entry was written (or
+/// matches the entry already there). Anything else drops the transaction,
+/// and with it every byte of the body: a partial, oversized or rejected
+/// body never becomes a store object. The blob is added to the proxy's temp
+/// roots before the transaction (which holds the store lock) commits, so no
+/// gc can come between the two.
+fn store_and_enter(
+    s: &Shared,
+    mut entry: Entry,
+    decode: Decode,
+    declared: Option<u64>,
+    rx: mpsc::Receiver<Chunk>,
+    request: String,
+) -> Result<Entry, StoreFail> {
+    let reader = ChanReader {
+        rx,
+        cur: Bytes::new(),
+        ended: false,
+    };
+    let decoded: Box<dyn Read> = match decode {
+        Decode::None => Box::new(reader),
+        Decode::Gzip => Box::new(flate2::read::MultiGzDecoder::new(reader)),
+        Decode::Deflate => Box::new(flate2::read::ZlibDecoder::new(reader)),
+    };
+    let mut limited = Limited {
+        inner: decoded,
+        shared: s,
+        body: 0,
+        hit: None,
+        keep: false,
+    };
+    let txn = s
+        .store
+        .txn()
+        .map_err(|e| StoreFail::Failed(e.to_string()))?;
+    let mut tee = ShaTee {
+        inner: &mut limited,
+        sha: sha2::Sha256::new(),
+    };
+    let put = txn.put_blob_reader(&mut tee);
+    let sha256 = hex::encode(tee.sha.finalize());
+    if let Some((limit, max)) = limited.hit {
+        drop(txn);
+        let why = s.abort(Abort::Limit {
+            limit,
+            max,
+            request,
+        });
+        return Err(StoreFail::Record(RecordError::Limit(why)));
+    }
+    let (digest, size) = put.map_err(|e| StoreFail::Failed(format!("storing the body: {e}")))?;
+    if let Some(n) = declared {
+        if n != size {
+            return Err(StoreFail::Failed(format!(
+                "the body has {size} bytes where Content-Length said {n}; not recorded"
+            )));
+        }
+    }
+    entry.size = size;
+    entry.blake3 = digest;
+    entry.sha256 = sha256;
+    let rejected = |e: RecordError| StoreFail::Record(e);
+    if let Some(why) = lk(&s.aborted).clone() {
+        return Err(rejected(match why {
+            Abort::Limit { .. } => RecordError::Limit(why),
+            other => RecordError::NonDeterministic(format!("recording aborted: {other}")),
+        }));
+    }
+    let key = entry.key();
+    let mut lock = lk(&s.lock);
+    let fresh = match lock.get(&key) {
+        // Same answer: keep the recorded entry as it is, even if
+        // validators (etag, last-modified, content-type) drifted.
+        Some(old)
+            if old.status == entry.status
+                && old.blake3 == entry.blake3
+                && old.size == entry.size
+                && old.headers.get("location") == entry.headers.get("location") =>
+        {
+            false
+        }
+        Some(old) => {
+            let why = format!(
+                "{key} answered differently: recorded status {} {} ({} bytes), now status {} {} ({} bytes)",
+                old.status, old.blake3, old.size, entry.status, entry.blake3, entry.size
+            );
+            s.abort(Abort::NonDeterministic(why.clone()));
+            return Err(rejected(RecordError::NonDeterministic(why)));
+        }
+        None => true,
+    };
+    if fresh {
+        lock.insert(entry.clone());
+        if let Err(e) = lock.save(&s.lock_path) {
+            lock.remove(&key);
+            return Err(rejected(RecordError::Failed(e.to_string())));
+        }
+    }
+    let undo = |lock: &mut Lock| {
+        if fresh {
+            lock.remove(&key);
+            let _ = lock.save(&s.lock_path);
+        }
+    };
+    if let Err(e) = s.roots.as_ref().map_or(Ok(()), |r| r.add(&[digest])) {
+        undo(&mut lock);
+        return Err(rejected(RecordError::Failed(e.to_string())));
+    }
+    if let Err(e) = txn.commit() {
+        undo(&mut lock);
+        return Err(rejected(RecordError::Failed(format!(
+            "committing the body: {e}"
+        ))));
+    }
+    drop(lock);
+    limited.keep = true;
+    lk(&s.verified).insert(digest);
+    Ok(entry)
 }
 
 /// Computes SHA-256 of what passes through.
@@ -830,6 +1162,9 @@ async fn handle(
                 Err(RecordError::NonDeterministic(msg)) => {
                     refuse(&shared, &method, &url_s, &msg, "non-deterministic")
                 }
+                Err(RecordError::Limit(why)) => {
+                    refuse(&shared, &method, &url_s, &why.to_string(), "limit")
+                }
             }
         }
     }
@@ -907,7 +1242,14 @@ async fn ensure_verified(shared: &Arc<Shared>, entry: &Entry) -> Result<PathBuf,
     let p = path.clone();
     let want = entry.blake3;
     let size = entry.size;
+    let s = shared.clone();
     let res = tokio::task::spawn_blocking(move || -> Result<(), String> {
+        // Rooted before it is checked: present now means present for as
+        // long as the roots are held.
+        if let Some(r) = &s.roots {
+            r.add(&[want])
+                .map_err(|e| format!("rooting blob {want}: {e}"))?;
+        }
         let md = std::fs::metadata(&p).map_err(|e| {
             format!("blob {want} is not in the store ({e}); re-record or import it")
         })?;
@@ -1224,111 +1566,83 @@ async fn fetch_and_store(
         }
     };
 
-    let (tx, rx) = mpsc::channel::<io::Result<Bytes>>(16);
-    let store = shared.store.clone();
-    let writer = tokio::task::spawn_blocking(move || -> Result<(Digest, u64, String), String> {
-        let reader = ChanReader {
-            rx,
-            cur: Bytes::new(),
+    let request = format!("{} {}", key.method, key.url);
+    // A declared length past a limit aborts before a byte is stored.
+    let declared = match decode {
+        Decode::None => hget("content-length").and_then(|v| v.parse::<u64>().ok()),
+        _ => None,
+    };
+    if let Some(n) = declared {
+        let over = if n > shared.max_body {
+            Some((RecordLimit::BodyBytes, shared.max_body))
+        } else if shared.record_bytes.load(Ordering::Relaxed) + n > shared.max_record {
+            Some((RecordLimit::RecordBytes, shared.max_record))
+        } else {
+            None
         };
-        let decoded: Box<dyn Read> = match decode {
-            Decode::None => Box::new(reader),
-            Decode::Gzip => Box::new(flate2::read::MultiGzDecoder::new(reader)),
-            Decode::Deflate => Box::new(flate2::read::ZlibDecoder::new(reader)),
-        };
-        let mut tee = ShaTee {
-            inner: decoded,
-            sha: sha2::Sha256::new(),
-        };
-        let txn = store.txn().map_err(|e| e.to_string())?;
-        let (d, n) = txn.put_blob_reader(&mut tee).map_err(|e| e.to_string())?;
-        txn.commit().map_err(|e| e.to_string())?;
-        Ok((d, n, hex::encode(tee.sha.finalize())))
+        if let Some((limit, max)) = over {
+            let why = shared.abort(Abort::Limit {
+                limit,
+                max,
+                request: request.clone(),
+            });
+            return Err(RecordError::Limit(why));
+        }
+    }
+
+    let (tx, rx) = mpsc::channel::<Chunk>(16);
+    let entry = Entry {
+        method: key.method.clone(),
+        url: key.url.clone(),
+        status: status.as_u16(),
+        size: 0,
+        blake3: Digest::of(b""),
+        sha256: String::new(),
+        headers: rec_headers,
+    };
+    let s = shared.clone();
+    let guard = shared.writers.enter();
+    let writer = tokio::task::spawn_blocking(move || {
+        let _running = guard;
+        store_and_enter(&s, entry, decode, declared, rx, request)
     });
     loop {
         match body.frame().await {
             Some(Ok(frame)) => {
                 if let Ok(data) = frame.into_data() {
-                    if tx.send(Ok(data)).await.is_err() {
+                    if tx.send(Chunk::Data(data)).await.is_err() {
                         break;
                     }
                 }
             }
             Some(Err(e)) => {
                 let _ = tx
-                    .send(Err(io::Error::other(format!("upstream body: {e}"))))
+                    .send(Chunk::Err(io::Error::other(format!("upstream body: {e}"))))
                     .await;
                 break;
             }
-            None => break,
+            None => {
+                let _ = tx.send(Chunk::End).await;
+                break;
+            }
         }
     }
     drop(tx);
-    let (digest, size, sha256) = match writer.await {
-        Ok(Ok(x)) => x,
-        Ok(Err(e)) => return Err(fail(format!("storing the body: {e}"))),
+    let entry = match writer.await {
+        Ok(Ok(e)) => e,
+        Ok(Err(StoreFail::Failed(e))) => return Err(fail(e)),
+        Ok(Err(StoreFail::Record(e))) => {
+            if let RecordError::Failed(msg) = &e {
+                shared.emit(Event::RecordFailed {
+                    method: key.method.clone(),
+                    url: key.url.clone(),
+                    error: msg.clone(),
+                });
+            }
+            return Err(e);
+        }
         Err(e) => return Err(fail(format!("store task failed: {e}"))),
     };
-    lk(&shared.verified).insert(digest);
-
-    let entry = Entry {
-        method: key.method.clone(),
-        url: key.url.clone(),
-        status: status.as_u16(),
-        size,
-        blake3: digest,
-        sha256,
-        headers: rec_headers,
-    };
-    let s = shared.clone();
-    let e2 = entry.clone();
-    let committed = tokio::task::spawn_blocking(move || -> Result<(), RecordError> {
-        if let Some(why) = lk(&s.aborted).clone() {
-            return Err(RecordError::NonDeterministic(format!("recording aborted: {why}")));
-        }
-        let mut lock = lk(&s.lock);
-        if let Some(old) = lock.get(&e2.key()) {
-            // Same answer: keep the recorded entry as it is, even if
-            // validators (etag, last-modified, content-type) drifted.
-            if old.status == e2.status
-                && old.blake3 == e2.blake3
-                && old.size == e2.size
-                && old.headers.get("location") == e2.headers.get("location")
-            {
-                return Ok(());
-            }
-            let why = format!(
-                "{} answered differently: recorded status {} {} ({} bytes), now status {} {} ({} bytes)",
-                e2.key(),
-                old.status,
-                old.blake3,
-                old.size,
-                e2.status,
-                e2.blake3,
-                e2.size
-            );
-            *lk(&s.aborted) = Some(why.clone());
-            return Err(RecordError::NonDeterministic(why));
-        }
-        lock.insert(e2.clone());
-        if let Err(e) = lock.save(&s.lock_path) {
-            lock.remove(&e2.key());
-            return Err(RecordError::Failed(e.to_string()));
-        }
-        Ok(())
-    })
-    .await
-    .map_err(|e| RecordError::Failed(format!("lock task failed: {e}")))?;
-    if let Err(e) = committed {
-        if let RecordError::Failed(msg) = &e {
-            shared.emit(Event::RecordFailed {
-                method: key.method.clone(),
-                url: key.url.clone(),
-                error: msg.clone(),
-            });
-        }
-        return Err(e);
-    }
     shared.counters.recorded.fetch_add(1, Ordering::Relaxed);
     shared.emit(Event::Recorded {
         method: entry.method.clone(),

@@ -12,7 +12,7 @@ use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::oneshot;
 
 use crate::proxy::{serve_client, Shared};
-use crate::{Error, ProxyConfig};
+use crate::{Abort, Error, ProxyConfig};
 
 /// Where to listen.
 #[derive(Clone, Debug)]
@@ -153,8 +153,14 @@ impl RunningProxy {
         }
     }
 
-    /// Why recording was aborted, if it was.
+    /// Why recording was aborted, if it was: the message (naming the limit,
+    /// for a limit).
     pub fn aborted(&self) -> Option<String> {
+        self.abort().map(|a| a.to_string())
+    }
+
+    /// Why recording was aborted, if it was.
+    pub fn abort(&self) -> Option<Abort> {
         self.shared
             .aborted
             .lock()
@@ -169,18 +175,29 @@ impl RunningProxy {
         if let Some(t) = self.thread.take() {
             let _ = t.join();
         }
+        // Bodies still streaming when the runtime stopped fail (their
+        // sender is gone) and drop their transactions: wait for that, so
+        // nothing half-stored outlives the proxy.
+        self.shared.writers.wait_idle(Duration::from_secs(60));
         if let ListenAddr::Unix(p) = &self.addr {
             let _ = std::fs::remove_file(p);
         }
     }
 
-    /// Stop serving. Fails if a recording was aborted as non-deterministic:
-    /// the lock then holds only what was recorded before the abort.
+    /// Stop serving. Fails if the recording was aborted — as
+    /// non-deterministic ([`Error::NonDeterministic`]) or past a limit
+    /// ([`Error::RecordLimit`]); both are [`Error::is_violation`]. The lock
+    /// then holds only what was recorded before the abort.
     pub fn shutdown(mut self) -> Result<Summary, Error> {
         self.stop_thread();
         let stats = self.stats();
-        match self.aborted() {
-            Some(why) => Err(Error::NonDeterministic(why)),
+        match self.abort() {
+            Some(Abort::NonDeterministic(why)) => Err(Error::NonDeterministic(why)),
+            Some(a @ Abort::Limit { limit, max, .. }) => Err(Error::RecordLimit {
+                limit,
+                max,
+                message: a.to_string(),
+            }),
             None => Ok(Summary { stats }),
         }
     }

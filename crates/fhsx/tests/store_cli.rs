@@ -331,3 +331,54 @@ fn gc_concurrent_with_an_import_never_leaves_dangling_references() {
         assert_eq!(v.status.code(), Some(0), "{}", text(&v));
     }
 }
+
+/// `fhsx store root add|list|remove` and `fhsx store gc` without --keep:
+/// exactly the persistent roots are kept; with no root at all gc refuses
+/// unless told --no-roots-ok.
+#[test]
+fn gc_keeps_persistent_roots_and_refuses_to_empty_an_unrooted_store() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let (a, b) = (t.path().join("a"), t.path().join("b"));
+    write(&a.join("usr/bin/a"), b"a", 0o755);
+    write(&b.join("usr/bin/b"), b"b", 0o755);
+    let (da, db) = (import(&store, &a), import(&store, &b));
+
+    // No roots yet: refused, nothing deleted.
+    let o = run(&store, &["store", "gc"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("no persistent roots"), "{}", text(&o));
+    assert_eq!(run(&store, &["store", "ls", &db]).status.code(), Some(0));
+
+    let o = run(&store, &["store", "root", "add", &da, "--name", "atom-a"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let o = run(&store, &["store", "root", "list"]);
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        format!("atom-a\t{da}\n")
+    );
+    let o = run(&store, &["store", "gc"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(
+        run(&store, &["store", "cat", &da, "usr/bin/a"]).stdout,
+        b"a"
+    );
+    assert_eq!(run(&store, &["store", "ls", &db]).status.code(), Some(2));
+    assert_eq!(run(&store, &["store", "verify"]).status.code(), Some(0));
+
+    // A root must name something the store has; a bad name is usage.
+    let o = run(&store, &["store", "root", "add", &db]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let o = run(&store, &["store", "root", "add", &da, "--name", "../x"]);
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+
+    // Removed by digest: the next gc (told it may) empties the store.
+    let o = run(&store, &["store", "root", "remove", &da]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(run(&store, &["store", "root", "list"]).stdout.is_empty());
+    let o = run(&store, &["store", "gc", "--no-roots-ok"]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert_eq!(run(&store, &["store", "ls", &da]).status.code(), Some(2));
+    let o = run(&store, &["store", "root", "remove", "--name", "atom-a"]);
+    assert_eq!(o.status.code(), Some(2));
+}

@@ -6,17 +6,25 @@
 //! through a [`Txn`]: objects are staged, made durable with one `syncfs`, and
 //! only then renamed into place. A failed or killed writer leaves at most a
 //! staging directory, which no reader ever looks at and the next writer
-//! removes.
+//! removes. A blob that arrives as a stream of unknown length (a build log)
+//! goes through a [`BlobWriter`] instead: hashed as written, invisible until
+//! `finish`, removed if dropped unfinished.
+//!
+//! Nothing here keeps an object alive: `gc` deletes whatever no root
+//! reaches. A process that reads or writes objects across a gc holds
+//! [`TempRoots`](crate::roots::TempRoots) for them (see [`crate::roots`]).
 
 mod local;
 mod txn;
+mod writer;
 
 use std::io::Read;
 use std::path::PathBuf;
 
 pub use local::{LocalStore, ObjectKind};
-pub(crate) use txn::lock_exclusive;
 pub use txn::Txn;
+pub(crate) use txn::{lock_exclusive, lock_shared};
+pub use writer::{BlobWriter, CappedWriter};
 
 use crate::{Digest, Directory, Result};
 

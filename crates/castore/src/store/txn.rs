@@ -28,10 +28,54 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 pub struct Txn<'s> {
     store: &'s LocalStore,
     staging: PathBuf,
-    _staging_lock: File,
+    _staging: Staging,
     _store_lock: File,
     staged: Mutex<Staged>,
-    committed: bool,
+}
+
+/// A private directory under `ROOT/tmp`, exclusively `flock`ed while alive
+/// (so a cleaner can tell it from a killed writer's) and removed on drop.
+pub(crate) struct Staging {
+    pub(crate) dir: PathBuf,
+    _lock: File,
+}
+
+impl Staging {
+    pub(crate) fn create(store: &LocalStore) -> Result<Self> {
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            "txn-{}-{}-{}",
+            std::process::id(),
+            nanos,
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        let dir = store.tmp_dir().join(&name);
+        // The directory becomes visible as `txn-*` only once its lock is
+        // held: a cleaner must never see a live transaction without one.
+        let fresh = store.tmp_dir().join(format!(".new-{name}"));
+        fs::create_dir(&fresh).map_err(io("create staging directory", &fresh))?;
+        let lock = match lock_file(&fresh.join(".lock"), FlockOperation::LockExclusive) {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = fs::remove_dir_all(&fresh);
+                return Err(e);
+            }
+        };
+        if let Err(e) = fs::rename(&fresh, &dir) {
+            let _ = fs::remove_dir_all(&fresh);
+            return Err(io("create staging directory", &dir)(e));
+        }
+        Ok(Staging { dir, _lock: lock })
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let _ = fs::remove_dir_all(&self.dir);
+    }
 }
 
 #[derive(Default)]
@@ -46,35 +90,13 @@ struct Staged {
 impl<'s> Txn<'s> {
     pub(super) fn begin(store: &'s LocalStore) -> Result<Self> {
         let store_lock = lock_file(&store.lock_path(), FlockOperation::LockShared)?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let staging = store.tmp_dir().join(format!(
-            "txn-{}-{}-{}",
-            std::process::id(),
-            nanos,
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        ));
-        // The directory becomes visible as `txn-*` only once its lock is
-        // held: a cleaner must never see a live transaction without one.
-        let fresh = store.tmp_dir().join(format!(
-            ".new-{}",
-            staging
-                .file_name()
-                .map(|n| n.to_string_lossy())
-                .unwrap_or_default()
-        ));
-        fs::create_dir(&fresh).map_err(io("create staging directory", &fresh))?;
-        let staging_lock = lock_file(&fresh.join(".lock"), FlockOperation::LockExclusive)?;
-        fs::rename(&fresh, &staging).map_err(io("create staging directory", &staging))?;
+        let staging = Staging::create(store)?;
         Ok(Txn {
             store,
-            staging,
-            _staging_lock: staging_lock,
+            staging: staging.dir.clone(),
+            _staging: staging,
             _store_lock: store_lock,
             staged: Mutex::new(Staged::default()),
-            committed: false,
         })
     }
 
@@ -205,12 +227,11 @@ impl<'s> Txn<'s> {
     }
 
     /// Make everything staged durable and visible.
-    pub fn commit(mut self) -> Result<()> {
+    pub fn commit(self) -> Result<()> {
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
         if staged.blobs.is_empty() && staged.dirs.is_empty() && staged.records.is_empty() {
             // Everything was already in the store: nothing to make durable,
             // and a syncfs would flush every other writer's dirty data too.
-            self.committed = true;
             let _ = fs::remove_dir_all(&self.staging);
             return Ok(());
         }
@@ -240,21 +261,12 @@ impl<'s> Txn<'s> {
             path: self.staging.clone(),
             source: e.into(),
         })?;
-        self.committed = true;
         let _ = fs::remove_dir_all(&self.staging);
         Ok(())
     }
 }
 
-impl Drop for Txn<'_> {
-    fn drop(&mut self) {
-        if !self.committed {
-            let _ = fs::remove_dir_all(&self.staging);
-        }
-    }
-}
-
-fn lock_file(path: &Path, op: FlockOperation) -> Result<File> {
+pub(crate) fn lock_file(path: &Path, op: FlockOperation) -> Result<File> {
     let f = File::options()
         .create(true)
         .truncate(false)
@@ -306,4 +318,10 @@ pub(super) fn remove_stale_staging(tmp: &Path) {
 /// Take the store lock exclusively (for gc): waits for every writer.
 pub(crate) fn lock_exclusive(store: &LocalStore) -> Result<File> {
     lock_file(&store.lock_path(), FlockOperation::LockExclusive)
+}
+
+/// Take the store lock shared (as every writer does): no gc runs while it
+/// is held.
+pub(crate) fn lock_shared(store: &LocalStore) -> Result<File> {
+    lock_file(&store.lock_path(), FlockOperation::LockShared)
 }

@@ -235,7 +235,8 @@ async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) ->
             tokio::time::sleep(Duration::from_millis(400)).await;
             full("slow body\n")
         }
-        "/stall" => {
+        "/stall" | "/stall-chunked" => {
+            let exact = (path == "/stall").then_some(1 << 30);
             let (tx, rx) = mpsc::channel(4);
             tokio::spawn(async move {
                 for i in 0..64u64 {
@@ -251,9 +252,40 @@ async fn route(seen: Arc<Seen>, scheme: &'static str, req: Request<Incoming>) ->
                 tokio::time::sleep(Duration::from_secs(3600)).await;
                 drop(tx);
             });
+            ChanBody { rx, exact }.boxed()
+        }
+        "/endless" => {
+            // Chunked and never ending: until the reader goes away.
+            let (tx, rx) = mpsc::channel(4);
+            tokio::spawn(async move {
+                let mut off = 0u64;
+                loop {
+                    if tx.send(Bytes::from(big_chunk(off, 65536))).await.is_err() {
+                        return;
+                    }
+                    off += 65536;
+                }
+            });
+            ChanBody { rx, exact: None }.boxed()
+        }
+        "/cut" => {
+            // Promises 1 MiB, sends 300 KiB, then the body ends: the
+            // server has to drop the connection mid-body.
+            let (tx, rx) = mpsc::channel(4);
+            tokio::spawn(async move {
+                for i in 0..5u64 {
+                    if tx
+                        .send(Bytes::from(big_chunk(i * 61440, 61440)))
+                        .await
+                        .is_err()
+                    {
+                        return;
+                    }
+                }
+            });
             ChanBody {
                 rx,
-                exact: Some(1 << 30),
+                exact: Some(1 << 20),
             }
             .boxed()
         }
@@ -485,6 +517,17 @@ impl Harness {
     }
 
     pub fn proxy(&self, mode: Mode, lock: &Path, upstream_ca: Option<&Path>) -> RunningProxy {
+        self.proxy_with(mode, lock, upstream_ca, |_| {})
+    }
+
+    /// [`Harness::proxy`], with `tune` applied to the config last.
+    pub fn proxy_with(
+        &self,
+        mode: Mode,
+        lock: &Path,
+        upstream_ca: Option<&Path>,
+        tune: impl FnOnce(&mut ProxyConfig),
+    ) -> RunningProxy {
         let store = castore::LocalStore::open(&self.store).unwrap();
         let mut cfg = ProxyConfig::new(mode, lock.to_path_buf(), store).unwrap();
         cfg.system_roots = false;
@@ -495,6 +538,7 @@ impl Harness {
         cfg.events = Some(Arc::new(move |e: &Event| {
             ev.lock().unwrap().push(e.clone());
         }));
+        tune(&mut cfg);
         RunningProxy::start(
             cfg,
             fetch_proxy::Listen::Tcp("127.0.0.1:0".parse().unwrap()),
@@ -510,6 +554,22 @@ impl Harness {
             .filter(|e| matches!(e, Event::Refused { .. }))
             .cloned()
             .collect()
+    }
+
+    /// Bytes in the store's staging area (in-flight or leftover writes).
+    pub fn staged_bytes(&self) -> u64 {
+        fn walk(p: &Path) -> u64 {
+            let mut total = 0;
+            for e in std::fs::read_dir(p).into_iter().flatten().flatten() {
+                let m = match e.metadata() {
+                    Ok(m) => m,
+                    Err(_) => continue,
+                };
+                total += if m.is_dir() { walk(&e.path()) } else { m.len() };
+            }
+            total
+        }
+        walk(&self.store.join("tmp"))
     }
 
     pub fn blob_files(&self) -> Vec<PathBuf> {

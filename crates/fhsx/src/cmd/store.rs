@@ -34,10 +34,39 @@ pub enum StoreCmd {
     Export { digest: Digest, dest: PathBuf },
     /// Re-hash the whole store, or one tree, and report every corrupt or missing object by path.
     Verify { digest: Option<Digest> },
-    /// Delete everything not reachable from the kept roots.
+    /// Delete everything not reachable from a root: the persistent roots
+    /// (`fhsx store root`), every running fhsx's temporary roots, and --keep.
     Gc {
-        #[arg(long, required = true, num_args = 1..)]
+        /// Extra roots for this collection only.
+        #[arg(long, num_args = 1..)]
         keep: Vec<Digest>,
+        /// Collect even when the store has no persistent root and no --keep
+        /// is given (everything not held by a running process is deleted).
+        #[arg(long)]
+        no_roots_ok: bool,
+    },
+    /// Persistent gc roots: what `fhsx store gc` keeps.
+    #[command(subcommand)]
+    Root(RootCmd),
+}
+
+#[derive(Subcommand, Debug)]
+pub enum RootCmd {
+    /// Keep DIGEST (a tree, a composed view, a blob) until the root is removed.
+    Add {
+        #[arg(required = true)]
+        digests: Vec<Digest>,
+        /// The root's name (default: the first digest's hex).
+        #[arg(long)]
+        name: Option<String>,
+    },
+    /// List the persistent roots: NAME and the digests each keeps.
+    List,
+    /// Remove the roots named NAME (--name) or keeping DIGEST.
+    Remove {
+        digest: Option<Digest>,
+        #[arg(long)]
+        name: Option<String>,
     },
 }
 
@@ -162,15 +191,96 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
                 ExitClass::Integrity.code()
             })
         }
-        StoreCmd::Gc { keep } => {
+        StoreCmd::Gc { keep, no_roots_ok } => {
+            if keep.is_empty() && !no_roots_ok && store.roots()?.is_empty() {
+                return Err(Classified(
+                    ExitClass::Usage,
+                    "the store has no persistent roots and no --keep was given: gc would delete \
+                     everything not held by a running fhsx; add roots with `fhsx store root add`, \
+                     pass --keep, or pass --no-roots-ok"
+                        .into(),
+                )
+                .into());
+            }
             let r = castore::gc::gc(&store, &keep)?;
             if g.json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
                 println!(
-                    "kept {} objects; deleted {} blobs and {} directories ({} bytes)",
-                    r.kept_objects, r.deleted_blobs, r.deleted_directories, r.freed_bytes
+                    "kept {} objects ({} persistent and {} temporary root digests); deleted {} blobs and {} directories ({} bytes)",
+                    r.kept_objects,
+                    r.persistent_roots,
+                    r.temp_roots,
+                    r.deleted_blobs,
+                    r.deleted_directories,
+                    r.freed_bytes
                 );
+            }
+            Ok(0)
+        }
+        StoreCmd::Root(cmd) => root(g, &store, cmd),
+    }
+}
+
+fn root(g: &Globals, store: &LocalStore, cmd: RootCmd) -> anyhow::Result<i32> {
+    match cmd {
+        RootCmd::Add { digests, name } => {
+            let name = name.unwrap_or_else(|| digests[0].hex());
+            store
+                .add_root(&name, &digests)
+                .with_context(|| format!("adding the root {name}"))?;
+            if g.json {
+                println!("{}", json!({"name": name, "digests": digests}));
+            } else {
+                println!("{name}");
+            }
+            Ok(0)
+        }
+        RootCmd::List => {
+            let roots = store.roots()?;
+            if g.json {
+                println!("{}", serde_json::to_string_pretty(&roots)?);
+            } else {
+                for r in &roots {
+                    for d in &r.digests {
+                        println!("{}\t{d}", r.name);
+                    }
+                }
+            }
+            Ok(0)
+        }
+        RootCmd::Remove { digest, name } => {
+            let names: Vec<String> = match (&digest, &name) {
+                (None, Some(n)) => vec![n.clone()],
+                (Some(d), None) => store
+                    .roots()?
+                    .into_iter()
+                    .filter(|r| r.digests.contains(d))
+                    .map(|r| r.name)
+                    .collect(),
+                _ => {
+                    return Err(Classified(
+                        ExitClass::Usage,
+                        "give either a DIGEST or --name NAME".into(),
+                    )
+                    .into())
+                }
+            };
+            let mut removed = Vec::new();
+            for n in names {
+                if store.remove_root(&n)? {
+                    removed.push(n);
+                }
+            }
+            if removed.is_empty() {
+                return Err(Classified(ExitClass::Usage, "no such root".into()).into());
+            }
+            if g.json {
+                println!("{}", json!({"removed": removed}));
+            } else {
+                for n in &removed {
+                    println!("{n}");
+                }
             }
             Ok(0)
         }
