@@ -34,6 +34,36 @@ pub struct GcReport {
 /// temporary roots, or `keep`. Takes the store lock exclusively, so no
 /// import is in flight while it sweeps.
 pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<GcReport> {
+    gc_with(store, keep, &|_| Vec::new())
+}
+
+/// What gc found reachable so far.
+pub struct Live {
+    dirs: HashSet<Digest>,
+    blobs: HashSet<Digest>,
+}
+
+impl Live {
+    /// Whether the tree `d` is kept.
+    pub fn has_directory(&self, d: &Digest) -> bool {
+        self.dirs.contains(d)
+    }
+
+    /// Whether the blob `d` is kept.
+    pub fn has_blob(&self, d: &Digest) -> bool {
+        self.blobs.contains(d)
+    }
+}
+
+/// [`gc`], where what the roots reach may keep more: once the roots are
+/// marked, `also` sees what is live and names further roots (a layer above
+/// the store keeping the records of kept outputs, say), which are marked
+/// before anything is deleted.
+pub fn gc_with(
+    store: &LocalStore,
+    keep: &[Digest],
+    also: &dyn Fn(&Live) -> Vec<Digest>,
+) -> Result<GcReport> {
     let lock = crate::store::lock_exclusive(store)?;
     let persistent = crate::roots::persistent_digests(store)?;
     let temp = crate::roots::scan_temp_roots(store, &lock)?;
@@ -42,37 +72,17 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<GcReport> {
     roots.extend_from_slice(&temp.digests);
     roots.sort();
     roots.dedup();
-    let keep = &roots[..];
-    let mut live_dirs = HashSet::new();
-    let mut live_blobs = HashSet::new();
-    let mut stack: Vec<Digest> = keep.to_vec();
-    for k in keep {
-        // A kept root that is a blob (a read set, a log) stays too.
-        if store.has(ObjectKind::Blob, k) {
-            live_blobs.insert(*k);
-        }
-        if let Some((c, _)) = load_composition(store, k)? {
-            live_blobs.insert(c.map);
-            stack.extend(c.atoms);
-        }
-    }
-    while let Some(d) = stack.pop() {
-        if !store.has(ObjectKind::Directory, &d) || !live_dirs.insert(d) {
-            continue;
-        }
-        let dir = store
-            .get_directory(&d)
-            .map_err(|e| e.at_path(&d.to_string()))?;
-        for (_, n) in dir.entries() {
-            match n {
-                Node::Directory { digest, .. } => stack.push(*digest),
-                Node::File { digest, .. } => {
-                    live_blobs.insert(*digest);
-                }
-                Node::Symlink { .. } => {}
-            }
-        }
-    }
+    let mut live = Live {
+        dirs: HashSet::new(),
+        blobs: HashSet::new(),
+    };
+    mark(store, &roots, &mut live)?;
+    let more = also(&live);
+    mark(store, &more, &mut live)?;
+    let Live {
+        dirs: live_dirs,
+        blobs: live_blobs,
+    } = live;
     let mut r = GcReport {
         kept_objects: (live_dirs.len() + live_blobs.len()) as u64,
         persistent_roots: persistent.len() as u64,
@@ -137,6 +147,39 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<GcReport> {
         }
     }
     Ok(r)
+}
+
+/// Add what `roots` reach to `live`.
+fn mark(store: &LocalStore, roots: &[Digest], live: &mut Live) -> Result<()> {
+    let mut stack: Vec<Digest> = roots.to_vec();
+    for k in roots {
+        // A kept root that is a blob (a read set, a log) stays too.
+        if store.has(ObjectKind::Blob, k) {
+            live.blobs.insert(*k);
+        }
+        if let Some((c, _)) = load_composition(store, k)? {
+            live.blobs.insert(c.map);
+            stack.extend(c.atoms);
+        }
+    }
+    while let Some(d) = stack.pop() {
+        if !store.has(ObjectKind::Directory, &d) || !live.dirs.insert(d) {
+            continue;
+        }
+        let dir = store
+            .get_directory(&d)
+            .map_err(|e| e.at_path(&d.to_string()))?;
+        for (_, n) in dir.entries() {
+            match n {
+                Node::Directory { digest, .. } => stack.push(*digest),
+                Node::File { digest, .. } => {
+                    live.blobs.insert(*digest);
+                }
+                Node::Symlink { .. } => {}
+            }
+        }
+    }
+    Ok(())
 }
 
 /// Remove a tree whose directories are read-only (a Fast-tier root):

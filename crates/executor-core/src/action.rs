@@ -288,6 +288,20 @@ pub struct Limits {
     /// host allows it.
     #[serde(default = "Limits::default_disk")]
     pub disk: u64,
+    /// Distinct paths the build may observe (its read set's entries): past
+    /// it, new paths fail with `ENOMEM` inside and the build fails as a
+    /// limit failure, its read set marked incomplete.
+    #[serde(default = "Limits::default_reads")]
+    pub reads: u64,
+    /// Bytes of output (stdout and stderr together) kept in the log: past
+    /// it fhsx stops the build as a limit failure, as Nix's
+    /// `max-build-log-size` does.
+    #[serde(default = "Limits::default_log")]
+    pub log: u64,
+    /// Bytes a recording (`--record`) may store, all bodies together (and
+    /// so any one body): past it the recording aborts as a violation.
+    #[serde(default = "Limits::default_fetch")]
+    pub fetch: u64,
 }
 
 impl Limits {
@@ -306,6 +320,18 @@ impl Limits {
     fn default_disk() -> u64 {
         32 << 30
     }
+    /// Large real builds observe hundreds of thousands of paths; this is
+    /// ten times that, about 180 MB of the FUSE daemon's memory at the cap.
+    pub fn default_reads() -> u64 {
+        4_000_000
+    }
+    pub fn default_log() -> u64 {
+        64 << 20
+    }
+    /// Room for multi-GB SDK and toolchain archives, not for an endless body.
+    pub fn default_fetch() -> u64 {
+        16 << 30
+    }
 }
 
 impl Default for Limits {
@@ -316,6 +342,9 @@ impl Default for Limits {
             file_size: Self::default_file_size(),
             open_files: Self::default_open_files(),
             disk: Self::default_disk(),
+            reads: Self::default_reads(),
+            log: Self::default_log(),
+            fetch: Self::default_fetch(),
         }
     }
 }
@@ -528,8 +557,10 @@ impl<I> ActionOf<I> {
             || l.open_files < 16
             || l.file_size == 0
             || l.disk < (8 << 20)
+            || l.reads < 64
+            || l.log < 4096
         {
-            return Err("[limits] are too small to run anything (pids ≥ 1, memory ≥ 16 MiB, open_files ≥ 16, file_size ≥ 1, disk ≥ 8 MiB)".into());
+            return Err("[limits] are too small to run anything (pids ≥ 1, memory ≥ 16 MiB, open_files ≥ 16, file_size ≥ 1, disk ≥ 8 MiB, reads ≥ 64, log ≥ 4096)".into());
         }
         Ok(())
     }

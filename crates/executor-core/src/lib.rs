@@ -53,6 +53,10 @@ pub struct BuildRequest {
     /// Signers (`ed25519:<hex>`) whose records are cache hits besides the
     /// executor's own.
     pub trust: Vec<String>,
+    /// The caller's temporary gc roots: the build's outputs and record are
+    /// added to them before the build's own roots go, so what a graph
+    /// builds stays in the store until the graph is done with it.
+    pub hold: Option<std::sync::Arc<castore::TempRoots>>,
 }
 
 impl BuildRequest {
@@ -66,6 +70,7 @@ impl BuildRequest {
             upstream_ca: Vec::new(),
             cache: CachePolicy::Use,
             trust: Vec::new(),
+            hold: None,
         }
     }
 }

@@ -23,9 +23,18 @@ pub const RECORD_FORMAT: u32 = 2;
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum ExitStatus {
-    Exited { code: i32 },
-    Signaled { signal: i32 },
+    Exited {
+        code: i32,
+    },
+    Signaled {
+        signal: i32,
+    },
     TimedOut,
+    /// fhsx stopped it: it went past one of the limits fhsx enforces
+    /// itself (`[limits] log`), named here.
+    LimitExceeded {
+        limit: String,
+    },
 }
 
 impl ExitStatus {
@@ -62,6 +71,10 @@ pub struct BuildRecord {
     pub interface_manifest_digest: Option<Digest>,
     pub observed_read_set_digest: Digest,
     pub read_set_size: u64,
+    /// False when the build hit `[limits] reads`: the read set then holds
+    /// only the paths observed before the cap, and the build failed.
+    #[serde(default = "yes", skip_serializing_if = "is_true")]
+    pub read_set_complete: bool,
     /// The full build log, a CAS blob.
     pub log_digest: Digest,
     pub exit: ExitStatus,
@@ -82,11 +95,22 @@ pub struct BuildRecord {
     pub executor: String,
 }
 
+fn yes() -> bool {
+    true
+}
+
+fn is_true(b: &bool) -> bool {
+    *b
+}
+
 impl BuildRecord {
     /// The command succeeded, nothing was violated and every output was
     /// ingested.
     pub fn succeeded(&self) -> bool {
-        self.exit.success() && self.violations.is_empty() && self.failure.is_none()
+        self.exit.success()
+            && self.violations.is_empty()
+            && self.failure.is_none()
+            && self.read_set_complete
     }
 
     /// The bytes that are signed: canonical JSON.

@@ -82,6 +82,11 @@ pub struct RunOptions {
     /// at once. Should the caller die instead, bwrap follows it
     /// (`--die-with-parent`) and takes the sandbox along.
     pub cancel: Option<Arc<AtomicBool>>,
+    /// Set to `true` to stop the run for a limit the caller enforces (the
+    /// size of its output, say): it ends like a timeout, and the report's
+    /// outcome is [`Outcome::Stopped`] — a result, not an error, so the
+    /// caller can say which limit it was. Checked like `cancel`.
+    pub stop: Option<Arc<AtomicBool>>,
     pub reaper: ReaperPreference,
     /// Answers the sandbox's RPC requests (default: [`BasicHandler`]).
     pub handler: Option<Arc<dyn RpcHandler>>,
@@ -97,6 +102,7 @@ impl Default for RunOptions {
             capture_output: false,
             output: Output::Inherit,
             cancel: None,
+            stop: None,
             reaper: ReaperPreference::Auto,
             handler: None,
             rpc_limits: RpcLimits::default(),
@@ -115,6 +121,8 @@ pub enum Outcome {
     /// It ran past the timeout. `killed`: it outlived the grace period
     /// after SIGTERM and was SIGKILLed.
     TimedOut { killed: bool },
+    /// The caller stopped it ([`RunOptions::stop`]); `killed` as above.
+    Stopped { killed: bool },
 }
 
 impl Outcome {
@@ -125,6 +133,7 @@ impl Outcome {
             Outcome::Exited(c) => Ok(c),
             Outcome::Signaled(s) => Err(SandboxError::KilledBySignal(s)),
             Outcome::TimedOut { .. } => Err(SandboxError::Timeout(timeout.unwrap_or_default())),
+            Outcome::Stopped { killed } => Err(SandboxError::Cancelled { killed }),
         }
     }
 
@@ -134,6 +143,7 @@ impl Outcome {
             Outcome::Exited(c) => *c,
             Outcome::Signaled(s) => 128 + s,
             Outcome::TimedOut { .. } => 124,
+            Outcome::Stopped { .. } => 125,
         }
     }
 }
@@ -683,7 +693,7 @@ impl Runtime {
                     .as_millis()
                     .min(i32::MAX as u128) as i32,
             };
-            if phase == Phase::Running && opts.cancel.is_some() {
+            if phase == Phase::Running && (opts.cancel.is_some() || opts.stop.is_some()) {
                 wait_ms = if wait_ms < 0 {
                     CANCEL_POLL_MS
                 } else {
@@ -719,6 +729,9 @@ impl Runtime {
             if phase == Phase::Running && cancelled(&opts.cancel) {
                 // Ends like a timeout, now.
                 cause = Stop::Cancel;
+                deadline = Some(Instant::now());
+            } else if phase == Phase::Running && cancelled(&opts.stop) {
+                cause = Stop::Limit;
                 deadline = Some(Instant::now());
             }
             if deadline.is_some_and(|d| Instant::now() >= d) {
@@ -782,6 +795,9 @@ impl Runtime {
             });
         }
         let outcome = match (phase, report.end) {
+            (Phase::Terminating | Phase::Killed, _) if cause == Stop::Limit => Outcome::Stopped {
+                killed: phase == Phase::Killed,
+            },
             (Phase::Terminating, _) => Outcome::TimedOut { killed: false },
             (Phase::Killed, _) => Outcome::TimedOut { killed: true },
             (Phase::Running, Some(End::Exit(c))) => Outcome::Exited(c),
@@ -861,6 +877,7 @@ const CANCEL_POLL_MS: i32 = 50;
 enum Stop {
     Timeout,
     Cancel,
+    Limit,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

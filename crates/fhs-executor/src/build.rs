@@ -14,15 +14,16 @@
 
 use std::ffi::OsString;
 use std::fs;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use castore::store::{BlobStore, DirectoryStore, LocalStore};
+use castore::store::{DirectoryStore, LocalStore};
+use castore::TempRoots;
 use castore::{Composition, Digest};
-use castore_fuse::{MountOptions, MountOutcome};
+use castore_fuse::{CompactOutcome, MountOptions};
 use ed25519_dalek::SigningKey;
 use executor_core::record::{list_digest, RECORD_FORMAT};
 use executor_core::{
@@ -34,8 +35,9 @@ use executor_sandbox::{
 };
 
 use crate::cache::{ActionCache, Found};
-use crate::fetch::{FetchResult, FetchSession};
+use crate::fetch::{FetchResult, FetchSession, Network};
 use crate::ingest::Ingested;
+use crate::log::BuildLog;
 use crate::scratch::{DiskLimit, WorkArea};
 use crate::{check, ingest, keys, manifest, sign, view, Error};
 
@@ -83,6 +85,11 @@ impl Plan<'_> {
         self.action.network.mode == NetworkMode::Record
     }
 
+    /// Every input: closure, toolchain, source.
+    fn inputs(&self) -> Vec<Digest> {
+        self.action.inputs.iter().map(|(_, d)| *d).collect()
+    }
+
     /// Closure, then toolchain: the composition order.
     fn atoms(&self) -> Vec<Digest> {
         let i = &self.action.inputs;
@@ -93,8 +100,7 @@ impl Plan<'_> {
 /// What the run stage hands on.
 struct Ran {
     report: RunReport,
-    log: Vec<u8>,
-    mounted: MountOutcome,
+    mounted: CompactOutcome,
     fetch: Option<FetchResult>,
 }
 
@@ -138,45 +144,36 @@ impl FhsExecutor {
     fn build_inner(
         &self,
         req: &BuildRequest,
-        log: &mut (dyn Write + Send),
+        live: &mut (dyn Write + Send),
     ) -> Result<BuildOutcome, Error> {
         let started = Instant::now();
         let plan = self.resolve(req)?;
         let cache = self.cache(&req.trust)?;
-        let against = match self.consult_cache(&plan, &cache, log)? {
+        let against = match self.consult_cache(&plan, &cache, live)? {
             Consulted::Hit(outcome) => return Ok(*outcome),
             Consulted::Run { against } => against,
         };
+        // Everything the build reads or makes is a temporary gc root from
+        // here until its record is stored (and the caller holds it).
+        let roots = Arc::new(self.store.temp_roots(&plan.inputs())?);
         self.check_inputs(&plan)?;
-        let view = view::compose(&self.store, &plan.atoms())?;
-        let mut notes = Vec::new();
-        let work = self.prepare(&plan, &mut notes, log)?;
-        let mut ran = self.run(&plan, &view, &work, log)?;
-        ran.log.splice(0..0, notes);
-        let violations = violations(&mut ran);
+        let view = roots.rooted(
+            || view::compose(&self.store, &plan.atoms()),
+            |v| vec![v.root],
+        )?;
+        let mut log = BuildLog::new(&self.store, plan.action.limits.log)?;
+        let work = self.prepare(&plan, &mut log, live)?;
+        let ran = self.run(&plan, &view, &work, &roots, &mut log, live)?;
+        let violations = violations(&ran, &mut log, live);
         self.prove(&view, &ran)?;
-        let exit = exit_status(&ran.report);
-        let ingested = if exit.success() && violations.is_empty() {
-            match ingest::ingest_outputs(&self.store, work.scratch(), &plan.action.outputs.names) {
-                Ok(i) => Ok(i),
-                Err(Error::BadOutput { path, reason }) => Err(format!("output {path} {reason}")),
-                Err(e) => return Err(e),
-            }
-        } else {
-            Ok(Ingested::default())
-        };
-        let (ingested, failure) = match ingested {
-            Ok(i) => (i, None),
-            Err(why) => (Ingested::default(), Some(why)),
+        let exit = exit_status(&ran.report, &log);
+        let mut failure = limit_failure(&plan, &ran, &log);
+        let ingested = match (&failure, exit.success() && violations.is_empty()) {
+            (None, true) => self.ingest(&plan, &work, &roots, &mut failure)?,
+            _ => Ingested::default(),
         };
         for line in ingested.notes.iter().chain(&failure) {
-            let line = if line.starts_with("fhsx:") {
-                line.clone()
-            } else {
-                format!("fhsx: {line}")
-            };
-            let _ = writeln!(log, "{line}");
-            ran.log.extend_from_slice(format!("{line}\n").as_bytes());
+            log.note(line, live);
         }
         let record = BuildRecord {
             format: RECORD_FORMAT,
@@ -184,16 +181,13 @@ impl FhsExecutor {
             closure_digest: list_digest(&plan.action.inputs.closure),
             toolchain_digest: list_digest(&plan.action.inputs.toolchain),
             view_digest: view.root,
-            fetch_lock_digest: ran
-                .fetch
-                .as_ref()
-                .map(|f| f.lock_digest)
-                .or(plan.lock_digest),
-            interface_manifest_digest: self.manifest(&ingested)?,
+            fetch_lock_digest: (ran.fetch.as_ref().map(|f| f.lock_digest)).or(plan.lock_digest),
+            interface_manifest_digest: self.manifest(&ingested, &roots)?,
             outputs: ingested.outputs,
             observed_read_set_digest: ran.mounted.read_set_digest,
-            read_set_size: ran.mounted.read_set.entries.len() as u64,
-            log_digest: self.store.put_blob(&ran.log)?,
+            read_set_size: ran.mounted.read_set.len(),
+            read_set_complete: ran.mounted.read_set_overflow.is_none(),
+            log_digest: log.finish(&roots)?,
             exit,
             violations: violations.clone(),
             failure,
@@ -204,13 +198,16 @@ impl FhsExecutor {
             },
             executor: format!("fhsx {} {}", env!("CARGO_PKG_VERSION"), self.public_key()),
         };
-        let (record_digest, signed) = self.sign(&cache, record)?;
+        let (record_digest, signed) = self.sign(&cache, &roots, record)?;
+        if let Some(hold) = &req.hold {
+            hold.add(&roots.digests())?;
+        }
         // The recorded lock lives in the working area until it is committed.
         let committed = match ran.fetch.and_then(|f| f.recording) {
             Some(recording) if signed.record.succeeded() => Some(recording.commit()),
             _ => None,
         };
-        self.finish_work(work, &signed, log);
+        self.finish_work(work, &signed, live);
         if !violations.is_empty() {
             return Err(Error::Containment(format!(
                 "{}; the record {record_digest} says so",
@@ -218,7 +215,7 @@ impl FhsExecutor {
             )));
         }
         if let Some(lock) = committed.transpose()? {
-            let _ = writeln!(log, "fhsx: recorded the fetch lock {}", lock.display());
+            let _ = writeln!(live, "fhsx: recorded the fetch lock {}", lock.display());
         }
         let check = match against {
             Some(a) => Some(check::compare(&self.store, &a, &signed)?),
@@ -313,6 +310,12 @@ impl FhsExecutor {
                 let Some(hit) = cache.lookup(&plan.action_digest)?.hit else {
                     return Ok(Consulted::Run { against: None });
                 };
+                if let Some(hold) = &plan.req.hold {
+                    let mut keep: Vec<Digest> =
+                        hit.record.record.outputs.values().copied().collect();
+                    keep.push(hit.digest);
+                    hold.add(&keep)?;
+                }
                 let _ = writeln!(
                     log,
                     "fhsx: cached: action {} → record {}; nothing ran (--rebuild runs it)",
@@ -358,13 +361,15 @@ impl FhsExecutor {
     fn prepare(
         &self,
         plan: &Plan<'_>,
-        notes: &mut Vec<u8>,
-        log: &mut (dyn Write + Send),
+        log: &mut BuildLog,
+        live: &mut (dyn Write + Send),
     ) -> Result<WorkArea, Error> {
         let work = WorkArea::create(plan.action.limits.disk)?;
         if let DiskLimit::NotEnforced(why) = &work.disk {
-            let _ = writeln!(notes, "fhsx: [limits] disk is not enforced here: {why}");
-            let _ = log.write_all(notes);
+            log.note(
+                &format!("fhsx: [limits] disk is not enforced here: {why}"),
+                live,
+            );
         }
         let scratch = work.scratch().to_path_buf();
         for d in [&work.path().join("view"), &scratch.join("home")] {
@@ -378,19 +383,26 @@ impl FhsExecutor {
     }
 
     /// Stage 5, run: mount the view, run the command in the sandbox with
-    /// its output teed live to `log` and kept, stop the proxy, unmount.
+    /// its output streamed into the log and to the live sink, stop the
+    /// proxy, unmount.
     fn run(
         &self,
         plan: &Plan<'_>,
         view: &Composition,
         work: &WorkArea,
-        log: &mut (dyn Write + Send),
+        roots: &Arc<TempRoots>,
+        log: &mut BuildLog,
+        live: &mut (dyn Write + Send),
     ) -> Result<Ran, Error> {
         let action = &plan.action;
         let mnt = work.path().join("view");
         let scratch = work.scratch();
         castore_fuse::preflight().map_err(|e| Error::Other(e.to_string()))?;
-        let guard = castore_fuse::mount(&self.store, &view.root, &mnt, &MountOptions::default())
+        let options = MountOptions {
+            max_read_set_entries: action.limits.reads,
+            ..MountOptions::default()
+        };
+        let guard = castore_fuse::mount(&self.store, &view.root, &mnt, &options)
             .map_err(|e| Error::Other(format!("mounting the view: {e}")))?;
 
         let runtime = Runtime::new()?;
@@ -420,52 +432,44 @@ impl FhsExecutor {
             }
             (mode, Some(lock)) => Some(FetchSession::start(
                 &self.store,
-                mode == NetworkMode::Record,
-                lock,
-                &plan.req.upstream_ca,
+                &Network {
+                    record: mode == NetworkMode::Record,
+                    lock,
+                    upstream_ca: &plan.req.upstream_ca,
+                    max_record_bytes: action.limits.fetch,
+                },
                 work.path(),
+                roots,
                 &mut spec,
             )?),
         };
         let command: Vec<OsString> = action.run.command.iter().map(OsString::from).collect();
-        // stdout and stderr share one pipe, teed live to `log` and kept whole.
+        // stdout and stderr share one pipe, streamed into the log.
         let (mut reader, writer) =
             std::io::pipe().map_err(|e| Error::io("create the log pipe for", scratch, e))?;
+        let stop = Arc::new(AtomicBool::new(false));
         let opts = RunOptions {
             timeout: Some(action.run.timeout),
             grace: self.grace,
             stdin: Stdin::Null,
             output: Output::Fd(writer.into()),
             cancel: self.cancel.clone(),
+            stop: Some(stop.clone()),
             ..RunOptions::default()
         };
-        let (report, log_bytes) = std::thread::scope(|scope| {
-            let log = &mut *log;
-            let tee = scope.spawn(move || {
-                let mut all = Vec::new();
-                let mut buf = vec![0u8; 64 * 1024];
-                loop {
-                    match reader.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            let _ = log.write_all(&buf[..n]);
-                            all.extend_from_slice(&buf[..n]);
-                        }
-                    }
-                }
-                all
-            });
+        let report = std::thread::scope(|scope| {
+            let tee = scope.spawn(|| log.tee(&mut reader, live, &stop));
             let ran = runtime.run(&spec, &executor_sandbox::current_host_env(), &command, opts);
-            (ran, tee.join().unwrap_or_default())
+            let _ = tee.join();
+            ran
         });
         // Unmount before anything else can fail: the read set is wanted either way.
         let mounted = guard
-            .finish(&self.store)
+            .finish_rooted(&self.store, roots)
             .map_err(|e| Error::Other(format!("unmounting the view: {e}")))?;
         let fetch = proxy.map(|p| p.finish()).transpose()?;
         Ok(Ran {
             report: report?,
-            log: log_bytes,
             mounted,
             fetch,
         })
@@ -474,29 +478,68 @@ impl FhsExecutor {
     /// Stage 6, prove: every byte served was the store's, and every read
     /// lies inside the declared view.
     fn prove(&self, view: &Composition, ran: &Ran) -> Result<(), Error> {
-        ran.mounted.check().map_err(|e| {
-            Error::Containment(format!("the view refused corrupt store content: {e}"))
-        })?;
-        view::check_read_set(&self.store, &view.root, &ran.mounted.read_set)
+        if let Some(first) = ran.mounted.integrity_failures.first() {
+            return Err(Error::Containment(format!(
+                "the view refused corrupt store content: {first}"
+            )));
+        }
+        ran.mounted
+            .read_set
+            .check_within(&self.store, &view.root)
+            .map_err(|e| {
+                Error::Containment(format!("the read set does not prove reads ⊆ declared: {e}"))
+            })
+    }
+
+    /// Stage 7, ingest: each declared output as an atom. A refused output
+    /// is the build's failure (`failure`), not an error: the record still
+    /// says what happened.
+    fn ingest(
+        &self,
+        plan: &Plan<'_>,
+        work: &WorkArea,
+        roots: &TempRoots,
+        failure: &mut Option<String>,
+    ) -> Result<Ingested, Error> {
+        let names = &plan.action.outputs.names;
+        let ingested = roots.rooted(
+            || ingest::ingest_outputs(&self.store, work.scratch(), names),
+            |i| i.outputs.values().copied().collect(),
+        );
+        match ingested {
+            Ok(i) => Ok(i),
+            Err(Error::BadOutput { path, reason }) => {
+                *failure = Some(format!("fhsx: output {path} {reason}"));
+                Ok(Ingested::default())
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// The interface manifest over every output, if there are any.
-    fn manifest(&self, ingested: &Ingested) -> Result<Option<Digest>, Error> {
+    fn manifest(&self, ingested: &Ingested, roots: &TempRoots) -> Result<Option<Digest>, Error> {
         if ingested.outputs.is_empty() {
             return Ok(None);
         }
-        let tree = ingested.combined_tree(&self.store)?;
-        Ok(Some(manifest::derive_and_store(&self.store, &tree)?.1))
+        let m = roots.rooted(
+            || {
+                let tree = ingested.combined_tree(&self.store)?;
+                manifest::derive_and_store(&self.store, &tree)
+            },
+            |(_, m)| vec![*m],
+        )?;
+        Ok(Some(m.1))
     }
 
     /// Stage 8, sign: sign and store the record, and index it.
     fn sign(
         &self,
         cache: &ActionCache<'_>,
+        roots: &TempRoots,
         record: BuildRecord,
     ) -> Result<(Digest, executor_core::SignedRecord), Error> {
         let signed = sign::sign(record, &self.key);
-        let digest = sign::store_record(&self.store, &signed)?;
+        let digest = roots.rooted(|| sign::store_record(&self.store, &signed), |d| vec![*d])?;
         cache.insert(&signed.record.action_digest, &digest)?;
         Ok((digest, signed))
     }
@@ -538,28 +581,51 @@ enum Consulted {
 }
 
 /// The fetch proxy's refusals and aborts, as violations, also in the log.
-fn violations(ran: &mut Ran) -> Vec<String> {
+fn violations(ran: &Ran, log: &mut BuildLog, live: &mut dyn Write) -> Vec<String> {
     let mut violations = Vec::new();
     if let Some(f) = &ran.fetch {
         for line in &f.refusals {
-            ran.log
-                .extend_from_slice(format!("fhsx: fetch refused: {line}\n").as_bytes());
+            log.note(&format!("fhsx: fetch refused: {line}"), live);
             violations.push(format!("fetch refused: {line}"));
         }
         if let Some(why) = &f.aborted {
-            ran.log
-                .extend_from_slice(format!("fhsx: recording aborted: {why}\n").as_bytes());
+            log.note(&format!("fhsx: recording aborted: {why}"), live);
             violations.push(format!("recording aborted: {why}"));
         }
     }
     violations
 }
 
-fn exit_status(report: &RunReport) -> ExitStatus {
+/// A limit fhsx enforces itself that the build went past, said as its
+/// failure: the log's size, the read set's.
+fn limit_failure(plan: &Plan<'_>, ran: &Ran, log: &BuildLog) -> Option<String> {
+    if log.exceeded() {
+        return Some(format!(
+            "fhsx: [limits] log: the build wrote more than {} bytes of output, so fhsx stopped it; raise [limits] log (bytes) if that much output is legitimate",
+            log.cap()
+        ));
+    }
+    ran.mounted.read_set_overflow.as_ref().map(|o| {
+        format!(
+            "fhsx: [limits] reads: the build observed more than {} distinct paths ({o}); its read set is incomplete, so the build is not trusted. Raise [limits] reads (currently {}) if that many are legitimate",
+            plan.action.limits.reads, plan.action.limits.reads
+        )
+    })
+}
+
+fn exit_status(report: &RunReport, log: &BuildLog) -> ExitStatus {
     match report.outcome {
         Outcome::Exited(c) => ExitStatus::Exited { code: c },
         Outcome::Signaled(s) => ExitStatus::Signaled { signal: s },
         Outcome::TimedOut { .. } => ExitStatus::TimedOut,
+        Outcome::Stopped { .. } => ExitStatus::LimitExceeded {
+            limit: if log.exceeded() {
+                "[limits] log"
+            } else {
+                "a limit of fhsx's"
+            }
+            .into(),
+        },
     }
 }
 

@@ -192,3 +192,56 @@ fn first_missing(store: &LocalStore, root: &Digest) -> Option<Digest> {
     }
     None
 }
+
+/// Garbage collection that keeps the records of kept outputs: what
+/// [`castore::gc::gc`] keeps, plus — for every indexed record whose every
+/// output is kept — the record, its log, read set, interface manifest and
+/// fetch lock (not its view: that would keep whole toolchains alive).
+/// Index entries whose record is gone afterwards are removed, so records of
+/// collected outputs go with them.
+pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<castore::gc::GcReport, Error> {
+    let report = castore::gc::gc_with(store, keep, &|live| {
+        let mut more = Vec::new();
+        for (_, record) in indexed(store) {
+            let Ok(rec) = sign::load_record(store, &record) else {
+                continue;
+            };
+            let r = &rec.record;
+            if r.outputs.is_empty() || !r.outputs.values().all(|o| live.has_directory(o)) {
+                continue;
+            }
+            more.push(record);
+            more.push(r.log_digest);
+            more.push(r.observed_read_set_digest);
+            more.extend(r.interface_manifest_digest);
+            more.extend(r.fetch_lock_digest);
+        }
+        more
+    })?;
+    for (entry, record) in indexed(store) {
+        if !store.has(ObjectKind::Blob, &record) {
+            let _ = fs::remove_file(&entry);
+        }
+    }
+    Ok(report)
+}
+
+/// Every index entry: its path and the record it names.
+fn indexed(store: &LocalStore) -> Vec<(PathBuf, Digest)> {
+    let mut out = Vec::new();
+    let base = store.root().join("actions");
+    for shard in fs::read_dir(&base).into_iter().flatten().flatten() {
+        for action in fs::read_dir(shard.path()).into_iter().flatten().flatten() {
+            for e in fs::read_dir(action.path()).into_iter().flatten().flatten() {
+                let d = e
+                    .file_name()
+                    .to_str()
+                    .and_then(|n| format!("b3:{n}").parse::<Digest>().ok());
+                if let Some(d) = d {
+                    out.push((e.path(), d));
+                }
+            }
+        }
+    }
+    out
+}

@@ -22,6 +22,18 @@ use crate::Error;
 const PROXY_PORT: u16 = executor_sandbox::DEFAULT_PROXY_PORT;
 const PROXY_CA: &str = executor_sandbox::PROXY_CA_PATH;
 
+/// What a build's network is to be.
+pub struct Network<'a> {
+    /// Record (afresh) rather than replay.
+    pub record: bool,
+    /// The action's lock.
+    pub lock: &'a Path,
+    /// Extra CAs trusted upstream while recording.
+    pub upstream_ca: &'a [PathBuf],
+    /// `[limits] fetch`.
+    pub max_record_bytes: u64,
+}
+
 /// A running proxy for one build.
 pub struct FetchSession {
     proxy: fetch_proxy::RunningProxy,
@@ -71,12 +83,17 @@ impl FetchSession {
     /// trusts only the proxy's CA. `lock` is the action's lock.
     pub fn start(
         store: &LocalStore,
-        record: bool,
-        lock: &Path,
-        upstream_ca: &[PathBuf],
+        net: &Network<'_>,
         work: &Path,
+        roots: &Arc<castore::TempRoots>,
         spec: &mut SandboxSpec,
     ) -> Result<FetchSession, Error> {
+        let Network {
+            record,
+            lock,
+            upstream_ca,
+            max_record_bytes,
+        } = *net;
         let (mode, lock_path, record_into) = if record {
             (
                 fetch_proxy::Mode::Record,
@@ -91,6 +108,10 @@ impl FetchSession {
         let mut cfg = fetch_proxy::ProxyConfig::new(mode, lock_path.clone(), store.clone())
             .map_err(start_err)?;
         cfg.upstream_ca_files = upstream_ca.to_vec();
+        // What it serves and records stays in the store while the build lives.
+        cfg.temp_roots = Some(roots.clone());
+        cfg.max_record_bytes = max_record_bytes;
+        cfg.max_body_bytes = cfg.max_body_bytes.min(max_record_bytes);
         let refusals = Arc::new(Mutex::new(Vec::new()));
         let sink = refusals.clone();
         cfg.events = Some(Arc::new(move |e: &fetch_proxy::Event| {
@@ -119,11 +140,21 @@ impl FetchSession {
 
     /// Stop the proxy and say what it saw.
     pub fn finish(self) -> Result<FetchResult, Error> {
-        let aborted = self.proxy.aborted();
+        // A limit is the action's `[limits] fetch`, whichever of the
+        // proxy's two caps it was.
+        let aborted = match self.proxy.abort() {
+            Some(fetch_proxy::Abort::Limit { max, request, .. }) => Some(format!(
+                "[limits] fetch: recording {request} went past {max} bytes, so the recording was stopped and nothing of it kept; raise [limits] fetch (bytes) if the download is legitimate"
+            )),
+            Some(other) => Some(other.to_string()),
+            None => None,
+        };
         let shut = self.proxy.shutdown();
         let aborted = match (shut, aborted) {
             (Ok(_), a) => a,
-            (Err(e), a) if e.is_integrity() => Some(a.unwrap_or_else(|| e.to_string())),
+            (Err(e), a) if e.is_violation() || e.is_integrity() => {
+                Some(a.unwrap_or_else(|| e.to_string()))
+            }
             (Err(e), _) => return Err(Error::Other(format!("stopping the fetch proxy: {e}"))),
         };
         let bytes = fs::read(&self.lock_path).unwrap_or_default();

@@ -43,7 +43,11 @@ pub fn generate(path: &Path) -> Result<SigningKey, Error> {
     // One name per writer: two builds starting on a fresh store both get
     // here, and a shared temporary name would let one link the other's key
     // while signing with its own.
-    let tmp = path.with_extension(format!("tmp-{}-{}", std::process::id(), hex::encode(&seed[..8])));
+    let tmp = path.with_extension(format!(
+        "tmp-{}-{}",
+        std::process::id(),
+        hex::encode(&seed[..8])
+    ));
     let mut f = fs::File::options()
         .write(true)
         .create_new(true)

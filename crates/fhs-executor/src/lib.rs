@@ -21,6 +21,7 @@ mod error;
 mod fetch;
 pub mod ingest;
 pub mod keys;
+mod log;
 pub mod manifest;
 pub mod scratch;
 pub mod sign;

@@ -1047,7 +1047,10 @@ fn host_isolation_nothing_of_the_callers_process_state_crosses() {
         let v: Option<serde_json::Value> = serde_json::from_slice(&o.stdout).ok();
         assert!(o.status.success(), "{shell}: {}", text(&o));
         let log = w.log(&o, &v);
-        let out = v.as_ref().unwrap()["outputs"]["out"].as_str().unwrap().to_owned();
+        let out = v.as_ref().unwrap()["outputs"]["out"]
+            .as_str()
+            .unwrap()
+            .to_owned();
         (log, out)
     };
     // --rebuild: each way must really run, not be answered from the cache.

@@ -1003,3 +1003,40 @@ fn tcp_is_tls_and_an_untrusted_worker_never_sees_the_token() {
         "the refused client built something"
     );
 }
+
+/// A remote build that floods its log, or probes past its read-set cap,
+/// ends as a limit failure for that client, while the worker goes on
+/// serving another client's build at the same time, and after.
+#[test]
+fn the_worker_stays_up_when_a_client_floods_its_log_or_read_set() {
+    let t = tempfile::tempdir().unwrap();
+    let (ca, cb) = (t.path().join("client-a"), t.path().join("client-b"));
+    let ws = t.path().join("worker-store");
+    let (bba, bbb) = (busybox(&ca), busybox(&cb));
+    let flood = t.path().join("flood.toml");
+    fs::write(
+        &flood,
+        format!("[inputs]\nclosure = [\"{bba}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out; while :; do echo flooding-the-log-flooding-the-log; done\"]\ntimeout = \"300s\"\n[limits]\nlog = 1048576\n"),
+    )
+    .unwrap();
+    let probe = t.path().join("probe.toml");
+    fs::write(
+        &probe,
+        format!("[inputs]\nclosure = [\"{bba}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out; i=0; while [ $i -lt 2000 ]; do busybox test -e /usr/absent-$i; i=$((i+1)); done\"]\ntimeout = \"300s\"\n[limits]\nreads = 500\n"),
+    )
+    .unwrap();
+    let fine = sh_action(t.path(), "fine.toml", &bbb, "busybox sleep 1; echo fine > $out/f");
+    let w = Worker::start(&ws, t.path(), 2, &[]);
+    for bad in [&flood, &probe] {
+        let a = remote(&ca, &w, bad, true).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
+        let b = remote(&cb, &w, &fine, true).arg("--rebuild").output().unwrap();
+        let a = a.wait_with_output().unwrap();
+        assert!(b.status.success(), "the other client's build failed: {}", text(&b));
+        assert_eq!(a.status.code(), Some(1), "{}", text(&a));
+        let v: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
+        let why = v["error"].as_str().unwrap_or_default();
+        assert!(why.contains("[limits] log") || why.contains("[limits] reads"), "{v}");
+    }
+    let again = remote(&cb, &w, &fine, false).arg("--rebuild").output().unwrap();
+    assert!(again.status.success(), "the worker stopped serving: {}", text(&again));
+}

@@ -101,10 +101,13 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     // The build's own output goes to stderr, so stdout stays the result.
     let mut sink = std::io::stderr();
     let store = exec.store().clone();
+    // What the graph imports and builds stays in the store until it is done.
+    let hold = Arc::new(store.temp_roots(&[])?);
     graph.build_all(
-        |p| import(&store, p),
+        |p| import(&store, &hold, p),
         |node, action, is_root| {
             let req = BuildRequest {
+                hold: Some(hold.clone()),
                 lock_path: node.action.lock_path(&node.file),
                 record: is_root && a.record,
                 upstream_ca: a.upstream_ca.clone(),
@@ -144,8 +147,9 @@ fn build_remote(
     let client =
         ::worker::client::Client::connect(&::worker::Endpoint::parse(addr), &token, &a.trust)
             .map_err(classify)?;
+    let hold = store.temp_roots(&[])?;
     graph.build_all(
-        |p| import(&store, p),
+        |p| import(&store, &hold, p),
         |node, action: Action, is_root| {
             let lock = node.action.lock_path(&node.file);
             let out = client
@@ -160,6 +164,14 @@ fn build_remote(
                 .map_err(classify)
                 .with_context(|| building(node, is_root))?;
             dependency_ok(node, is_root, &out.record.record)?;
+            hold.add(
+                &out.record
+                    .record
+                    .outputs
+                    .values()
+                    .copied()
+                    .collect::<Vec<_>>(),
+            )?;
             let remote = json!({
                 "worker": client.endpoint(),
                 "worker_key": out.worker_key,
@@ -187,14 +199,22 @@ fn build_remote(
 /// imported (an unchanged archive is not read again).
 fn import(
     store: &castore::LocalStore,
+    hold: &castore::TempRoots,
     path: &std::path::Path,
 ) -> anyhow::Result<Vec<castore::Digest>> {
-    if path.extension().is_some_and(|e| e == "toolchain") {
-        return toolchain_atoms(store, path);
-    }
-    let imported = castore::import::import_path_cached(store, path)
-        .with_context(|| format!("importing the input {}", path.display()))?;
-    Ok(vec![imported.root])
+    let atoms = if path.extension().is_some_and(|e| e == "toolchain") {
+        toolchain_atoms(store, path)?
+    } else {
+        let imported = hold
+            .rooted(
+                || castore::import::import_path_cached(store, path),
+                |i| vec![i.root],
+            )
+            .with_context(|| format!("importing the input {}", path.display()))?;
+        vec![imported.root]
+    };
+    hold.add(&atoms)?;
+    Ok(atoms)
 }
 
 /// A toolchain file's atoms, each of which must be in the store.

@@ -153,6 +153,8 @@ pub fn run(g: &Globals, a: RunArgs) -> anyhow::Result<i32> {
             }
             Err(SandboxError::Timeout(a.timeout.unwrap_or_default()).into())
         }
+        // `fhsx run` sets no stop flag.
+        Outcome::Stopped { killed } => Err(SandboxError::Cancelled { killed }.into()),
     }
 }
 

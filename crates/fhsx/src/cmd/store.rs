@@ -202,7 +202,7 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
                 )
                 .into());
             }
-            let r = castore::gc::gc(&store, &keep)?;
+            let r = fhs_executor::cache::gc(&store, &keep)?;
             if g.json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
             } else {
