@@ -722,9 +722,18 @@ impl Filesystem for ViewFs {
         let Some(i) = self.shared.inode(ino) else {
             return reply.error(Errno::ENOENT);
         };
+        // Only a file's digest: it tells no more than its content, so
+        // reading it is a read of the file. A directory's digest would tell
+        // the build about everything below it without any of it being in
+        // the read set.
         let value = match (&i.node, name.as_bytes() == DIGEST_XATTR.as_bytes()) {
-            (Node::Symlink { .. }, _) | (_, false) => return reply.error(Errno::ENODATA),
-            (n, true) => n.digest().map(|d| d.to_string()).unwrap_or_default(),
+            (Node::File { digest, .. }, true) => {
+                if !self.shared.mark(&i, MARK_READ) {
+                    return reply.error(Errno::ENOMEM);
+                }
+                digest.to_string()
+            }
+            _ => return reply.error(Errno::ENODATA),
         };
         if size == 0 {
             reply.size(value.len() as u32)

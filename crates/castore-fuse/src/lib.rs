@@ -5,7 +5,9 @@
 //!
 //! - **The view** ([`mount`]): lookup, getattr, readdir(plus), open, read,
 //!   readlink, statfs, getxattr (`user.fhsx.digest` holds a file's blob
-//!   digest or a directory's digest). Everything that would write — create,
+//!   digest, and reading it is recorded as a read of the file; a directory
+//!   has none, since its digest would tell a build about everything below
+//!   it without any of that in the read set). Everything that would write — create,
 //!   write, mkdir, unlink, rename, setattr, setxattr, link, symlink, mknod —
 //!   fails with `EROFS`, for root too; the mount is also `ro` in the kernel.
 //!   Content is immutable, so entries and attributes have year-long TTLs

@@ -231,7 +231,10 @@ pub fn import_packages(
     let mut missing = Vec::new();
     for p in packages {
         match known_atom(store, &p.sha256) {
-            Some(atom) => entries.push(entry(p, atom)),
+            Some(atom) => {
+                name_atom(store, p, &atom);
+                entries.push(entry(p, atom))
+            }
             None => missing.push(p),
         }
     }
@@ -279,11 +282,29 @@ pub fn import_packages(
                 })?;
         let atom = castore::import::import_path(store, path, &())?.root;
         remember(store, &p.sha256, &atom)?;
+        name_atom(store, p, &atom);
         note(&format!("imported {} {} as {atom}", p.name, p.version));
         entries.push(entry(p, atom));
     }
     entries.sort();
     Ok(entries)
+}
+
+/// The package an atom was imported from (`name version arch`), if it came
+/// from `fhsx toolchain apt`.
+pub fn atom_name(store: &LocalStore, atom: &Digest) -> Option<String> {
+    std::fs::read_to_string(store.root().join("debian").join("atoms").join(atom.hex()))
+        .ok()
+        .map(|s| s.trim().to_owned())
+}
+
+fn name_atom(store: &LocalStore, p: &Package, atom: &Digest) {
+    let dir = store.root().join("debian").join("atoms");
+    let _ = std::fs::create_dir_all(&dir);
+    let _ = std::fs::write(
+        dir.join(atom.hex()),
+        format!("{} {} {}\n", p.name, p.version, p.architecture),
+    );
 }
 
 fn entry(p: &Package, atom: Digest) -> Entry {

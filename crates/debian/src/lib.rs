@@ -22,6 +22,6 @@ pub mod apt;
 mod error;
 pub mod toolchain;
 
-pub use apt::{import_packages, resolve, Package, Request};
+pub use apt::{atom_name, import_packages, resolve, Package, Request};
 pub use error::Error;
 pub use toolchain::{Entry, Toolchain};

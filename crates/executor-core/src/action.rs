@@ -497,6 +497,19 @@ impl Action {
         Digest::of(&self.canonical(lock_digest))
     }
 
+    /// The command digest: the action digest of everything but the closure
+    /// and toolchain lists (command, env, workdir, source, outputs, limits,
+    /// network and lock). Records of one command are candidates for each
+    /// other's read-set-validated cache.
+    pub fn command_digest(&self, lock_digest: Option<&Digest>) -> Digest {
+        let mut bare = self.clone();
+        bare.inputs.closure.clear();
+        bare.inputs.toolchain.clear();
+        let mut bytes = b"fhsx-command\0".to_vec();
+        bytes.extend(bare.canonical(lock_digest));
+        Digest::of(&bytes)
+    }
+
     pub fn canonical(&self, lock_digest: Option<&Digest>) -> Vec<u8> {
         let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
         if let Some(net) = v.get_mut("network").and_then(|n| n.as_object_mut()) {

@@ -57,6 +57,9 @@ pub struct BuildRequest {
     /// added to them before the build's own roots go, so what a graph
     /// builds stays in the store until the graph is done with it.
     pub hold: Option<std::sync::Arc<castore::TempRoots>>,
+    /// The record this action was pruned from (`closure-bloat --prune
+    /// --prove`), named in the new record.
+    pub pruned_from: Option<castore::Digest>,
 }
 
 impl BuildRequest {
@@ -71,6 +74,7 @@ impl BuildRequest {
             cache: CachePolicy::Use,
             trust: Vec::new(),
             hold: None,
+            pruned_from: None,
         }
     }
 }
@@ -81,7 +85,9 @@ pub struct BuildOutcome {
     /// The stored, signed record's digest.
     pub record_digest: castore::Digest,
     pub record: SignedRecord,
-    /// Answered from the action cache: nothing ran.
+    /// Answered from the action cache: nothing ran (an exact hit, or an
+    /// earlier record of the same command whose read set holds here, named
+    /// in the record's `reused`).
     pub cached: bool,
     /// With [`CachePolicy::Check`]: how the rebuild compares.
     pub check: Option<CheckReport>,

@@ -90,6 +90,16 @@ pub struct BuildRecord {
     /// compared with. Such a record is never a cache hit itself.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub check_of: Option<Digest>,
+    /// Set when nothing ran because an earlier record of the same command
+    /// (all but the closure and toolchain) answered: its read set holds in
+    /// this view. Its outputs, log and read set are that record's; `record
+    /// verify` re-checks the read set against this view.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reused: Option<Digest>,
+    /// Set on the record of a pruned action proved against the record it
+    /// was pruned from (`closure-bloat --prune --prove`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pruned_from: Option<Digest>,
     pub resources: ResourceUse,
     /// Who ran it: `fhsx <version>` and the signing key's fingerprint.
     pub executor: String,
@@ -130,6 +140,8 @@ impl BuildRecord {
             ("fetch_lock_digest", self.fetch_lock_digest),
             ("interface_manifest_digest", self.interface_manifest_digest),
             ("check_of", self.check_of),
+            ("reused", self.reused),
+            ("pruned_from", self.pruned_from),
         ] {
             if let Some(d) = d {
                 v.push((n, d));

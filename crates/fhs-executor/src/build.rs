@@ -20,7 +20,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use castore::store::{DirectoryStore, LocalStore};
+use castore::store::{BlobStore, DirectoryStore, LocalStore};
 use castore::TempRoots;
 use castore::{Composition, Digest};
 use castore_fuse::{CompactOutcome, MountOptions};
@@ -78,6 +78,8 @@ struct Plan<'r> {
     /// The replay lock's digest (record mode starts from none).
     lock_digest: Option<Digest>,
     action_digest: Digest,
+    /// Everything but the closure and toolchain (the validated cache's key).
+    command_digest: Digest,
 }
 
 impl Plan<'_> {
@@ -161,10 +163,17 @@ impl FhsExecutor {
             || view::compose(&self.store, &plan.atoms()),
             |v| vec![v.root],
         )?;
+        if let Some(hit) = self.consult_validated(&plan, &cache, &view, &roots, started, live)? {
+            return Ok(hit);
+        }
         let mut log = BuildLog::new(&self.store, plan.action.limits.log)?;
         let work = self.prepare(&plan, &mut log, live)?;
         let ran = self.run(&plan, &view, &work, &roots, &mut log, live)?;
         let violations = violations(&ran, &mut log, live);
+        if let Some(f) = &ran.fetch {
+            // The lock the record names, kept with it.
+            roots.rooted(|| self.store.put_blob(&f.lock_bytes), |d| vec![*d])?;
+        }
         self.prove(&view, &ran)?;
         let exit = exit_status(&ran.report, &log);
         let mut failure = limit_failure(&plan, &ran, &log);
@@ -192,13 +201,15 @@ impl FhsExecutor {
             violations: violations.clone(),
             failure,
             check_of: against.as_ref().map(|f| f.digest),
+            reused: None,
+            pruned_from: req.pruned_from,
             resources: ResourceUse {
                 wall_ms: started.elapsed().as_millis() as u64,
                 ..ResourceUse::default()
             },
-            executor: format!("fhsx {} {}", env!("CARGO_PKG_VERSION"), self.public_key()),
+            executor: self.executor_name(),
         };
-        let (record_digest, signed) = self.sign(&cache, &roots, record)?;
+        let (record_digest, signed) = self.sign(&plan, &cache, &roots, record)?;
         if let Some(hold) = &req.hold {
             hold.add(&roots.digests())?;
         }
@@ -266,11 +277,13 @@ impl FhsExecutor {
             }
         };
         let action_digest = action.digest(lock_digest.as_ref());
+        let command_digest = action.command_digest(lock_digest.as_ref());
         Ok(Plan {
             req,
             action,
             lock_digest,
             action_digest,
+            command_digest,
         })
     }
 
@@ -531,17 +544,104 @@ impl FhsExecutor {
         Ok(Some(m.1))
     }
 
-    /// Stage 8, sign: sign and store the record, and index it.
+    /// Stage 8, sign: sign and store the record (and the action it names,
+    /// under its digest), and index it.
     fn sign(
         &self,
+        plan: &Plan<'_>,
         cache: &ActionCache<'_>,
         roots: &TempRoots,
         record: BuildRecord,
     ) -> Result<(Digest, executor_core::SignedRecord), Error> {
         let signed = sign::sign(record, &self.key);
-        let digest = roots.rooted(|| sign::store_record(&self.store, &signed), |d| vec![*d])?;
-        cache.insert(&signed.record.action_digest, &digest)?;
+        let digest = roots.rooted(
+            || {
+                self.store
+                    .put_blob(&plan.action.canonical(plan.lock_digest.as_ref()))?;
+                sign::store_record(&self.store, &signed)
+            },
+            |d| vec![*d, plan.action_digest],
+        )?;
+        let r = &signed.record;
+        cache.insert(&r.action_digest, &digest)?;
+        if r.succeeded() && r.check_of.is_none() && r.reused.is_none() {
+            cache.insert_command(&plan.command_digest, &digest)?;
+        }
         Ok((digest, signed))
+    }
+
+    fn executor_name(&self) -> String {
+        format!("fhsx {} {}", env!("CARGO_PKG_VERSION"), self.public_key())
+    }
+
+    /// Stage 3b, the validated cache: an earlier record of the same command
+    /// whose read set holds in this view answers the build (see
+    /// [`crate::validate`]); a new record is signed for this action naming
+    /// the one reused.
+    fn consult_validated(
+        &self,
+        plan: &Plan<'_>,
+        cache: &ActionCache<'_>,
+        view: &Composition,
+        roots: &TempRoots,
+        started: Instant,
+        live: &mut (dyn Write + Send),
+    ) -> Result<Option<BuildOutcome>, Error> {
+        if plan.req.cache != CachePolicy::Use || plan.recording() {
+            return Ok(None);
+        }
+        let mut rejected = Vec::new();
+        let Some(hit) = cache.validated(&plan.command_digest, &view.root, &mut rejected)? else {
+            for (record, why) in rejected.iter().take(3) {
+                let _ = writeln!(
+                    live,
+                    "fhsx: record {record} of the same command does not answer: {why}"
+                );
+            }
+            return Ok(None);
+        };
+        let old = &hit.record.record;
+        roots.add(&old.outputs.values().copied().collect::<Vec<_>>())?;
+        let record = BuildRecord {
+            format: RECORD_FORMAT,
+            action_digest: plan.action_digest,
+            closure_digest: list_digest(&plan.action.inputs.closure),
+            toolchain_digest: list_digest(&plan.action.inputs.toolchain),
+            view_digest: view.root,
+            fetch_lock_digest: old.fetch_lock_digest,
+            interface_manifest_digest: old.interface_manifest_digest,
+            outputs: old.outputs.clone(),
+            observed_read_set_digest: old.observed_read_set_digest,
+            read_set_size: old.read_set_size,
+            read_set_complete: true,
+            log_digest: old.log_digest,
+            exit: old.exit.clone(),
+            violations: Vec::new(),
+            failure: None,
+            check_of: None,
+            reused: Some(hit.digest),
+            pruned_from: None,
+            resources: ResourceUse {
+                wall_ms: started.elapsed().as_millis() as u64,
+                ..ResourceUse::default()
+            },
+            executor: self.executor_name(),
+        };
+        let (record_digest, signed) = self.sign(plan, cache, roots, record)?;
+        if let Some(hold) = &plan.req.hold {
+            hold.add(&roots.digests())?;
+        }
+        let _ = writeln!(
+            live,
+            "fhsx: cached: action {} → record {record_digest}, reusing record {} of the same command, whose read set holds in this view; nothing ran (--rebuild runs it)",
+            plan.action_digest, hit.digest
+        );
+        Ok(Some(BuildOutcome {
+            record_digest,
+            record: signed,
+            cached: true,
+            check: None,
+        }))
     }
 
     /// Remove the working area, or keep a failed build's for `--keep-failed`.

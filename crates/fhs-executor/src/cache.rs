@@ -66,9 +66,45 @@ impl<'s> ActionCache<'s> {
         index(self.store, action, record)
     }
 
+    /// Note that `record`, a successful build, is a record of `command`.
+    pub fn insert_command(&self, command: &Digest, record: &Digest) -> Result<(), Error> {
+        index_in(self.store, Index::Commands, command, record)
+    }
+
     /// The records indexed for `action`, in a stable order.
     pub fn records(&self, action: &Digest) -> Result<Vec<Digest>, Error> {
-        let dir = index_dir(self.store, action);
+        self.indexed(Index::Actions, action)
+    }
+
+    /// A record of the same command whose read set holds in `view`: the
+    /// build would see nothing different, so its outputs answer. `Ok(None)`
+    /// if none does; the rejected candidates' reasons go to `rejected`.
+    pub fn validated(
+        &self,
+        command: &Digest,
+        view: &Digest,
+        rejected: &mut Vec<(Digest, String)>,
+    ) -> Result<Option<Found>, Error> {
+        for digest in self.indexed(Index::Commands, command)? {
+            let checked = self.usable(&digest).and_then(|record| {
+                let rs = castore_fuse::ReadSet::load(
+                    self.store,
+                    &record.record.observed_read_set_digest,
+                )
+                .map_err(|e| format!("its read set cannot be read: {e}"))?;
+                crate::validate::read_set_holds(self.store, view, &rs)?;
+                Ok(record)
+            });
+            match checked {
+                Ok(record) => return Ok(Some(Found { digest, record })),
+                Err(why) => rejected.push((digest, why)),
+            }
+        }
+        Ok(None)
+    }
+
+    fn indexed(&self, index: Index, key: &Digest) -> Result<Vec<Digest>, Error> {
+        let dir = index_dir_of(self.store, index, key);
         let entries = match fs::read_dir(&dir) {
             Ok(e) => e,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
@@ -107,6 +143,20 @@ impl<'s> ActionCache<'s> {
 
     /// The record `digest`, if it answers `action`; else why not.
     fn answers(&self, action: &Digest, digest: &Digest) -> Result<SignedRecord, String> {
+        let rec = self.usable(digest)?;
+        if rec.record.action_digest != *action {
+            return Err(format!(
+                "it is a record of action {}",
+                rec.record.action_digest
+            ));
+        }
+        Ok(rec)
+    }
+
+    /// The record `digest`, if it may answer a build at all: current
+    /// format, a valid signature by a trusted key, a successful build that
+    /// was not a check, a complete read set, and every output present.
+    fn usable(&self, digest: &Digest) -> Result<SignedRecord, String> {
         if !self.store.has(ObjectKind::Blob, digest) {
             return Err("the record is no longer in the store".into());
         }
@@ -117,9 +167,6 @@ impl<'s> ActionCache<'s> {
                 "it is a format-{} record; this fhsx writes format {RECORD_FORMAT}",
                 r.format
             ));
-        }
-        if r.action_digest != *action {
-            return Err(format!("it is a record of action {}", r.action_digest));
         }
         let key = sign::signature_key(&rec).ok_or("its signature does not verify")?;
         if !self.trust.contains(&key) {
@@ -151,15 +198,31 @@ impl<'s> ActionCache<'s> {
     }
 }
 
-fn index_dir(store: &LocalStore, action: &Digest) -> PathBuf {
-    let hex = action.hex();
-    store.root().join("actions").join(&hex[..2]).join(hex)
+/// The two indexes: by action digest (exact hits) and by command digest
+/// (candidates for a read-set-validated hit).
+#[derive(Clone, Copy)]
+enum Index {
+    Actions,
+    Commands,
+}
+
+fn index_dir_of(store: &LocalStore, index: Index, key: &Digest) -> PathBuf {
+    let hex = key.hex();
+    let base = match index {
+        Index::Actions => "actions",
+        Index::Commands => "commands",
+    };
+    store.root().join(base).join(&hex[..2]).join(hex)
 }
 
 /// Note in `store`'s index that `record` is a record of `action` (a record
 /// downloaded from a worker, say). Idempotent.
 pub fn index(store: &LocalStore, action: &Digest, record: &Digest) -> Result<(), Error> {
-    let dir = index_dir(store, action);
+    index_in(store, Index::Actions, action, record)
+}
+
+fn index_in(store: &LocalStore, index: Index, key: &Digest, record: &Digest) -> Result<(), Error> {
+    let dir = index_dir_of(store, index, key);
     fs::create_dir_all(&dir).map_err(|e| Error::io("create", &dir, e))?;
     let entry = dir.join(record.hex());
     fs::OpenOptions::new()
@@ -215,10 +278,15 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<castore::gc::GcReport, 
             more.push(r.observed_read_set_digest);
             more.extend(r.interface_manifest_digest);
             more.extend(r.fetch_lock_digest);
+            // The action itself, stored under its digest (for --prune).
+            more.push(r.action_digest);
         }
         more
     })?;
-    for (entry, record) in indexed(store) {
+    for (entry, record) in indexed(store)
+        .into_iter()
+        .chain(indexed_in(store, "commands"))
+    {
         if !store.has(ObjectKind::Blob, &record) {
             let _ = fs::remove_file(&entry);
         }
@@ -226,10 +294,14 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<castore::gc::GcReport, 
     Ok(report)
 }
 
-/// Every index entry: its path and the record it names.
+/// Every action-index entry: its path and the record it names.
 fn indexed(store: &LocalStore) -> Vec<(PathBuf, Digest)> {
+    indexed_in(store, "actions")
+}
+
+fn indexed_in(store: &LocalStore, index: &str) -> Vec<(PathBuf, Digest)> {
     let mut out = Vec::new();
-    let base = store.root().join("actions");
+    let base = store.root().join(index);
     for shard in fs::read_dir(&base).into_iter().flatten().flatten() {
         for action in fs::read_dir(shard.path()).into_iter().flatten().flatten() {
             for e in fs::read_dir(action.path()).into_iter().flatten().flatten() {

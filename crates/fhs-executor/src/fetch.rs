@@ -49,6 +49,8 @@ pub struct FetchResult {
     pub refusals: Vec<String>,
     pub aborted: Option<String>,
     pub lock_digest: Digest,
+    /// The lock's bytes (served, or recorded).
+    pub lock_bytes: Vec<u8>,
     /// A finished recording, to commit if the build succeeds.
     pub recording: Option<Recording>,
 }
@@ -164,6 +166,7 @@ impl FetchSession {
             refusals,
             aborted,
             lock_digest: Digest::of(&bytes),
+            lock_bytes: bytes,
             recording: self.record_into.map(|into| Recording {
                 recorded: self.lock_path,
                 into,

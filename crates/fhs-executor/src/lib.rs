@@ -7,8 +7,10 @@
 //! the fetch proxy session (`fetch`), the build's size-capped working area
 //! ([`scratch`]), ingesting each declared output as an atom ([`ingest`]),
 //! the interface manifest ([`manifest`]), signing and checking BuildRecords
-//! ([`sign`], [`keys`]), the action cache ([`cache`]) and `--check`
-//! comparison ([`check`]).
+//! ([`sign`], [`keys`]), the action cache ([`cache`]: exact hits, and hits
+//! of the same command whose read set holds in the new view, [`validate`]),
+//! `--check` comparison ([`check`]) and pruning an action to its read set
+//! ([`prune`]).
 //!
 //! It does not own the store (`castore`), the FUSE view and read-set capture
 //! (`castore-fuse`), the bubblewrap sandbox (`executor-sandbox`) or the fetch
@@ -23,8 +25,10 @@ pub mod ingest;
 pub mod keys;
 mod log;
 pub mod manifest;
+pub mod prune;
 pub mod scratch;
 pub mod sign;
+pub mod validate;
 pub mod view;
 
 pub use build::FhsExecutor;

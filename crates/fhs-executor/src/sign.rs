@@ -139,14 +139,26 @@ pub fn verify(
 ) -> Result<Verification, Error> {
     let digests = rec.record.digests();
     let named: Vec<(&str, Digest)> = digests.iter().map(|(f, d)| (*f, *d)).collect();
-    check(
+    let mut v = check(
         store,
         &rec.public_key,
         &rec.signature,
         &rec.record.canonical(),
         &named,
         trust,
-    )
+    )?;
+    if let Some(reused) = rec.record.reused {
+        // Nothing ran: the claim is that the reused read set holds here.
+        let holds = castore_fuse::ReadSet::load(store, &rec.record.observed_read_set_digest)
+            .map_err(|e| e.to_string())
+            .and_then(|rs| crate::validate::read_set_holds(store, &rec.record.view_digest, &rs));
+        if let Err(why) = holds {
+            v.problems.push(format!(
+                "it reuses record {reused}, whose read set does not hold in its view: {why}"
+            ));
+        }
+    }
+    Ok(v)
 }
 
 /// [`verify`] for any stored format. An older record is checked as what it

@@ -108,6 +108,7 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
         |node, action, is_root| {
             let req = BuildRequest {
                 hold: Some(hold.clone()),
+                pruned_from: None,
                 lock_path: node.action.lock_path(&node.file),
                 record: is_root && a.record,
                 upstream_ca: a.upstream_ca.clone(),

@@ -73,6 +73,17 @@ pub fn run(g: &Globals, cmd: RecordCmd) -> anyhow::Result<i32> {
                 if let Some(d) = rec.check_of {
                     println!("check of    {d}");
                 }
+                if let Some(d) = rec.reused {
+                    println!(
+                        "reused      {d} (nothing ran: that record's read set holds in this view)"
+                    );
+                }
+                if let Some(d) = rec.pruned_from {
+                    println!("pruned from {d}");
+                }
+                if !rec.read_set_complete {
+                    println!("read set    INCOMPLETE ([limits] reads was hit)");
+                }
                 println!("log         {}", rec.log_digest);
                 println!(
                     "resources   {} ms wall, {} ms user, {} ms sys",
