@@ -24,6 +24,7 @@
 //! It does not own how a tree is served to a build (the FUSE view lives in
 //! `castore-fuse`) nor anything about sandboxes or build records.
 
+pub mod alternatives;
 pub mod compose;
 pub mod diff;
 mod digest;
@@ -36,6 +37,7 @@ mod nodes;
 pub mod roots;
 pub mod store;
 pub mod tier;
+pub mod tree;
 pub mod verify;
 pub mod walk;
 

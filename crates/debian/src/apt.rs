@@ -214,7 +214,9 @@ fn known_atom(store: &LocalStore, sha256: &str) -> Option<Digest> {
         .trim()
         .parse()
         .ok()?;
-    store.has_directory(&d).ok()?.then_some(d)
+    // Imported by an fhsx that did not read the package's alternatives:
+    // import it again.
+    (store.has_directory(&d).ok()? && castore::alternatives::scanned(store, &d)).then_some(d)
 }
 
 /// Import each package as an atom. A package whose `.deb` the store has

@@ -1,8 +1,14 @@
-//! The compose stage: the declared atoms merged into the build's FHS view,
+//! The compose stage: the declared atoms merged into the build's FHS view —
+//! with a synthetic layer for what an installed Debian system has that no
+//! package file holds (fallback `/etc` files, the alternatives' links) —
 //! and the proof that what the build read of it lies inside it.
 
-use castore::store::{BlobStore, DirectoryStore, LocalStore};
-use castore::{Digest, Directory, Name, Node};
+use std::collections::BTreeMap;
+
+use castore::alternatives::Alternative;
+use castore::store::{BlobStore, LocalStore};
+use castore::tree::{components, TreeBuilder};
+use castore::{Digest, Node};
 use castore_fuse::ReadSet;
 
 use crate::Error;
@@ -14,39 +20,111 @@ const SYNTHETIC_ETC: &[(&str, &str)] = &[
     ("hosts", "127.0.0.1 localhost\n::1 localhost\n"),
 ];
 
-/// Compose `atoms` in order, plus synthetic `/etc` files no atom supplies.
+/// Compose `atoms` in order, then one synthetic layer: `/etc` files no
+/// atom supplies, and the links of the alternatives the atoms' packages
+/// register, as dpkg would set them. The layer is an atom of its own, so
+/// the composition map charges those paths to it and read sets and
+/// closure-bloat reports stay exact.
 pub fn compose(store: &LocalStore, atoms: &[Digest]) -> Result<castore::Composition, Error> {
     let first = castore::compose(store, atoms)?;
-    let mut missing = Directory::new();
+    let Some(layer) = synthetic_layer(store, &first)? else {
+        return Ok(first);
+    };
+    let mut all = atoms.to_vec();
+    all.push(layer);
+    Ok(castore::compose(store, &all)?)
+}
+
+fn synthetic_layer(
+    store: &LocalStore,
+    first: &castore::Composition,
+) -> Result<Option<Digest>, Error> {
+    let mut tree = TreeBuilder::default();
+    let bad = |e: String| Error::Other(format!("building the view's synthetic layer: {e}"));
     for (name, content) in SYNTHETIC_ETC {
         let path = format!("etc/{name}");
         if castore::walk::lookup(store, &first.root, &path).is_err() {
             let digest = store.put_blob(content.as_bytes())?;
-            missing.insert(
-                Name::new(*name)?,
-                Node::File {
-                    digest,
-                    size: content.len() as u64,
-                    executable: false,
-                },
-            )?;
+            let node = Node::File {
+                digest,
+                size: content.len() as u64,
+                executable: false,
+            };
+            tree.add_leaf(&components(path.as_bytes()).map_err(bad)?, node)
+                .map_err(bad)?;
         }
     }
-    if missing.is_empty() {
-        return Ok(first);
+    for (link, target) in alternative_links(store, first)? {
+        let path = components(link.trim_start_matches('/').as_bytes()).map_err(bad)?;
+        tree.add_symlink(&path, target.as_bytes()).map_err(bad)?;
     }
-    let mut root = Directory::new();
-    root.insert(
-        Name::new("etc")?,
-        Node::Directory {
-            size: missing.size(),
-            digest: store.put_directory(&missing)?,
-        },
-    )?;
-    let synthetic = store.put_directory(&root)?;
-    let mut all = atoms.to_vec();
-    all.push(synthetic);
-    Ok(castore::compose(store, &all)?)
+    if tree.is_empty() {
+        return Ok(None);
+    }
+    let txn = store.txn()?;
+    let (root, _) = tree.finish(&txn)?;
+    txn.commit()?;
+    Ok(Some(root))
+}
+
+/// The links of every alternative with a provider in the composition: for
+/// each name, the provider of highest priority (the first atom's on a tie)
+/// gets `LINK → /etc/alternatives/NAME → PATH`, and so does each of its
+/// slaves whose path is there — dpkg's automatic mode. A link that would
+/// land on an explicit file of the composition is a clash naming both.
+fn alternative_links(
+    store: &LocalStore,
+    first: &castore::Composition,
+) -> Result<Vec<(String, String)>, Error> {
+    let present =
+        |p: &str| castore::walk::lookup(store, &first.root, p.trim_start_matches('/')).is_ok();
+    let mut chosen: BTreeMap<String, (usize, Alternative)> = BTreeMap::new();
+    for (i, atom) in first.atoms.iter().enumerate() {
+        for alt in castore::alternatives::load(store, atom) {
+            if !present(&alt.path) {
+                continue;
+            }
+            let better = chosen
+                .get(&alt.name)
+                .is_none_or(|(_, c)| alt.priority > c.priority);
+            if better {
+                chosen.insert(alt.name.clone(), (i, alt));
+            }
+        }
+    }
+    let mut links = Vec::new();
+    let mut taken: BTreeMap<String, String> = BTreeMap::new();
+    for (i, alt) in chosen.values() {
+        let mut pairs = vec![(alt.link.clone(), alt.name.clone(), alt.path.clone())];
+        pairs.extend(
+            alt.slaves
+                .iter()
+                .filter(|s| present(&s.path))
+                .map(|s| (s.link.clone(), s.name.clone(), s.path.clone())),
+        );
+        for (link, name, path) in pairs {
+            let via = format!("/etc/alternatives/{name}");
+            for p in [&link, &via] {
+                let clash = if present(p) {
+                    Some(format!("an atom of the composition supplies {p}"))
+                } else {
+                    taken
+                        .get(p)
+                        .map(|other| format!("the alternative {other} links {p} too"))
+                };
+                if let Some(why) = clash {
+                    return Err(Error::Usage(format!(
+                        "composition clash at {p}: {why}, and the alternative {name} (provider {} of atom {}) needs it for its link; drop one of them",
+                        alt.path, first.atoms[*i]
+                    )));
+                }
+                taken.insert(p.clone(), name.clone());
+            }
+            links.push((link, via.clone()));
+            links.push((via, path));
+        }
+    }
+    Ok(links)
 }
 
 /// The proof of `reads ⊆ declared`: every observed path resolves in the

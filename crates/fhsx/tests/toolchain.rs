@@ -86,3 +86,93 @@ fn one_command_makes_a_stable_toolchain_an_action_can_name() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("no-such-package-fhsx"), "{}", text(&o));
 }
+
+/// A toolchain is composed like an installed system: the alternatives its
+/// packages register are linked as dpkg would (awk → gawk over mawk by
+/// priority, cc → gcc, c++ → g++), falling back to mawk without gawk; an
+/// `--essential` toolchain has `locale` and the C.utf8 locale; `cc`
+/// compiles with no CC= and no hand-made link.
+#[test]
+fn alternatives_link_as_dpkg_would_and_essential_has_locales() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let make = |file: &str, pkgs: &[&str]| {
+        let o = fhsx(&store)
+            .args(["toolchain", "apt", "--essential"])
+            .args(pkgs)
+            .arg("-o")
+            .arg(t.path().join(file))
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "needs apt and `apt-get update`: {}",
+            text(&o)
+        );
+    };
+    make(
+        "full.toolchain",
+        &["gcc", "g++", "make", "libc6-dev", "gawk"],
+    );
+    make("mawk.toolchain", &["gcc", "make", "libc6-dev"]);
+    let script = "set -e; mkdir -p $out; \
+        for p in awk cc c++; do command -v $p >/dev/null && echo \"$p $(readlink $(command -v $p)) $(readlink $(readlink $(command -v $p)))\" >> $out/links || echo \"$p none\" >> $out/links; done; \
+        locale -a > $out/locales; \
+        printf 'int main(void){return 0;}' > t.c && cc t.c -o t && ./t && echo compiled > $out/cc";
+    for (tc, awk, cxx) in [
+        (
+            "full.toolchain",
+            "/usr/bin/gawk",
+            "/etc/alternatives/c++ /usr/bin/g++",
+        ),
+        ("mawk.toolchain", "/usr/bin/mawk", "none"),
+    ] {
+        let a = t.path().join(format!("{tc}.toml"));
+        fs::write(
+            &a,
+            format!("[inputs]\ntoolchain = [\"{tc}\"]\n[run]\ncommand = [\"/bin/sh\", \"-c\", {script:?}]\n"),
+        )
+        .unwrap();
+        let o = fhsx(&store)
+            .args(["--json", "build"])
+            .arg(&a)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{tc}: {}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let out = v["outputs"]["out"].as_str().unwrap();
+        let cat = |f: &str| {
+            String::from_utf8_lossy(
+                &fhsx(&store)
+                    .args(["store", "cat", out, f])
+                    .output()
+                    .unwrap()
+                    .stdout,
+            )
+            .into_owned()
+        };
+        let links = cat("links");
+        // LINK → /etc/alternatives/NAME → PATH, as dpkg sets them.
+        assert!(
+            links.contains(&format!("awk /etc/alternatives/awk {awk}\n")),
+            "{tc}: {links}"
+        );
+        assert!(
+            links.contains("cc /etc/alternatives/cc /usr/bin/gcc\n"),
+            "{tc}: {links}"
+        );
+        assert!(links.contains(&format!("c++ {cxx}\n")), "{tc}: {links}");
+        assert!(
+            cat("locales").lines().any(|l| l == "C.utf8"),
+            "{tc}: {}",
+            cat("locales")
+        );
+        assert_eq!(cat("cc"), "compiled\n");
+        // The links are the synthetic layer's, charged to it, not to gawk.
+        let rec = fhsx(&store)
+            .args(["--json", "closure-bloat", v["record"].as_str().unwrap()])
+            .output()
+            .unwrap();
+        assert!(rec.status.success(), "{}", text(&rec));
+    }
+}

@@ -5,9 +5,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
-use super::tree::{components, TreeBuilder};
 use super::Imported;
 use crate::store::Txn;
+use crate::tree::{components, TreeBuilder};
 use crate::{Error, Node, Progress, Result};
 
 /// Bounds on what one archive may expand to: a decompression bomb is an
@@ -273,15 +273,18 @@ pub(super) fn import_tar(
     Ok(Imported { root, size })
 }
 
-/// A `.deb` is an `ar` archive; its `data.tar.*` member is the tree.
+/// A `.deb` is an `ar` archive; its `data.tar.*` member is the tree. Its
+/// `control.tar.*` member (which comes first) holds the maintainer
+/// scripts, read for the alternatives they register (never run).
 pub(super) fn import_deb(
     txn: &Txn<'_>,
     path: &Path,
     input: impl Read + Send,
     limits: &Limits,
     progress: &dyn Progress,
-) -> Result<Imported> {
+) -> Result<(Imported, Vec<crate::alternatives::Alternative>)> {
     let mut ar = ar::Archive::new(input);
+    let mut alternatives = Vec::new();
     loop {
         // The `ar` crate panics on some malformed headers (a GNU long-name
         // reference with no name table, found by fuzzing): a hostile .deb
@@ -295,9 +298,51 @@ pub(super) fn import_deb(
         let Some(member) = next else { break };
         let member =
             member.map_err(|e| hostile(path, format!("corrupt .deb (ar) archive: {e}")))?;
-        if let Some(c) = Compression::from_member_name(member.header().identifier()) {
-            return import_tar(txn, path, c, member, limits, progress);
+        let id = member.header().identifier().to_vec();
+        if let Some(c) = Compression::from_member_name(&id) {
+            return Ok((
+                import_tar(txn, path, c, member, limits, progress)?,
+                alternatives,
+            ));
+        }
+        if let Some(c) = id
+            .strip_prefix(b"control")
+            .and_then(|rest| Compression::from_member_name(&[b"data".as_slice(), rest].concat()))
+        {
+            alternatives = maintainer_alternatives(path, c, member)?;
         }
     }
     Err(hostile(path, "a .deb without a data.tar member"))
+}
+
+/// The alternatives `preinst` and `postinst` register.
+fn maintainer_alternatives(
+    path: &Path,
+    c: Compression,
+    member: impl Read + Send,
+) -> Result<Vec<crate::alternatives::Alternative>> {
+    // Control archives are kilobytes; a huge one is not a real package.
+    const MAX: u64 = 16 << 20;
+    let decoded = c
+        .decoder(member.take(MAX))
+        .map_err(|e| hostile(path, format!("cannot start decompression: {e}")))?;
+    let mut ar = tar::Archive::new(decoded.take(MAX));
+    let mut out = Vec::new();
+    let entries = ar
+        .entries()
+        .map_err(|e| hostile(path, format!("control archive is not a tar stream: {e}")))?;
+    for entry in entries {
+        let mut entry =
+            entry.map_err(|e| hostile(path, format!("corrupt control archive: {e}")))?;
+        let name = entry.path_bytes().into_owned();
+        let name = name.strip_prefix(b"./").unwrap_or(&name);
+        if name == b"postinst" || name == b"preinst" {
+            let mut text = String::new();
+            // Not UTF-8, or cut short: no alternatives from it.
+            if (&mut entry).take(1 << 20).read_to_string(&mut text).is_ok() {
+                out.extend(crate::alternatives::parse_script(&text));
+            }
+        }
+    }
+    Ok(out)
 }

@@ -10,7 +10,6 @@
 
 mod archive;
 mod dir;
-mod tree;
 
 use std::fs::File;
 use std::io::Read;
@@ -44,8 +43,8 @@ pub fn import_path_with(
 ) -> Result<Imported> {
     let meta = std::fs::symlink_metadata(path).map_err(io("stat", path))?;
     let txn = store.txn()?;
-    let imported = if meta.is_dir() {
-        dir::import_dir(&txn, path, progress)?
+    let (imported, alternatives) = if meta.is_dir() {
+        (dir::import_dir(&txn, path, progress)?, None)
     } else if meta.is_file() {
         let mut f = File::open(path).map_err(io("open", path))?;
         let mut magic = [0u8; 512];
@@ -56,6 +55,9 @@ pub fn import_path_with(
         return Err(Error::UnknownFormat(path.to_path_buf()));
     };
     txn.commit()?;
+    if let Some(alternatives) = alternatives {
+        crate::alternatives::store(store, &imported.root, &alternatives)?;
+    }
     Ok(imported)
 }
 
@@ -66,12 +68,16 @@ fn import_stream(
     f: File,
     limits: &Limits,
     progress: &dyn Progress,
-) -> Result<Imported> {
+) -> Result<(Imported, Option<Vec<crate::alternatives::Alternative>>)> {
     if magic.starts_with(b"!<arch>\n") {
-        return archive::import_deb(txn, path, f, limits, progress);
+        let (imported, alternatives) = archive::import_deb(txn, path, f, limits, progress)?;
+        return Ok((imported, Some(alternatives)));
     }
     match archive::Compression::sniff(magic) {
-        Some(c) => archive::import_tar(txn, path, c, f, limits, progress),
+        Some(c) => Ok((
+            archive::import_tar(txn, path, c, f, limits, progress)?,
+            None,
+        )),
         None => Err(Error::UnknownFormat(path.to_path_buf())),
     }
 }
@@ -102,8 +108,9 @@ pub fn import_path_cached(store: &LocalStore, path: &Path) -> Result<Imported> {
         return import_path(store, path, &());
     }
     let canonical = std::fs::canonicalize(path).map_err(io("resolve", path))?;
+    // `v2`: memos of an fhsx that did not read .deb alternatives are stale.
     let key = format!(
-        "{} {} {} {}.{} {}.{}",
+        "v2 {} {} {} {}.{} {}.{}",
         meta.dev(),
         meta.ino(),
         meta.size(),

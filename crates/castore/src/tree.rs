@@ -1,24 +1,24 @@
-//! An in-memory tree being assembled from a stream of archive entries, and
+//! An in-memory tree assembled from entries named by path — an archive's,
+//! or a synthetic layer's (the alternatives links, a pruned read set) — and
 //! its conversion into stored Directory objects.
 //!
-//! Archives name entries by path, in any order, possibly twice, possibly
-//! through symlinks. The builder accepts only what describes one
-//! unambiguous tree: no `..`, no absolute paths, nothing written through a
-//! symlink or a file, no name used twice (a directory repeated is harmless
-//! and merges).
+//! Entries come by path, in any order, possibly twice, possibly through
+//! symlinks. The builder accepts only what describes one unambiguous tree:
+//! no `..`, no absolute paths, nothing written through a symlink or a file,
+//! no name used twice (a directory repeated is harmless and merges).
 
 use std::collections::BTreeMap;
 
 use crate::store::Txn;
 use crate::{Digest, Directory, Name, Node, Result, SymlinkTarget};
 
-pub(super) enum Pending {
+enum Pending {
     Dir(BTreeMap<Name, Pending>),
     Leaf(Node),
 }
 
 #[derive(Default)]
-pub(super) struct TreeBuilder {
+pub struct TreeBuilder {
     root: BTreeMap<Name, Pending>,
     /// Every regular file by its path, for resolving hard links.
     files: BTreeMap<Vec<Name>, Node>,
@@ -27,7 +27,7 @@ pub(super) struct TreeBuilder {
 /// Split an archive path into validated components. Leading `./` and empty
 /// components (`a//b`, a trailing `/`) are dropped; `..`, a leading `/` and
 /// invalid names are errors.
-pub(super) fn components(raw: &[u8]) -> std::result::Result<Vec<Name>, String> {
+pub fn components(raw: &[u8]) -> std::result::Result<Vec<Name>, String> {
     if raw.contains(&0) {
         return Err("path contains a NUL byte".into());
     }
@@ -140,6 +140,11 @@ impl TreeBuilder {
     pub fn add_symlink(&mut self, path: &[Name], target: &[u8]) -> std::result::Result<(), String> {
         let target = SymlinkTarget::new(target).map_err(|e| format!("{}: {e}", show(path)))?;
         self.add_leaf(path, Node::Symlink { target })
+    }
+
+    /// Whether nothing was added.
+    pub fn is_empty(&self) -> bool {
+        self.root.is_empty()
     }
 
     /// Store every directory, children first, and return the root's digest and size.
