@@ -45,7 +45,10 @@ impl Worker {
             .args(["worker", "--listen", "127.0.0.1:0", "--jobs"])
             .arg(jobs.to_string())
             .args(extra)
-            .env("TMPDIR", tmp)
+            .env("TMPDIR", {
+                support::passable(tmp);
+                tmp
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -676,7 +679,10 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
         .arg(&ws)
         .args(["worker", "--jobs", "1", "--unix"])
         .arg(&sock)
-        .env("TMPDIR", t.path())
+        .env("TMPDIR", {
+            support::passable(t.path());
+            t.path()
+        })
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -740,7 +746,10 @@ fn unix_socket_worker_serves_builds() {
         .arg(t.path().join("ws"))
         .args(["worker", "--jobs", "1", "--unix"])
         .arg(&sock)
-        .env("TMPDIR", t.path())
+        .env("TMPDIR", {
+            support::passable(t.path());
+            t.path()
+        })
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -1025,18 +1034,44 @@ fn the_worker_stays_up_when_a_client_floods_its_log_or_read_set() {
         format!("[inputs]\nclosure = [\"{bba}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out; i=0; while [ $i -lt 2000 ]; do busybox test -e /usr/absent-$i; i=$((i+1)); done\"]\ntimeout = \"300s\"\n[limits]\nreads = 500\n"),
     )
     .unwrap();
-    let fine = sh_action(t.path(), "fine.toml", &bbb, "busybox sleep 1; echo fine > $out/f");
+    let fine = sh_action(
+        t.path(),
+        "fine.toml",
+        &bbb,
+        "busybox sleep 1; echo fine > $out/f",
+    );
     let w = Worker::start(&ws, t.path(), 2, &[]);
     for bad in [&flood, &probe] {
-        let a = remote(&ca, &w, bad, true).stdout(Stdio::piped()).stderr(Stdio::null()).spawn().unwrap();
-        let b = remote(&cb, &w, &fine, true).arg("--rebuild").output().unwrap();
+        let a = remote(&ca, &w, bad, true)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let b = remote(&cb, &w, &fine, true)
+            .arg("--rebuild")
+            .output()
+            .unwrap();
         let a = a.wait_with_output().unwrap();
-        assert!(b.status.success(), "the other client's build failed: {}", text(&b));
+        assert!(
+            b.status.success(),
+            "the other client's build failed: {}",
+            text(&b)
+        );
         assert_eq!(a.status.code(), Some(1), "{}", text(&a));
         let v: serde_json::Value = serde_json::from_slice(&a.stdout).unwrap();
         let why = v["error"].as_str().unwrap_or_default();
-        assert!(why.contains("[limits] log") || why.contains("[limits] reads"), "{v}");
+        assert!(
+            why.contains("[limits] log") || why.contains("[limits] reads"),
+            "{v}"
+        );
     }
-    let again = remote(&cb, &w, &fine, false).arg("--rebuild").output().unwrap();
-    assert!(again.status.success(), "the worker stopped serving: {}", text(&again));
+    let again = remote(&cb, &w, &fine, false)
+        .arg("--rebuild")
+        .output()
+        .unwrap();
+    assert!(
+        again.status.success(),
+        "the worker stopped serving: {}",
+        text(&again)
+    );
 }
