@@ -1148,6 +1148,8 @@ unsafe fn exec_child(
                 || libc::syscall(libc::SYS_setresgid, who.gid, who.gid, who.gid) != 0
                 || libc::syscall(libc::SYS_setresuid, who.uid, who.uid, who.uid) != 0
             {
+                let msg = b"fhsx: the sandbox could not become its build user (setgroups/setresgid/setresuid failed)\n";
+                libc::write(2, msg.as_ptr().cast(), msg.len());
                 libc::_exit(126);
             }
         }

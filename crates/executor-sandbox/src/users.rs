@@ -40,6 +40,10 @@ pub const DEFAULT_BUILD_UID_COUNT: u32 = 65_536;
 /// Where the per-uid lock files live: host-global, root's.
 pub const BUILD_UID_LOCK_DIR: &str = "/run/fhsx/build-uids";
 
+/// capability(7) numbers.
+const CAP_SETGID: u32 = 6;
+const CAP_SETUID: u32 = 7;
+
 /// The uid the kernel reports for an unmapped id (and `nobody`): never a
 /// build user.
 const OVERFLOW_ID: u32 = 65_534;
@@ -153,6 +157,22 @@ impl BuildUsers {
             ));
         }
         let value = format!("{}:{}", self.start, self.count);
+        // Becoming a build user takes CAP_SETUID and CAP_SETGID (root in
+        // a container may lack them) and ids mapped in our user namespace.
+        if !has_caps(&[CAP_SETGID, CAP_SETUID]) {
+            return Err(no_user(
+                "this root lacks CAP_SETUID or CAP_SETGID (a container that dropped them?), which becoming a build user takes; run fhsx as an unprivileged user there".into(),
+            ));
+        }
+        let last = self.start + (self.count - 1);
+        for (file, what) in [("/proc/self/uid_map", "uid"), ("/proc/self/gid_map", "gid")] {
+            if !mapped(Path::new(file), self.start, last) {
+                return Err(bad(
+                    &value,
+                    format!("not every {what} of it is mapped in this user namespace ({file}); pick a range inside the mapping"),
+                ));
+            }
+        }
         for (file, what) in [("/etc/passwd", "user"), ("/etc/group", "group")] {
             if let Some((name, id)) = taken_ids(Path::new(file)).find(|(_, id)| self.contains(*id))
             {
@@ -164,7 +184,7 @@ impl BuildUsers {
         }
         lock_dir(&self.lock_dir)?;
         let running = running_uids();
-        for uid in self.start..=self.start + (self.count - 1) {
+        for uid in self.start..=last {
             if running.contains(&uid) {
                 continue;
             }
@@ -191,6 +211,35 @@ impl BuildUsers {
             self.count
         )))
     }
+}
+
+/// Whether this process has every capability of `caps` in its effective
+/// set.
+fn has_caps(caps: &[u32]) -> bool {
+    fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .is_some_and(|eff| caps.iter().all(|&c| eff & (1u64 << c) != 0))
+}
+
+/// Whether `first..=last` lies inside one extent of a `uid_map` or
+/// `gid_map` (`inside outside count` per line); a missing file (no user
+/// namespaces) maps everything.
+fn mapped(file: &Path, first: u32, last: u32) -> bool {
+    let Ok(text) = fs::read_to_string(file) else {
+        return true;
+    };
+    text.lines().any(|l| {
+        let f: Vec<u64> = l
+            .split_whitespace()
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        matches!(f[..], [inside, _, count] if inside <= u64::from(first) && u64::from(last) < inside + count)
+    })
 }
 
 fn no_user(reason: String) -> SandboxError {
@@ -289,6 +338,19 @@ mod tests {
             assert!(matches!(e, SandboxError::BadBuildUsers { .. }), "{s}: {e}");
             assert!(e.to_string().contains(BUILD_UIDS_ENV), "{s}: {e}");
         }
+    }
+
+    #[test]
+    fn ranges_must_lie_inside_the_user_namespace_mapping() {
+        let d = tempfile::tempdir().unwrap();
+        let map = d.path().join("uid_map");
+        fs::write(&map, "         0          0 4294967295\n").unwrap();
+        assert!(mapped(&map, 872_415_232, 872_415_232 + 65_535));
+        fs::write(&map, "0 1000 1\n1 100000 65536\n").unwrap();
+        assert!(mapped(&map, 1, 65_536));
+        assert!(!mapped(&map, 60_000, 70_000));
+        assert!(!mapped(&map, 872_415_232, 872_415_232));
+        assert!(mapped(&d.path().join("absent"), 5, 6));
     }
 
     #[test]

@@ -1266,7 +1266,7 @@ fn host_isolation_a_build_runs_as_a_build_user_of_its_own_who_owns_its_kept_scra
     let me = unsafe { libc::getuid() };
     let custom = 1_900_000_000u32..1_900_000_008;
     let range_env = format!("{}:{}", custom.start, custom.end - custom.start);
-    let runs: Vec<(Vec<(&str, &str)>, std::ops::Range<u32>)> = vec![
+    let runs = [
         (vec![], default_build_users()),
         (vec![("FHSX_BUILD_UIDS", range_env.as_str())], custom),
     ];
