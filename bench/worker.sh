@@ -16,6 +16,8 @@ fi
 RUNS=${RUNS:-10}
 INPUTS=$(examples/hello/fetch-inputs.sh "$PWD/target/tmp/hello-inputs" | tail -1)
 WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-worker.XXXXXX")
+# As root builds run as build users, which must pass through $TMPDIR.
+chmod o+x "$WORK"
 export TMPDIR=$WORK
 WPID=
 cleanup() {

@@ -74,6 +74,10 @@ pub enum SandboxError {
     BadEnv { name: String, reason: String },
     #[error("the sandbox supervisor ended without reporting the command's status ({detail}); this is a bug or the supervisor was killed from outside: rerun, and report it if it repeats")]
     SupervisorLost { detail: String },
+    #[error("FHSX_BUILD_UIDS={value} is not a usable range of build users: {reason}; give FHSX_BUILD_UIDS=START:COUNT, e.g. 872415232:65536 (the default)")]
+    BadBuildUsers { value: String, reason: String },
+    #[error("no build user could be had for this build: {reason}")]
+    NoBuildUser { reason: String },
     #[error("I/O error while {what}: {source}")]
     Io {
         what: String,
@@ -93,7 +97,8 @@ impl SandboxError {
             | SandboxError::KilledBySignal(_)
             | SandboxError::Cancelled { .. } => ExitClass::BuildFailed,
             SandboxError::FrameTooLarge { .. } | SandboxError::Protocol(_) => ExitClass::Integrity,
-            SandboxError::BadEnv { .. } => ExitClass::Usage,
+            SandboxError::BadEnv { .. } | SandboxError::BadBuildUsers { .. } => ExitClass::Usage,
+            SandboxError::NoBuildUser { .. } => ExitClass::BuildFailed,
             SandboxError::Spawn { .. }
             | SandboxError::Io { .. }
             | SandboxError::BwrapFailed { .. }

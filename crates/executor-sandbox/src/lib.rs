@@ -15,6 +15,9 @@
 //! - the RPC bridge ([`rpc`]) at `/run/wf.sock`, length-framed, 1 MiB frames;
 //! - the [`reaper`]: wall-clock timeout, SIGTERM to proven PIDs only, a
 //!   grace period, then SIGKILL, by a per-run cgroup v2 or pidfds;
+//! - [`users`]: build users, the host uids (and gids) builds run as when
+//!   the caller is root, one per running build ([`BuildUsers`],
+//!   [`BuildUser`], [`SandboxSpec::build_user`]);
 //! - [`Runtime::run`], which puts these together and reports an [`Outcome`].
 //!
 //! # The network path, extra files, limits, cancellation, output
@@ -82,8 +85,10 @@
 //! - **the supervisor** ([`SUPERVISOR_PATH`], 1.4 MB of this crate's
 //!   build): installed execute-only (mode 0111) and bound read-only, so the
 //!   command may run it (it then refuses to start: it is not PID 1) but
-//!   `open` for reading fails — the sandbox uid is its owner inside, with
-//!   no capability to override that. A process of an unreadable file is
+//!   `open` for reading fails — it is the caller's file: with a build
+//!   user the command is in the "others" class (the file shows as
+//!   `nobody`'s inside), and as host root without one the sandbox uid is
+//!   its owner, with no capability to override the missing read bit. A process of an unreadable file is
 //!   made non-dumpable by the kernel at `execve`, so PID 1's `/proc/1/exe`,
 //!   `mem`, `maps`, `environ`, `fd/` and `map_files/` (and those of a copy
 //!   the command execs itself, or of PID 1's child before it execs the
@@ -148,12 +153,13 @@
 //! `oom_score_adj` 500 makes a build the kernel OOM killer's first choice,
 //! before the executor (whose FUSE daemon serves the build's view) and the
 //! host's services, and inside the run's memory cgroup before bwrap and the
-//! supervisor. As host root those two get 0, which with CAP_SYS_RESOURCE
-//! is also the floor nothing inside may go below, and the supervisor
-//! raises the command's to 500. Without root the supervisor cannot (its
-//! not-dumpable child's `/proc` files are not the sandbox uid's), so the
-//! host side sets 500 for the whole sandbox, and a build may lower its own
-//! down to the caller's floor only.
+//! supervisor. As host root without a build user (`fhsx run`) those two
+//! get 0, which with CAP_SYS_RESOURCE is also the floor nothing inside may
+//! go below, and the supervisor raises the command's to 500. Without root,
+//! and as a build user, the supervisor cannot (its not-dumpable child's
+//! `/proc` files are not the sandbox uid's), so the host side sets 500 for
+//! the whole sandbox (as root, before it becomes the build user), and a
+//! build may lower its own down to the caller's floor only.
 //!
 //! Some of it takes privilege to undo: a caller's raised nice value or
 //! `SCHED_IDLE` needs CAP_SYS_NICE, a hard limit the caller lowered
@@ -166,17 +172,45 @@
 //!
 //! # Running as root
 //!
-//! bwrap maps the sandbox uid (1000) to the caller's uid; for root that is
-//! host uid 0, with every capability dropped (`--cap-drop ALL`, uid != 0
-//! inside, `--disable-userns`). Ownership alone must then give nothing
-//! away, so the sandbox only ever shows what is safe for an owner to see:
-//! read-only, `nosuid`/`nodev` binds of `/usr` and a whitelist of `/etc`
-//! entries (no `shadow`, no `ssl/private`), a synthetic `passwd`/`group`,
-//! no `/sys`; `/proc/sys` re-bound read-only and `/proc/sysrq-trigger`
-//! covered (bwrap leaves both writable to host uid 0); PID 1 non-dumpable
-//! (the command can neither ptrace it nor read its fds) and its file
-//! execute-only (the owner class, which host uid 0 without
-//! CAP_DAC_OVERRIDE falls in, has no read bit); a fresh session
+//! bwrap maps the sandbox uid (1000) and gid (100) to the uid and gid it
+//! runs as. A caller that is root gives a build a **build user**
+//! ([`SandboxSpec::build_user`], taken from [`BuildUsers`]: Nix's
+//! `auto-allocate-uids` model, one uid per build): the child that execs
+//! bwrap joins the run's cgroups and pins the process state while it is
+//! still root, then drops every supplementary group and sets its real,
+//! effective and saved gid and uid to the build user's, last, right
+//! before `execve`, so bwrap, the supervisor and the command run as that
+//! unprivileged host uid, on user namespaces, exactly as for an
+//! unprivileged caller. The build user is nobody else (no account in
+//! `/etc/passwd` or `/etc/group` may hold an id of the range) and no two
+//! running builds share one (a `flock` per uid in the host-global
+//! [`users::BUILD_UID_LOCK_DIR`]), so what one build leaves is its own,
+//! and one build's processes cannot signal or ptrace another's even
+//! outside the namespaces: the kernel's uid checks refuse it. Its
+//! `RLIMIT_NPROC` binds too (it exempts only uid 0).
+//!
+//! bwrap, as the build user, resolves every path it binds itself, so
+//! every directory above them must let the build user pass (search): the
+//! runner gives the run's own directory (the RPC socket's) to the build
+//! user's group (0710, socket 0660), shares the proxy socket the same way
+//! (its group, 0660), makes the runtime directory (the supervisor's)
+//! `0711`, and refuses a run whose bind sources lie below a directory the
+//! build user may not pass, naming it ([`SandboxError::BadPath`]). The
+//! work directory (the scratch) is the caller's to hand to the build user;
+//! the view it binds must be mounted so that other users may use it (FUSE
+//! `allow_other`, which castore-fuse sets for root).
+//!
+//! Without a build user (`fhsx run`, whose workspace is the caller's own)
+//! root's sandbox user maps to host uid 0, with every capability dropped
+//! (`--cap-drop ALL`, uid != 0 inside, `--disable-userns`). Ownership alone
+//! must then give nothing away, so the sandbox only ever shows what is
+//! safe for an owner to see: read-only, `nosuid`/`nodev` binds of `/usr`
+//! and a whitelist of `/etc` entries (no `shadow`, no `ssl/private`), a
+//! synthetic `passwd`/`group`, no `/sys`; `/proc/sys` re-bound read-only
+//! and `/proc/sysrq-trigger` covered (bwrap leaves both writable to host
+//! uid 0); PID 1 non-dumpable (the command can neither ptrace it nor read
+//! its fds) and its file execute-only (the owner class, which host uid 0
+//! without CAP_DAC_OVERRIDE falls in, has no read bit); a fresh session
 //! keyring; a seccomp filter ([`seccomp`]) that refuses setuid/setgid
 //! modes, since a file made in the workspace is root's on the host, and
 //! what namespaces leave open (`TIOCSTI`/`TIOCLINUX`, keyrings,
@@ -186,10 +220,10 @@
 //! that is the memory controller's (cgroup v2, else a cgroup v1 memory
 //! cgroup), not an address-space limit; a pristine process state (see
 //! "Process state": as root the host side also undoes a caller's nice
-//! value and lowered hard limits, and floors `oom_score_adj` at 0). The
-//! writable places are the work directory, a private `/tmp`
-//! and a private `/dev/shm` (a tmpfs like `/tmp`: POSIX shared memory needs
-//! it).
+//! value and lowered hard limits, and floors `oom_score_adj` at 0). All of
+//! it holds with a build user as well. The writable places are the work
+//! directory, a private `/tmp` and a private `/dev/shm` (a tmpfs like
+//! `/tmp`: POSIX shared memory needs it).
 //!
 //! It does not own: the FUSE view or read-set capture (`castore-fuse`), the
 //! fetch proxy (`fetch-proxy`), what an action is or how outputs are
@@ -207,6 +241,7 @@ pub mod seccomp;
 mod spec;
 pub mod supervisor;
 mod sys;
+pub mod users;
 
 pub use executor_core::SandboxError;
 pub use probe::{BwrapFeatures, FileKind, HostFs, MemFs, RealFs};
@@ -214,3 +249,4 @@ pub use reaper::{ReaperMode, ReaperPreference, GRACE_PERIOD};
 pub use rpc::{Request, Response, RpcHandler, MAX_FRAME};
 pub use runner::{MemoryEnforcement, Outcome, Output, RunOptions, RunReport, Runtime, Stdin};
 pub use spec::*;
+pub use users::{BuildUser, BuildUsers};

@@ -89,21 +89,23 @@ pub(crate) fn default_rlimits() -> Vec<Rlimit> {
 }
 
 impl Pristine {
-    pub(crate) fn new() -> Pristine {
+    /// `host_root`: bwrap and the supervisor run as host root (root
+    /// without a build user), which may floor `oom_score_adj` and lets
+    /// the supervisor raise the command's.
+    pub(crate) fn new(host_root: bool) -> Pristine {
         let highest = std::fs::read_to_string("/sys/devices/system/cpu/possible")
             .ok()
             .and_then(|l| max_cpu(&l))
             .unwrap_or(0);
         // At least glibc's CPU_SETSIZE (1024 CPUs).
         let words = (highest / 64 + 1).max(16);
-        // SAFETY: geteuid has no preconditions.
-        let root = unsafe { libc::geteuid() } == 0;
-        // As root: 0 for bwrap and the supervisor, which also floors the
-        // command's (a privileged write sets the floor), and the supervisor
-        // raises the command's. Without root the supervisor cannot (its
-        // non-dumpable children's /proc files are not the sandbox uid's),
-        // so the value is set here, for all of the sandbox.
-        let oom = if root { 0 } else { COMMAND_OOM_SCORE_ADJ };
+        // As host root: 0 for bwrap and the supervisor, which also floors
+        // the command's (a privileged write sets the floor), and the
+        // supervisor raises the command's. Without root, or as a build
+        // user, the supervisor cannot (its non-dumpable children's /proc
+        // files are not the sandbox uid's), so the value is set here, for
+        // all of the sandbox (as root, before becoming the build user).
+        let oom = if host_root { 0 } else { COMMAND_OOM_SCORE_ADJ };
         Pristine {
             rlimits: default_rlimits(),
             cpus: vec![u64::MAX; words],

@@ -19,7 +19,7 @@ use crate::pristine::Pristine;
 use crate::probe::{find_bwrap, BwrapFeatures, RealFs};
 use crate::reaper::{MemoryCgroup, Reaper, ReaperMode, ReaperPreference, GRACE_PERIOD};
 use crate::rpc::{BasicHandler, RpcHandler, RpcLimits, RpcServer};
-use crate::spec::{HostEnv, RuntimePaths, SandboxSpec};
+use crate::spec::{HostEnv, RootProvider, RunAs, RuntimePaths, SandboxSpec};
 use crate::supervisor::{SUPERVISOR_BYTES, SUPERVISOR_TAG};
 use crate::sys::{self, io_err, path_err};
 
@@ -267,10 +267,11 @@ fn uid() -> u32 {
     unsafe { libc::getuid() }
 }
 
-/// A directory only we can write: created 0700, or checked to be ours.
-fn private_dir(path: &Path) -> Result<(), SandboxError> {
+/// A directory only we can write: created with `mode`, or checked to be
+/// ours and given `mode`.
+fn private_dir(path: &Path, mode: u32) -> Result<(), SandboxError> {
     match fs::DirBuilder::new().mode(0o700).create(path) {
-        Ok(()) => return Ok(()),
+        Ok(()) => {}
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
         Err(e) => return Err(path_err("creating", path, e)),
     }
@@ -284,7 +285,53 @@ fn private_dir(path: &Path) -> Result<(), SandboxError> {
                     .into(),
         });
     }
+    if md.mode() & 0o777 != mode {
+        fs::set_permissions(path, fs::Permissions::from_mode(mode))
+            .map_err(|e| path_err("setting the mode of", path, e))?;
+    }
     Ok(())
+}
+
+/// The first directory at or above `dir` (canonical) that `who` may not
+/// search, with its mode and owner.
+fn unsearchable(dir: &Path, who: RunAs) -> Option<(PathBuf, u32, u32)> {
+    let mut dirs: Vec<&Path> = dir.ancestors().collect();
+    dirs.reverse();
+    for d in dirs {
+        let Ok(md) = fs::metadata(d) else {
+            // Missing: bwrap will say so, naming it.
+            return None;
+        };
+        let bit = if md.uid() == who.uid {
+            0o100
+        } else if md.gid() == who.gid {
+            0o010
+        } else {
+            0o001
+        };
+        if md.mode() & bit == 0 {
+            return Some((d.to_path_buf(), md.mode() & 0o7777, md.uid()));
+        }
+    }
+    None
+}
+
+/// Hand a socket we bind into the sandbox to the build user's group: it
+/// may connect (write), nothing more; the owner stays ours.
+fn share_socket(path: &Path, who: RunAs) -> Result<(), SandboxError> {
+    use std::os::unix::fs::FileTypeExt;
+    let md = fs::symlink_metadata(path).map_err(|e| path_err("inspecting", path, e))?;
+    if !md.file_type().is_socket() {
+        return Err(SandboxError::BadPath {
+            path: path.to_path_buf(),
+            role: "a socket bound into the sandbox",
+            reason: "it is not a UNIX socket".into(),
+        });
+    }
+    std::os::unix::fs::lchown(path, None, Some(who.gid))
+        .map_err(|e| path_err("handing to the build user's group", path, e))?;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o660))
+        .map_err(|e| path_err("setting the mode of", path, e))
 }
 
 /// Write `data` at `path` with `mode` unless an identical-size file is
@@ -349,7 +396,9 @@ impl Runtime {
         let bwrap = find_bwrap()?;
         let features = BwrapFeatures::probe(&bwrap)?;
         let base = std::env::temp_dir().join(format!("fhsx-{}", uid()));
-        private_dir(&base)?;
+        // As root, build users must pass through it (to the execute-only
+        // supervisor and their run's directory), without listing it.
+        private_dir(&base, if uid() == 0 { 0o711 } else { 0o700 })?;
         let supervisor = base.join(format!("supervisor-{SUPERVISOR_TAG}"));
         // Execute-only: the build may run it but read no byte of it (nor,
         // since the kernel makes a process of an unreadable file
@@ -417,6 +466,52 @@ impl Runtime {
     /// The bwrap executable in use.
     pub fn bwrap(&self) -> &Path {
         &self.bwrap
+    }
+
+    /// Before a run as a build user: root only; the run directory
+    /// (holding the RPC socket) passable by its group alone; the proxy
+    /// socket connectable by it; every directory above what the sandbox
+    /// binds searchable by it (bwrap, running as it, resolves each path),
+    /// or an error naming the first that is not.
+    fn prepare_build_user(&self, spec: &SandboxSpec, who: RunAs) -> Result<(), SandboxError> {
+        if uid() != 0 {
+            return Err(SandboxError::NoBuildUser {
+                reason: "only root can run a sandbox as a build user".into(),
+            });
+        }
+        std::os::unix::fs::lchown(&self.dir, None, Some(who.gid))
+            .map_err(|e| path_err("handing to the build user's group", &self.dir, e))?;
+        fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o710))
+            .map_err(|e| path_err("setting the mode of", &self.dir, e))?;
+        if let Some(p) = &spec.proxy {
+            share_socket(&p.socket, who)?;
+        }
+        let mut sources: Vec<PathBuf> =
+            vec![self.paths.supervisor.clone(), self.paths.rpc_socket.clone()];
+        match &spec.root {
+            RootProvider::View { tree, scratch, .. } => {
+                sources.push(tree.join("x"));
+                sources.push(scratch.clone());
+            }
+            RootProvider::Host { workspace, .. } => sources.push(workspace.clone()),
+        }
+        sources.extend(spec.proxy.iter().map(|p| p.socket.clone()));
+        sources.extend(spec.files.iter().map(|(src, _)| src.clone()));
+        for src in sources {
+            let Some(dir) = src.parent() else { continue };
+            let dir = fs::canonicalize(dir).unwrap_or_else(|_| dir.to_path_buf());
+            if let Some((d, mode, owner)) = unsearchable(&dir, who) {
+                return Err(SandboxError::BadPath {
+                    path: d,
+                    role: "a directory above what the sandbox binds",
+                    reason: format!(
+                        "build user {} may not pass through it (mode {mode:04o}, owner uid {owner}): as root each build runs as a build user of its own, which must be able to search every directory above its working area, so put $TMPDIR where every user may pass (o+x), e.g. /tmp, or `chmod o+x` it",
+                        who.uid
+                    ),
+                });
+            }
+        }
+        Ok(())
     }
 
     /// Run `command` in the sandbox `spec` describes. One run at a time
@@ -492,12 +587,18 @@ impl Runtime {
         } else {
             None
         };
+        if let Some(who) = spec.run_as {
+            self.prepare_build_user(spec, who)?;
+        }
         let (ctl_host, ctl_child) = sys::socketpair()?;
         let handler = opts
             .handler
             .clone()
             .unwrap_or_else(|| Arc::new(BasicHandler::new(format!("run-{}", std::process::id()))));
         let server = RpcServer::bind_polled(&self.paths.rpc_socket, handler, opts.rpc_limits)?;
+        if let Some(who) = spec.run_as {
+            share_socket(&self.paths.rpc_socket, who)?;
+        }
 
         let stdin_fd: Option<OwnedFd> = match opts.stdin {
             Stdin::Inherit => None,
@@ -574,7 +675,9 @@ impl Runtime {
             .chain(std::iter::once(std::ptr::null()))
             .collect();
         let envp: [*const libc::c_char; 1] = [std::ptr::null()];
-        let pristine = Pristine::new();
+        // As root without a build user, bwrap and the supervisor keep host
+        // root's privileged defaults (see pristine.rs).
+        let pristine = Pristine::new(uid() == 0 && spec.run_as.is_none());
         let child_fds = ChildFds {
             join_cgroup: reaper.join_fd(),
             join_v1: reaper.join_v1_fds(),
@@ -585,6 +688,7 @@ impl Runtime {
             args: args_hi.as_raw_fd(),
             seccomp: seccomp_hi.as_ref().map(|f| f.as_raw_fd()),
             new_pgrp: opts.cancel.is_some(),
+            run_as: spec.run_as,
         };
 
         // Start the child straight inside the run's cgroup (migrating a
@@ -982,6 +1086,8 @@ struct ChildFds {
     seccomp: Option<RawFd>,
     /// Start bwrap in a process group of its own (see `RunOptions::cancel`).
     new_pgrp: bool,
+    /// Become this build user last, right before exec.
+    run_as: Option<RunAs>,
 }
 
 /// In the forked child: join the cgroup, arrange fds 0-5, close every
@@ -1033,6 +1139,20 @@ unsafe fn exec_child(
         // Nothing of the caller's process state crosses either: signal
         // dispositions and mask, umask, nice, affinity, limits, ...
         pristine.apply();
+        // The build user, last (joining cgroups, lowering nice and raising
+        // limits took root): no supplementary groups, then gid, then uid,
+        // each real, effective and saved. Raw calls: glibc's wrappers
+        // would signal every thread of the (vfork-shared) process.
+        if let Some(who) = fds.run_as {
+            if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) != 0
+                || libc::syscall(libc::SYS_setresgid, who.gid, who.gid, who.gid) != 0
+                || libc::syscall(libc::SYS_setresuid, who.uid, who.uid, who.uid) != 0
+            {
+                let msg = b"fhsx: the sandbox could not become its build user (setgroups/setresgid/setresuid failed)\n";
+                libc::write(2, msg.as_ptr().cast(), msg.len());
+                libc::_exit(126);
+            }
+        }
         libc::execve(bwrap.as_ptr(), argv.as_ptr(), envp.as_ptr());
         libc::_exit(127);
     }

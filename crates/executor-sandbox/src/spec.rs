@@ -183,6 +183,14 @@ pub struct Limits {
     pub open_files: Option<u64>,
 }
 
+/// The host uid and gid a run's bwrap and everything inside run as
+/// ([`SandboxSpec::build_user`]), instead of the caller's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RunAs {
+    pub uid: u32,
+    pub gid: u32,
+}
+
 /// One sandboxed run's full description. Build it with [`SandboxSpec::host`]
 /// or [`SandboxSpec::view`], adjust it, then call
 /// [`bwrap_argv`](SandboxSpec::bwrap_argv).
@@ -194,6 +202,7 @@ pub struct SandboxSpec {
     pub(crate) hostname: String,
     pub(crate) uid: u32,
     pub(crate) gid: u32,
+    pub(crate) run_as: Option<RunAs>,
     pub(crate) chdir: Option<PathBuf>,
     pub(crate) nproc: Option<u64>,
     pub(crate) limits: Limits,
@@ -222,6 +231,7 @@ impl SandboxSpec {
             hostname: SANDBOX_HOSTNAME.to_string(),
             uid: SANDBOX_UID,
             gid: SANDBOX_GID,
+            run_as: None,
             chdir: None,
             nproc: None,
             limits: Limits::default(),
@@ -378,6 +388,28 @@ impl SandboxSpec {
     pub fn chdir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
         self.chdir = Some(dir.into());
         self
+    }
+
+    /// Run as this build user (root only): bwrap, the supervisor and the
+    /// command run as its host uid and gid, with no supplementary groups,
+    /// instead of the caller's, and the sandbox uid inside maps to it.
+    /// The caller keeps `user` (its lock) until the run and whatever it
+    /// left are done with. Every directory above what the sandbox binds
+    /// (the root tree, the work directory, the supervisor, the sockets,
+    /// the extra files) must then be searchable by it; the run's own
+    /// directories and sockets are made so ([`Runtime::run`](crate::Runtime::run)),
+    /// the work directory is the caller's to hand over.
+    pub fn build_user(&mut self, user: &crate::BuildUser) -> &mut Self {
+        self.run_as = Some(RunAs {
+            uid: user.uid(),
+            gid: user.gid(),
+        });
+        self
+    }
+
+    /// The build user set, if any.
+    pub fn run_as(&self) -> Option<RunAs> {
+        self.run_as
     }
 
     /// Cap the number of processes the sandbox user may have (fork bombs):

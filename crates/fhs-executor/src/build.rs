@@ -15,7 +15,6 @@
 use std::ffi::OsString;
 use std::fs;
 use std::io::Write;
-use std::path::PathBuf;
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -391,7 +390,7 @@ impl FhsExecutor {
         if let Some(src) = &plan.action.inputs.source {
             castore::export::export(&self.store, src, &scratch.join("src"), &())?;
         }
-        make_world_writable(&scratch)?;
+        work.hand_over()?;
         Ok(work)
     }
 
@@ -420,6 +419,9 @@ impl FhsExecutor {
 
         let runtime = Runtime::new()?;
         let mut spec = SandboxSpec::view(&mnt, scratch, runtime.paths().clone(), Arc::new(RealFs))?;
+        if let Some(user) = work.build_user() {
+            spec.build_user(user);
+        }
         for (k, v) in BASE_ENV {
             spec.set_env(k, *v)?;
         }
@@ -655,12 +657,16 @@ impl FhsExecutor {
             return drop(work);
         }
         let own_fs = matches!(work.disk, DiskLimit::Enforced(_));
+        let owner = work.build_user().map(|u| u.uid());
         let kept = work.keep();
         let _ = writeln!(
             log,
             "fhsx: kept the failed build's scratch at {}/build",
             kept.display()
         );
+        if let Some(uid) = owner {
+            let _ = writeln!(log, "fhsx: its files are build user {uid}'s (uid and gid)");
+        }
         if own_fs {
             let _ = writeln!(
                 log,
@@ -739,25 +745,4 @@ impl executor_core::Executor for FhsExecutor {
     ) -> Result<BuildOutcome, Error> {
         self.build_inner(request, log)
     }
-}
-
-/// The sandbox user is not the host user: let it write its scratch.
-fn make_world_writable(dir: &std::path::Path) -> Result<(), Error> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut stack: Vec<PathBuf> = vec![dir.to_path_buf()];
-    while let Some(d) = stack.pop() {
-        let meta = fs::symlink_metadata(&d).map_err(|e| Error::io("stat", &d, e))?;
-        if meta.is_dir() {
-            fs::set_permissions(&d, fs::Permissions::from_mode(0o777))
-                .map_err(|e| Error::io("chmod", &d, e))?;
-            for e in fs::read_dir(&d).map_err(|e| Error::io("read", &d, e))? {
-                stack.push(e.map_err(|e| Error::io("read", &d, e))?.path());
-            }
-        } else if meta.is_file() {
-            let mode = meta.permissions().mode() | 0o666;
-            fs::set_permissions(&d, fs::Permissions::from_mode(mode))
-                .map_err(|e| Error::io("chmod", &d, e))?;
-        }
-    }
-    Ok(())
 }

@@ -124,6 +124,13 @@ impl FetchSession {
         }));
         let ca = work.join("proxy-ca.pem");
         fs::write(&ca, cfg.ca.cert_pem()).map_err(|e| Error::io("write", &ca, e))?;
+        // Public, and read by the build (a build user, as root) whatever
+        // our umask.
+        {
+            use std::os::unix::fs::PermissionsExt;
+            fs::set_permissions(&ca, fs::Permissions::from_mode(0o644))
+                .map_err(|e| Error::io("chmod", &ca, e))?;
+        }
         let sock = work.join("proxy.sock");
         let proxy = fetch_proxy::RunningProxy::start(cfg, fetch_proxy::Listen::Unix(sock.clone()))
             .map_err(start_err)?;

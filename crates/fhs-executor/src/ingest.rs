@@ -15,7 +15,11 @@
 //! (`/usr/bin/bzgrep`), and the log says so.
 //!
 //! Ingest runs on the host after every process of the build is gone, so
-//! nothing can change the scratch between the checks and the import.
+//! nothing can change the scratch between the checks and the import. It
+//! trusts nothing of the scratch's ownership or modes: as root the files
+//! are the build user's, and whatever modes the build left (a file or a
+//! directory of mode 000) are opened up for reading first ([`open_up`]),
+//! without following a symlink.
 
 use std::collections::BTreeMap;
 use std::fs;
@@ -86,6 +90,7 @@ pub fn ingest_outputs(
                 kind_of(&meta.file_type())
             )));
         }
+        open_up(&host)?;
         let mut rewrites = Vec::new();
         check_tree(&host, name.as_str(), 0, names, &mut rewrites)?;
         for (link, target, rewritten) in rewrites {
@@ -103,6 +108,38 @@ pub fn ingest_outputs(
         ingested.outputs.insert(name.clone(), imported.root);
     }
     Ok(ingested)
+}
+
+/// Let ingest read every file and directory below `root`, whatever mode
+/// the build left them in (000, say): a directory gets `u+rx`, a file
+/// `u+r`, nothing else, and no symlink is followed. Root could read them
+/// anyway (as long as it has CAP_DAC_OVERRIDE), but an unprivileged caller,
+/// who owns what its build made, could not. castore keeps no mode bit but
+/// the exec bit, which this never changes.
+fn open_up(root: &Path) -> Result<(), Error> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let meta = fs::symlink_metadata(&p).map_err(|e| Error::io("stat", &p, e))?;
+        let need = if meta.is_dir() {
+            0o500
+        } else if meta.is_file() {
+            0o400
+        } else {
+            continue;
+        };
+        let mode = meta.permissions().mode() & 0o7777;
+        if mode & need != need {
+            fs::set_permissions(&p, fs::Permissions::from_mode(mode | need))
+                .map_err(|e| Error::io("chmod", &p, e))?;
+        }
+        if meta.is_dir() {
+            for e in fs::read_dir(&p).map_err(|e| Error::io("read directory", &p, e))? {
+                stack.push(e.map_err(|e| Error::io("read directory", &p, e))?.path());
+            }
+        }
+    }
+    Ok(())
 }
 
 fn kind_of(ft: &fs::FileType) -> &'static str {

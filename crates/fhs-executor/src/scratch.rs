@@ -11,6 +11,14 @@
 //! the host never notices. Elsewhere the limit is not enforced, and the
 //! build says so in its log.
 //!
+//! As root, each build runs as a build user of its own (see
+//! `executor_sandbox::users`), which the area holds for as long as it
+//! lives: the area's directory is root's, passable by the build user's
+//! group alone (0710), and the scratch, its file system's root included,
+//! belongs to the build user ([`WorkArea::hand_over`]). Without root the
+//! build runs as the caller, who owns the scratch already. No directory is
+//! ever made world-writable.
+//!
 //! Each area holds a lock file, `flock`ed while its build lives, and is
 //! made under a staging name and renamed into place only once locked, so
 //! no other build ever sees an unlocked live area. A build killed outright
@@ -21,9 +29,11 @@
 use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::ffi::OsStrExt;
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
+
+use executor_sandbox::{BuildUser, BuildUsers};
 
 use crate::Error;
 
@@ -51,6 +61,9 @@ pub struct WorkArea {
     registration: Option<castore_fuse::Registration>,
     _lock: fs::File,
     pub disk: DiskLimit,
+    /// As root: the build user the build runs as, held while the area
+    /// lives (declared last: released only once the area is gone).
+    user: Option<BuildUser>,
 }
 
 /// Where an area is made before it is locked: a name no sweeper looks at.
@@ -66,6 +79,11 @@ impl WorkArea {
     /// a fresh area for a dead one, nor hold the lock its owner is about to
     /// take.
     pub fn create(disk_bytes: u64) -> Result<WorkArea, Error> {
+        // SAFETY: geteuid has no preconditions.
+        let user = match unsafe { libc::geteuid() } {
+            0 => Some(BuildUsers::from_env()?.allocate()?),
+            _ => None,
+        };
         let tmp = std::env::temp_dir();
         sweep_abandoned(&tmp);
         let staging = tempfile::Builder::new()
@@ -100,7 +118,17 @@ impl WorkArea {
             registration: None,
             _lock: lock,
             disk: DiskLimit::NotEnforced(String::new()),
+            user,
         };
+        if let Some(u) = &area.user {
+            // Root's, passable by the build user's group alone: it reaches
+            // its scratch, the view and the proxy's socket and CA here.
+            let dir = area.path().to_path_buf();
+            std::os::unix::fs::lchown(&dir, Some(0), Some(u.gid()))
+                .map_err(|e| Error::io("chown", &dir, e))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o710))
+                .map_err(|e| Error::io("chmod", &dir, e))?;
+        }
         fs::create_dir(&area.scratch).map_err(|e| Error::io("create", &area.scratch, e))?;
         area.disk = match area.mount_quota(disk_bytes) {
             Ok(bytes) => DiskLimit::Enforced(bytes),
@@ -116,6 +144,48 @@ impl WorkArea {
     /// The scratch directory (`/build` inside the sandbox).
     pub fn scratch(&self) -> &Path {
         &self.scratch
+    }
+
+    /// The build user the build runs as (as root), held by this area.
+    pub fn build_user(&self) -> Option<&BuildUser> {
+        self.user.as_ref()
+    }
+
+    /// Give the scratch to whoever the build runs as, once it is filled
+    /// (the source tree, `home`): every directory gets `u+rwx` and every
+    /// file `u+rw` (a source exported read-only must be writable to its
+    /// build), and as root everything, the scratch itself and its file
+    /// system's root included, becomes the build user's (`lchown`: no
+    /// symlink is followed). Without root the caller is the sandbox user
+    /// and owns it all already. Nothing is made writable for anyone else.
+    pub fn hand_over(&self) -> Result<(), Error> {
+        let owner = self.user.as_ref().map(|u| (u.uid(), u.gid()));
+        let mut stack = vec![self.scratch.clone()];
+        while let Some(p) = stack.pop() {
+            let meta = fs::symlink_metadata(&p).map_err(|e| Error::io("stat", &p, e))?;
+            let add = if meta.is_dir() {
+                0o700
+            } else if meta.is_file() {
+                0o600
+            } else {
+                0
+            };
+            let mode = meta.permissions().mode() & 0o7777;
+            if add != 0 && mode & add != add {
+                fs::set_permissions(&p, fs::Permissions::from_mode(mode | add))
+                    .map_err(|e| Error::io("chmod", &p, e))?;
+            }
+            if let Some((uid, gid)) = owner {
+                std::os::unix::fs::lchown(&p, Some(uid), Some(gid))
+                    .map_err(|e| Error::io("chown", &p, e))?;
+            }
+            if meta.is_dir() {
+                for e in fs::read_dir(&p).map_err(|e| Error::io("read", &p, e))? {
+                    stack.push(e.map_err(|e| Error::io("read", &p, e))?.path());
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Keep everything for inspection (`--keep-failed`): nothing is
@@ -183,10 +253,35 @@ impl Drop for WorkArea {
             // Never through a mount: what is still mounted (a detach that
             // failed) keeps the area for a later sweep.
             if still_mounted_below(&dir).is_empty() {
-                let _ = fs::remove_dir_all(&dir);
+                remove_all(&dir);
             }
         }
     }
+}
+
+/// Remove `dir` and everything below it, also what the build made
+/// unreadable to its owner (a directory of mode 000 stops an unprivileged
+/// caller's `remove_dir_all`): on failure, every directory below gets
+/// `u+rwx` (no symlink followed) and the removal is tried once more.
+fn remove_all(dir: &Path) -> bool {
+    if fs::remove_dir_all(dir).is_ok() {
+        return true;
+    }
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let Ok(meta) = fs::symlink_metadata(&p) else {
+            continue;
+        };
+        if !meta.is_dir() {
+            continue;
+        }
+        let mode = meta.permissions().mode() & 0o7777;
+        let _ = fs::set_permissions(&p, fs::Permissions::from_mode(mode | 0o700));
+        if let Ok(rd) = fs::read_dir(&p) {
+            stack.extend(rd.flatten().map(|e| e.path()));
+        }
+    }
+    fs::remove_dir_all(dir).is_ok()
 }
 
 /// Make `image` an empty ext4 of `bytes`: a sparse copy of a cached
@@ -477,7 +572,7 @@ pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
         for m in mounts {
             let _ = castore_fuse::detach(&m);
         }
-        if still_mounted_below(&dir).is_empty() && fs::remove_dir_all(&dir).is_ok() {
+        if still_mounted_below(&dir).is_empty() && remove_all(&dir) {
             swept.push(dir);
         }
     }

@@ -635,6 +635,7 @@ fn a_killed_build_is_swept_by_the_next_one() {
     // Any build elsewhere (another $TMPDIR) already detaches what the dead
     // one left mounted: its registry records name it.
     let elsewhere = tempfile::tempdir().unwrap();
+    support::passable(elsewhere.path());
     let quick = write_action(t.path(), "quick.toml", &sh_action(&bb, "echo hi", ""));
     let o = fhsx(&store)
         .env("TMPDIR", elsewhere.path())

@@ -15,8 +15,9 @@
 //! `network_containment` (`[eos-build-sandbox-network-containment]`) and
 //! `host_isolation` (`[eos-build-sandbox-host-isolation]`).
 //!
-//! Run as root (CI) these prove the root path (sandbox uid maps to host 0,
-//! caps dropped, seccomp, cgroup limits). `zz_every_hostile_action_also_
+//! Run as root (CI) these prove the root path (each build a build user of
+//! its own, caps dropped, seccomp, cgroup limits); the build-user tests
+//! check, in the unprivileged pass, only that a build runs as its caller. `zz_every_hostile_action_also_
 //! fails_as_an_unprivileged_user` then re-runs every other test as a
 //! created system user (`FHSX_HOSTILE_EXE`, `FHSX_HOSTILE_ATTACK` and
 //! `FHSX_HOSTILE_BUSYBOX` hand in copies it can read): bwrap over user
@@ -1198,4 +1199,355 @@ fn has_cap(bit: u32) -> bool {
                 .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
         .is_some_and(|caps| caps & (1 << bit) != 0)
+}
+
+/// Whether this test runs as root (then builds run as build users).
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// The documented default range of build users.
+fn default_build_users() -> std::ops::Range<u32> {
+    use executor_sandbox::users::{DEFAULT_BUILD_UID_COUNT, DEFAULT_BUILD_UID_START};
+    DEFAULT_BUILD_UID_START..DEFAULT_BUILD_UID_START + DEFAULT_BUILD_UID_COUNT
+}
+
+/// `fhsx build --rebuild --keep-failed` of a failing action: the kept
+/// scratch (from the log's line) and the whole output.
+fn build_keep_failed(w: &World, action: &Path, env: &[(&str, &str)]) -> (PathBuf, String) {
+    let o = fhsx(&w.store)
+        .args(["build", "--rebuild", "--keep-failed"])
+        .arg(action)
+        .envs(env.iter().copied())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    let err = text(&o);
+    let dir = err
+        .lines()
+        .find(|l| l.contains("kept the failed build's scratch at"))
+        .and_then(|l| l.rsplit(' ').next())
+        .unwrap_or_else(|| panic!("no kept scratch named:\n{err}"))
+        .to_owned();
+    (PathBuf::from(dir), err)
+}
+
+/// Let a kept scratch go: unmount its file system (as root), remove its
+/// working area.
+fn discard_kept(scratch: &Path) {
+    let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap();
+    if mounts.contains(&format!(" {} ", scratch.display())) {
+        let u = Command::new("umount").arg(scratch).output().unwrap();
+        assert!(u.status.success(), "{}", text(&u));
+    }
+    fs::remove_dir_all(scratch.parent().unwrap()).unwrap();
+}
+
+/// As root every build runs as a build user of its own, never host uid 0:
+/// seen from the host, every file a failed build left in its kept scratch
+/// (and the scratch itself) is owned by one uid of the documented range,
+/// with the gid of the same number, while inside it is the sandbox user
+/// 1000; no directory is writable by others; the working area around it
+/// is root's, passable by the build user's group alone. `FHSX_BUILD_UIDS`
+/// moves the range, and a bad one is a usage error naming it. Without
+/// root the build runs as the caller, who owns what it left.
+#[test]
+fn host_isolation_a_build_runs_as_a_build_user_of_its_own_who_owns_its_kept_scratch() {
+    use std::os::unix::fs::MetadataExt;
+    let w = World::new();
+    let a = w.action(
+        "owner.toml",
+        "echo left > /build/left; busybox mkdir -p /build/dir/sub; echo in > /build/dir/sub/f; \
+         echo \"INSIDE $(busybox id -u):$(busybox id -g)\"; exit 7",
+        "",
+    );
+    // SAFETY: getuid has no preconditions.
+    let me = unsafe { libc::getuid() };
+    let custom = 1_900_000_000u32..1_900_000_008;
+    let range_env = format!("{}:{}", custom.start, custom.end - custom.start);
+    let runs = [
+        (vec![], default_build_users()),
+        (vec![("FHSX_BUILD_UIDS", range_env.as_str())], custom),
+    ];
+    for (env, range) in runs {
+        let (scratch, err) = build_keep_failed(&w, &a, &env);
+        assert!(err.contains("INSIDE 1000:100"), "{err}");
+        let owner = fs::symlink_metadata(&scratch).unwrap().uid();
+        for p in walk(&scratch) {
+            let m = fs::symlink_metadata(&p).unwrap();
+            if is_root() {
+                assert!(
+                    range.contains(&m.uid()) && m.gid() == m.uid(),
+                    "{} is {}:{}, not a build user of {range:?}:\n{err}",
+                    p.display(),
+                    m.uid(),
+                    m.gid()
+                );
+                assert_eq!(m.uid(), owner, "{} has another owner", p.display());
+            } else {
+                assert_eq!(m.uid(), me, "{}", p.display());
+            }
+            if m.is_dir() {
+                assert_eq!(m.mode() & 0o002, 0, "{} is world-writable", p.display());
+            }
+        }
+        assert!(
+            walk(&scratch).len() >= 5,
+            "the build left less than it made"
+        );
+        if is_root() {
+            assert_ne!(owner, 0);
+            assert!(
+                err.contains(&format!("its files are build user {owner}'s")),
+                "{err}"
+            );
+            let area = fs::symlink_metadata(scratch.parent().unwrap()).unwrap();
+            assert_eq!(
+                (area.uid(), area.gid(), area.mode() & 0o7777),
+                (0, owner, 0o710),
+                "the working area is not root's, passable by the build user only"
+            );
+        }
+        discard_kept(&scratch);
+    }
+    if is_root() {
+        let o = fhsx(&w.store)
+            .args(["build", "--rebuild"])
+            .arg(&a)
+            .env("FHSX_BUILD_UIDS", "0:10")
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+        assert!(
+            text(&o).contains("FHSX_BUILD_UIDS=0:10") && text(&o).contains("uid 0"),
+            "{}",
+            text(&o)
+        );
+    }
+    no_leftovers(w.path());
+}
+
+/// As root, a `$TMPDIR` the build user may not pass through is refused
+/// before anything runs, naming the directory and the fix (exit 2).
+#[test]
+fn host_isolation_as_root_a_tmpdir_the_build_user_cannot_pass_is_a_clear_error() {
+    if !is_root() {
+        return;
+    }
+    let w = World::new();
+    let a = w.action("tmpdir.toml", "true", "");
+    let closed = w.path().join("closed");
+    fs::create_dir(&closed).unwrap();
+    fs::set_permissions(&closed, fs::Permissions::from_mode(0o700)).unwrap();
+    let o = Command::new(support::fhsx_exe())
+        .arg("--store")
+        .arg(&w.store)
+        .args(["build", "--rebuild"])
+        .arg(&a)
+        .env("TMPDIR", &closed)
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    let err = text(&o);
+    assert!(
+        err.contains(&closed.display().to_string()) && err.contains("o+x"),
+        "{err}"
+    );
+    no_leftovers(&closed);
+    no_leftovers(w.path());
+}
+
+/// The PIDs (host view) of processes whose command line is exactly `argv`.
+fn pids_running(argv: &[&str]) -> Vec<i32> {
+    let want: Vec<u8> = argv
+        .iter()
+        .flat_map(|a| [a.as_bytes(), b"\0"].concat())
+        .collect();
+    fs::read_dir("/proc")
+        .unwrap()
+        .flatten()
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|pid| fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| c == want))
+        .collect()
+}
+
+/// A process's real uid and gid, from `/proc/PID/status`.
+fn ids_of(pid: i32) -> (u32, u32) {
+    let s = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    let first = |k: &str| {
+        s.lines()
+            .find_map(|l| l.strip_prefix(k))
+            .and_then(|v| v.split_whitespace().next()?.parse().ok())
+            .unwrap()
+    };
+    (first("Uid:"), first("Gid:"))
+}
+
+/// From a forked child that has become `uid`/`gid` (no capabilities, no
+/// groups, in the host's namespaces: nothing of the sandbox helps):
+/// `kill(target, 0)`, `ptrace(PTRACE_ATTACH, target)` and, as a control,
+/// `kill(own, 0)`, each 0 or the errno.
+fn as_user_try(uid: u32, gid: u32, target: i32, own: i32) -> [i32; 3] {
+    let mut fds = [0; 2];
+    // SAFETY: a valid array for pipe(2).
+    assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+    // SAFETY: the child makes only raw system calls, then _exit.
+    let pid = unsafe { libc::fork() };
+    assert!(pid >= 0, "fork failed");
+    if pid == 0 {
+        // SAFETY: raw calls in the forked child.
+        unsafe {
+            let errno = || *libc::__errno_location();
+            let mut r = [-1i32; 3];
+            if libc::syscall(libc::SYS_setgroups, 0usize, std::ptr::null::<libc::gid_t>()) == 0
+                && libc::syscall(libc::SYS_setresgid, gid, gid, gid) == 0
+                && libc::syscall(libc::SYS_setresuid, uid, uid, uid) == 0
+            {
+                r[0] = if libc::kill(target, 0) == 0 {
+                    0
+                } else {
+                    errno()
+                };
+                r[1] = if libc::ptrace(libc::PTRACE_ATTACH, target, 0, 0) == 0 {
+                    0
+                } else {
+                    errno()
+                };
+                r[2] = if libc::kill(own, 0) == 0 { 0 } else { errno() };
+            }
+            libc::write(fds[1], r.as_ptr().cast(), 12);
+            libc::_exit(0);
+        }
+    }
+    // SAFETY: our end of the pipe; the child's pid.
+    unsafe {
+        libc::close(fds[1]);
+        let mut r = [0i32; 3];
+        let n = libc::read(fds[0], r.as_mut_ptr().cast(), 12);
+        libc::close(fds[0]);
+        libc::waitpid(pid, std::ptr::null_mut(), 0);
+        assert_eq!(n, 12, "the child could not become {uid}");
+        r
+    }
+}
+
+/// Two builds at once run as two different build users, and with every
+/// namespace's help taken away — a process of the host's PID namespace
+/// that has become build A's uid, without seccomp, Landlock or the
+/// sandbox's mount table — A's user still can neither signal nor ptrace
+/// a process of build B (EPERM), though it can signal its own (the
+/// control). Without root both run as the caller (no build users: the
+/// unprivileged pass shows only that).
+#[test]
+fn host_isolation_concurrent_builds_are_different_build_users_that_cannot_signal_or_ptrace_each_other(
+) {
+    let w = World::new();
+    let base = 700_000 + (std::process::id() % 100_000) * 2;
+    let secs = [base.to_string(), (base + 1).to_string()];
+    let mut builds = Vec::new();
+    for (i, s) in secs.iter().enumerate() {
+        let a = w.action(
+            &format!("user{i}.toml"),
+            &format!("exec busybox sleep {s}"),
+            "",
+        );
+        builds.push(Cancel(
+            fhsx(&w.store)
+                .args(["build", "--rebuild"])
+                .arg(&a)
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .unwrap(),
+        ));
+    }
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(90);
+    let pids = loop {
+        let found: Vec<Vec<i32>> = secs
+            .iter()
+            .map(|s| pids_running(&["busybox", "sleep", s]))
+            .collect();
+        if found.iter().all(|p| p.len() == 1) {
+            break [found[0][0], found[1][0]];
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "the two builds did not both start: {found:?}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    };
+    let [(ua, ga), (ub, gb)] = pids.map(ids_of);
+    if !is_root() {
+        // SAFETY: getuid has no preconditions.
+        let me = unsafe { libc::getuid() };
+        assert_eq!(
+            (ua, ub),
+            (me, me),
+            "without root a build runs as its caller"
+        );
+        drop(builds);
+        no_leftovers(w.path());
+        return;
+    }
+    let range = default_build_users();
+    assert!(
+        range.contains(&ua) && range.contains(&ub),
+        "not build users: {ua}, {ub}"
+    );
+    assert_ne!(ua, ub, "two builds running at once share a uid");
+    assert_eq!((ga, gb), (ua, ub), "a build user's gid is its uid");
+    let [kill_b, ptrace_b, kill_own_a] = as_user_try(ua, ga, pids[1], pids[0]);
+    let [kill_a, ptrace_a, kill_own_b] = as_user_try(ub, gb, pids[0], pids[1]);
+    assert_eq!(
+        (kill_b, ptrace_b, kill_a, ptrace_a),
+        (libc::EPERM, libc::EPERM, libc::EPERM, libc::EPERM),
+        "one build user reached the other's process"
+    );
+    assert_eq!(
+        (kill_own_a, kill_own_b),
+        (0, 0),
+        "the control failed: a build user could not signal its own process"
+    );
+    // Both still run: nothing above reached them.
+    assert!(pids
+        .iter()
+        .all(|p| Path::new(&format!("/proc/{p}")).exists()));
+    drop(builds);
+    no_leftovers(w.path());
+}
+
+/// Nothing the build user leaves in its outputs or scratch stops ingest
+/// (run by root, or by the unprivileged caller who owns it all) or the
+/// removal of the scratch: files and directories of mode 000, the
+/// output's own directory 000, a directory of mode 000 elsewhere in the
+/// scratch; and a symlink to a host secret is kept as a symlink, never
+/// followed.
+#[test]
+fn host_isolation_modes_a_build_leaves_never_stop_ingest_nor_make_it_follow_a_link() {
+    let w = World::new();
+    let a = w.action(
+        "modes000.toml",
+        "busybox mkdir -p $out/d/e /build/junk/deep; echo secret > $out/f; echo deep > $out/d/e/g; \
+         echo j > /build/junk/deep/x; busybox ln -s /etc/shadow $out/shadow; \
+         busybox chmod 000 $out/f $out/d/e $out/d /build/junk/deep /build/junk $out",
+        "",
+    );
+    let (o, v) = w.build(&a);
+    assert!(o.status.success(), "{}", text(&o));
+    let out = w.export(
+        v.as_ref().unwrap()["outputs"]["out"].as_str().unwrap(),
+        "exported-000",
+    );
+    assert_eq!(fs::read_to_string(out.join("f")).unwrap(), "secret\n");
+    assert_eq!(fs::read_to_string(out.join("d/e/g")).unwrap(), "deep\n");
+    assert_eq!(
+        fs::read_link(out.join("shadow")).unwrap(),
+        Path::new("/etc/shadow")
+    );
+    assert!(fs::symlink_metadata(out.join("shadow"))
+        .unwrap()
+        .file_type()
+        .is_symlink());
+    no_leftovers(w.path());
 }

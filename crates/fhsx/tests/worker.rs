@@ -45,7 +45,10 @@ impl Worker {
             .args(["worker", "--listen", "127.0.0.1:0", "--jobs"])
             .arg(jobs.to_string())
             .args(extra)
-            .env("TMPDIR", tmp)
+            .env("TMPDIR", {
+                support::passable(tmp);
+                tmp
+            })
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
@@ -676,7 +679,10 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
         .arg(&ws)
         .args(["worker", "--jobs", "1", "--unix"])
         .arg(&sock)
-        .env("TMPDIR", t.path())
+        .env("TMPDIR", {
+            support::passable(t.path());
+            t.path()
+        })
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();
@@ -740,7 +746,10 @@ fn unix_socket_worker_serves_builds() {
         .arg(t.path().join("ws"))
         .args(["worker", "--jobs", "1", "--unix"])
         .arg(&sock)
-        .env("TMPDIR", t.path())
+        .env("TMPDIR", {
+            support::passable(t.path());
+            t.path()
+        })
         .stdout(Stdio::piped())
         .spawn()
         .unwrap();

@@ -122,8 +122,9 @@ pub(crate) const WRITE_EXISTING_INSIDE: [&str; 2] = ["/dev", "/proc"];
 /// `/proc` (hardened), `/dev`, and the private tmpfs mounts.
 ///
 /// bwrap covers `/proc/sys` only when its directory is writable, which it
-/// never is; yet when the caller is root the sandbox uid maps to host uid 0,
-/// the owner of every sysctl file. So `/proc/sys` is bound read-only
+/// never is; yet when the caller is root and gives no build user (`fhsx
+/// run`) the sandbox uid maps to host uid 0, the owner of every sysctl
+/// file (with a build user it is kept as a second wall). So `/proc/sys` is bound read-only
 /// explicitly (network sysctls still show the sandbox's own namespace:
 /// they resolve by the reader's namespace, not the mount's) and
 /// `/proc/sysrq-trigger`, when the host has one, is covered with /dev/null.

@@ -20,9 +20,27 @@ pub fn fhsx(store: &Path) -> Command {
     c.arg("--store").arg(store);
     // Builds keep their scratch next to the store, so leftovers are visible per test.
     if let Some(parent) = store.parent() {
+        passable(parent);
         c.env("TMPDIR", parent);
     }
     c
+}
+
+/// As root, builds run as build users, which must pass through `$TMPDIR`
+/// to their working area: give a test's own (0700) directory `o+x`, as
+/// /tmp has it.
+pub fn passable(dir: &Path) {
+    use std::os::unix::fs::PermissionsExt;
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return;
+    }
+    if let Ok(m) = fs::metadata(dir) {
+        let mode = m.permissions().mode() & 0o7777;
+        if mode & 0o001 == 0 {
+            let _ = fs::set_permissions(dir, fs::Permissions::from_mode(mode | 0o011));
+        }
+    }
 }
 
 pub fn text(o: &Output) -> String {
