@@ -56,6 +56,9 @@ const MARK_READ: u8 = 2;
 struct Kids {
     first: u64,
     entries: Vec<(Name, Node)>,
+    /// The order a listing returns `entries` in, as indices into it; empty
+    /// for their own (name-byte) order.
+    order: Vec<u32>,
 }
 
 struct Inode {
@@ -100,6 +103,48 @@ pub(crate) struct Shared {
     /// Passthrough backing files by inode, kept until unmount.
     backing: Mutex<HashMap<u64, Arc<BackingId>>>,
     time: SystemTime,
+    order: ReaddirOrder,
+}
+
+/// The order a directory's listing comes back in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ReaddirOrder {
+    /// By name bytes, as the directory encodes them: fhsx's pinned order.
+    #[default]
+    Sorted,
+    /// Reversed: a cheap fixed alternative.
+    Reverse,
+    /// Shuffled, per directory, from this seed and the directory's digest:
+    /// the same seed gives the same listings, so a failure replays.
+    Shuffle(u64),
+}
+
+impl ReaddirOrder {
+    /// The listing order of `n` entries of the directory `dir`.
+    fn permutation(self, dir: &Digest, n: usize) -> Vec<u32> {
+        match self {
+            ReaddirOrder::Sorted => Vec::new(),
+            ReaddirOrder::Reverse => (0..n as u32).rev().collect(),
+            ReaddirOrder::Shuffle(seed) => {
+                let mut x =
+                    seed ^ u64::from_le_bytes(dir.as_bytes()[..8].try_into().unwrap_or([0; 8]));
+                // splitmix64, then Fisher-Yates.
+                let mut next = move || {
+                    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+                    let mut z = x;
+                    z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+                    z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+                    z ^ (z >> 31)
+                };
+                let mut p: Vec<u32> = (0..n as u32).collect();
+                for i in (1..n).rev() {
+                    let j = (next() % (i as u64 + 1)) as usize;
+                    p.swap(i, j);
+                }
+                p
+            }
+        }
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -114,6 +159,8 @@ impl Shared {
         root_size: u64,
         want_passthrough: bool,
         max_entries: u64,
+        order: ReaddirOrder,
+        mtime_secs: u64,
     ) -> Self {
         let root_inode = Inode::new(
             ROOT_INO,
@@ -136,7 +183,8 @@ impl Shared {
             want_passthrough,
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(HashMap::new()),
-            time: SystemTime::UNIX_EPOCH + Duration::from_secs(1),
+            time: SystemTime::UNIX_EPOCH + Duration::from_secs(mtime_secs),
+            order,
         }
     }
 
@@ -265,7 +313,12 @@ impl Shared {
                 for (idx, (_, node)) in entries.iter().enumerate() {
                     inodes.push(Arc::new(Inode::new(ino, idx as u32, node.clone())));
                 }
-                Ok(Arc::new(Kids { first, entries }))
+                let order = self.order.permutation(digest, entries.len());
+                Ok(Arc::new(Kids {
+                    first,
+                    entries,
+                    order,
+                }))
             })
             .clone()
     }
@@ -447,7 +500,8 @@ impl ViewFs {
                 0 => add(ino.0, 1, b".", &inode.node),
                 1 => add(inode.parent, 2, b"..", &parent_node),
                 n => {
-                    let i = (n - 2) as usize;
+                    let p = (n - 2) as usize;
+                    let i = kids.order.get(p).map_or(p, |i| *i as usize);
                     let (name, node) = &kids.entries[i];
                     add(kids.first + i as u64, n + 1, name.as_bytes(), node)
                 }
@@ -749,8 +803,8 @@ impl Filesystem for ViewFs {
             return reply.error(Errno::ENOENT);
         };
         let list: &[u8] = match i.node {
-            Node::Symlink { .. } => b"",
-            _ => b"user.fhsx.digest\0",
+            Node::File { .. } => b"user.fhsx.digest\0",
+            _ => b"",
         };
         if size == 0 {
             reply.size(list.len() as u32)

@@ -112,7 +112,7 @@ mod signals;
 pub use bloat::{closure_bloat, AtomUsage, BloatReport};
 pub use compact::CompactReadSet;
 pub use error::{Error, IntegrityFailure, Result};
-pub use fs::DIGEST_XATTR;
+pub use fs::{ReaddirOrder, DIGEST_XATTR};
 pub use mount::{
     cleanup_stale_mounts, default_registry, detach, live_mounts, mount, preflight, register_mount,
     CompactOutcome, MountGuard, MountOptions, MountOutcome, ReadSetOverflow, Registration,

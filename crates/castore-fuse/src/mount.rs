@@ -55,6 +55,11 @@ pub struct MountOptions {
     /// `read_set_overflow` says the set is incomplete (its `check` fails).
     /// Paths already in the set keep working. `u64::MAX`: no cap.
     pub max_read_set_entries: u64,
+    /// The order listings come back in (default: sorted by name bytes).
+    pub readdir_order: crate::fs::ReaddirOrder,
+    /// The constant time every file and directory is served with, in
+    /// seconds since the epoch (default 1: 1970-01-01T00:00:01Z).
+    pub mtime_secs: u64,
 }
 
 impl Default for MountOptions {
@@ -69,6 +74,8 @@ impl Default for MountOptions {
             allow_other: is_root(),
             registry: default_registry(),
             max_read_set_entries: DEFAULT_MAX_READ_SET_ENTRIES,
+            readdir_order: crate::fs::ReaddirOrder::Sorted,
+            mtime_secs: 1,
         }
     }
 }
@@ -251,6 +258,8 @@ pub fn mount(
         root_dir.size(),
         opts.passthrough,
         opts.max_read_set_entries,
+        opts.readdir_order,
+        opts.mtime_secs,
     ));
 
     let mut config = Config::default();

@@ -14,6 +14,7 @@ pub mod action;
 mod error;
 pub mod graph;
 pub mod record;
+pub mod vary;
 
 pub use action::{
     Action, ActionError, ActionFile, ActionOf, InputList, InputRef, NetworkMode, OutputName,
@@ -60,6 +61,12 @@ pub struct BuildRequest {
     /// The record this action was pruned from (`closure-bloat --prune
     /// --prove`), named in the new record.
     pub pruned_from: Option<castore::Digest>,
+    /// With [`CachePolicy::Check`]: vary these pinned things in the
+    /// rebuild (`--check --vary`).
+    pub vary: Option<vary::Variations>,
+    /// With [`CachePolicy::Check`]: run `diffoscope` on differing outputs
+    /// and keep its report.
+    pub diffoscope: bool,
 }
 
 impl BuildRequest {
@@ -75,6 +82,8 @@ impl BuildRequest {
             trust: Vec::new(),
             hold: None,
             pruned_from: None,
+            vary: None,
+            diffoscope: false,
         }
     }
 }
@@ -101,6 +110,17 @@ pub struct CheckReport {
     /// Every path whose content differs, per output; empty when the
     /// rebuild reproduced the outputs bit for bit.
     pub differences: Vec<OutputDifference>,
+    /// What was varied in the rebuild (name → value used).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub variations: std::collections::BTreeMap<String, String>,
+    /// With several variations and a difference: the smallest set of them
+    /// found to reproduce it (bisection), each tried alone first.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub culprits: Option<Vec<String>>,
+    /// The check's record (also the outcome's), naming `diffoscope`'s
+    /// report blob where one was made.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diffoscope: Option<castore::Digest>,
 }
 
 /// One differing path of one output.
@@ -109,6 +129,19 @@ pub struct OutputDifference {
     pub output: OutputName,
     #[serde(flatten)]
     pub difference: castore::diff::Difference,
+    /// For a file on both sides: where they first differ and what it is.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub file: Option<FileDifference>,
+}
+
+/// What a differing file is, and where it first differs.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct FileDifference {
+    /// `elf`, `archive`, `text` or `binary` (of the first side).
+    pub kind: String,
+    /// The first byte offset where the two differ (the shorter one's
+    /// length if one is a prefix of the other).
+    pub first_difference: u64,
 }
 
 /// An executor: `build(atom_closure, toolchain_composition, action_params)

@@ -100,6 +100,13 @@ pub struct BuildRecord {
     /// was pruned from (`closure-bloat --prune --prove`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub pruned_from: Option<Digest>,
+    /// On a `--check --vary` record: what was varied (name → value used,
+    /// the shuffle's seed included), so the run can be replayed.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub variations: BTreeMap<String, String>,
+    /// On a check record: `diffoscope`'s report on the differing outputs.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub diffoscope: Option<Digest>,
     pub resources: ResourceUse,
     /// Who ran it: `fhsx <version>` and the signing key's fingerprint.
     pub executor: String,
@@ -142,6 +149,7 @@ impl BuildRecord {
             ("check_of", self.check_of),
             ("reused", self.reused),
             ("pruned_from", self.pruned_from),
+            ("diffoscope", self.diffoscope),
         ] {
             if let Some(d) = d {
                 v.push((n, d));

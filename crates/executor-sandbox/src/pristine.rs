@@ -35,6 +35,9 @@ const TIMER_SLACK_NS: u64 = 50_000;
 /// One resource limit as the run starts: `(resource, soft, hard)`.
 type Rlimit = (libc::c_int, u64, u64);
 
+/// `personality`'s flag that turns address-space randomisation off.
+const ADDR_NO_RANDOMIZE: libc::c_ulong = 0x0040000;
+
 /// The process state to impose, computed before the fork.
 #[derive(Debug)]
 pub(crate) struct Pristine {
@@ -42,6 +45,8 @@ pub(crate) struct Pristine {
     /// Every CPU there may be: the kernel keeps those the caller's cpuset
     /// allows and that are online.
     cpus: Vec<u64>,
+    umask: libc::mode_t,
+    personality: libc::c_ulong,
     oom_path: CString,
     /// `oom_score_adj` for bwrap and the supervisor (and so the floor of
     /// the command's, as root).
@@ -92,7 +97,9 @@ impl Pristine {
     /// `host_root`: bwrap and the supervisor run as host root (root
     /// without a build user), which may floor `oom_score_adj` and lets
     /// the supervisor raise the command's.
-    pub(crate) fn new(host_root: bool) -> Pristine {
+    /// With the umask, CPU count (the first `cpus` CPUs; all when `None`)
+    /// and ASLR the run's persona asks for (0022, all, on by default).
+    pub(crate) fn new(host_root: bool, umask: u32, cpus: Option<usize>, aslr: bool) -> Pristine {
         let highest = std::fs::read_to_string("/sys/devices/system/cpu/possible")
             .ok()
             .and_then(|l| max_cpu(&l))
@@ -106,9 +113,18 @@ impl Pristine {
         // files are not the sandbox uid's), so the value is set here, for
         // all of the sandbox (as root, before becoming the build user).
         let oom = if host_root { 0 } else { COMMAND_OOM_SCORE_ADJ };
+        let mut mask = vec![u64::MAX; words];
+        if let Some(n) = cpus {
+            mask = vec![0; words];
+            for c in 0..n.min(words * 64) {
+                mask[c / 64] |= 1 << (c % 64);
+            }
+        }
         Pristine {
             rlimits: default_rlimits(),
-            cpus: vec![u64::MAX; words],
+            cpus: mask,
+            umask: umask as libc::mode_t,
+            personality: if aslr { 0 } else { ADDR_NO_RANDOMIZE },
             oom_path: c"/proc/self/oom_score_adj".to_owned(),
             oom_value: oom.to_string().into_bytes(),
         }
@@ -142,9 +158,11 @@ impl Pristine {
             let mut empty: libc::sigset_t = std::mem::zeroed();
             libc::sigemptyset(&mut empty);
             libc::sigprocmask(libc::SIG_SETMASK, &empty, std::ptr::null_mut());
-            libc::umask(0o022);
-            // PER_LINUX: clears ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, ...
-            libc::personality(0);
+            libc::umask(self.umask);
+            // PER_LINUX (clears ADDR_NO_RANDOMIZE, READ_IMPLIES_EXEC, …),
+            // or PER_LINUX with ASLR off for a persona that asks: it is
+            // inherited through bwrap and the supervisor to the command.
+            libc::personality(self.personality);
             libc::setpriority(libc::PRIO_PROCESS, 0, 0);
             let param = libc::sched_param { sched_priority: 0 };
             libc::sched_setscheduler(0, libc::SCHED_OTHER, &param);

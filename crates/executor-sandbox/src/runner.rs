@@ -677,7 +677,8 @@ impl Runtime {
         let envp: [*const libc::c_char; 1] = [std::ptr::null()];
         // As root without a build user, bwrap and the supervisor keep host
         // root's privileged defaults (see pristine.rs).
-        let pristine = Pristine::new(uid() == 0 && spec.run_as.is_none());
+        let (umask, cpus, aslr) = spec.process_persona();
+        let pristine = Pristine::new(uid() == 0 && spec.run_as.is_none(), umask, cpus, aslr);
         let child_fds = ChildFds {
             join_cgroup: reaper.join_fd(),
             join_v1: reaper.join_v1_fds(),

@@ -17,6 +17,38 @@ pub const SANDBOX_UID: u32 = 1000;
 pub const SANDBOX_GID: u32 = 100;
 /// The fixed hostname inside (the host's never shows).
 pub const SANDBOX_HOSTNAME: &str = "fhsx";
+
+/// What a command sees of who and where it runs, beyond its files: pinned
+/// by default ([`Persona::default`]: uid 1000, gid 100, hostname `fhsx`,
+/// umask 0022, every CPU, ASLR on), so the caller's state never reaches it;
+/// varied on purpose to check that a build does not depend on it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Persona {
+    pub hostname: String,
+    /// The uid and gid inside (never 0).
+    pub uid: u32,
+    pub gid: u32,
+    pub umask: u32,
+    /// Run on this many CPUs (the first ones) instead of all of them:
+    /// affinity, and so `nproc`.
+    pub cpus: Option<usize>,
+    /// Address-space layout randomisation (`personality`'s
+    /// `ADDR_NO_RANDOMIZE` when off).
+    pub aslr: bool,
+}
+
+impl Default for Persona {
+    fn default() -> Self {
+        Persona {
+            hostname: SANDBOX_HOSTNAME.into(),
+            uid: SANDBOX_UID,
+            gid: SANDBOX_GID,
+            umask: 0o022,
+            cpus: None,
+            aslr: true,
+        }
+    }
+}
 /// Where the host root provider puts the workspace.
 pub const WORKSPACE_DIR: &str = "/workspace";
 /// Where the view root provider puts the scratch directory.
@@ -202,6 +234,9 @@ pub struct SandboxSpec {
     pub(crate) hostname: String,
     pub(crate) uid: u32,
     pub(crate) gid: u32,
+    pub(crate) umask: u32,
+    pub(crate) cpus: Option<usize>,
+    pub(crate) aslr: bool,
     pub(crate) run_as: Option<RunAs>,
     pub(crate) chdir: Option<PathBuf>,
     pub(crate) nproc: Option<u64>,
@@ -231,6 +266,9 @@ impl SandboxSpec {
             hostname: SANDBOX_HOSTNAME.to_string(),
             uid: SANDBOX_UID,
             gid: SANDBOX_GID,
+            umask: 0o022,
+            cpus: None,
+            aslr: true,
             run_as: None,
             chdir: None,
             nproc: None,
@@ -385,6 +423,35 @@ impl SandboxSpec {
     }
 
     /// The directory the command starts in (default: the work directory).
+    /// Run the command as `p` (see [`Persona`]); a uid or gid of 0 is
+    /// refused (no one is root inside).
+    pub fn persona(&mut self, p: &Persona) -> Result<&mut Self, SandboxError> {
+        if p.uid == 0 || p.gid == 0 {
+            return Err(SandboxError::Protocol(
+                "a persona's uid and gid inside must not be 0".into(),
+            ));
+        }
+        if p.hostname.is_empty() || p.hostname.len() > 64 || p.hostname.contains(['\0', '/']) {
+            return Err(SandboxError::Protocol(format!(
+                "hostname {:?} is not a valid hostname",
+                p.hostname
+            )));
+        }
+        self.hostname = p.hostname.clone();
+        self.uid = p.uid;
+        self.gid = p.gid;
+        self.umask = p.umask & 0o777;
+        self.cpus = p.cpus.filter(|n| *n > 0);
+        self.aslr = p.aslr;
+        Ok(self)
+    }
+
+    /// The umask, CPU count and ASLR the command gets (the runner imposes
+    /// them before bwrap; the supervisor sets the umask again).
+    pub(crate) fn process_persona(&self) -> (u32, Option<usize>, bool) {
+        (self.umask, self.cpus, self.aslr)
+    }
+
     pub fn chdir(&mut self, dir: impl Into<PathBuf>) -> &mut Self {
         self.chdir = Some(dir.into());
         self
@@ -619,6 +686,10 @@ impl SandboxSpec {
         for p in layers::mounts::WRITE_EXISTING_INSIDE {
             a.push("--landlock-files");
             a.push(p);
+        }
+        if self.umask != 0o022 {
+            a.push("--umask");
+            a.push(format!("{:o}", self.umask));
         }
         if let Some(p) = &self.proxy {
             a.push("--proxy-port");

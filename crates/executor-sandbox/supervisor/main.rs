@@ -4,7 +4,7 @@
 //! root may hold no libc of the host), so it uses only `std` plus a few
 //! hand-declared libc functions: no crates.
 //!
-//! Usage: `fhsx-supervisor [--control-fd N] [--nproc N] [--rlimit-fsize N]
+//! Usage: `fhsx-supervisor [--control-fd N] [--umask OCTAL] [--nproc N] [--rlimit-fsize N]
 //! [--rlimit-nofile N] [--rlimit-as N] [--proxy-port P --proxy-socket PATH]
 //! [--landlock-rw PATH]... [--landlock-files PATH]... -- CMD [ARGS...]`
 //!
@@ -117,7 +117,7 @@ const COMMAND_OOM_SCORE_ADJ: &[u8] = b"500";
 /// `oom_score_adj`. The host side imposed the rest of the pristine state
 /// on bwrap already (see executor-sandbox's `pristine.rs`). Raw calls
 /// only: async-signal-safe.
-fn pristine_for_command() {
+fn pristine_for_command(mask: u32) {
     // The kernel's struct sigaction, zeroed: SIG_DFL, no flags, no mask.
     let dfl = [0u64; 4];
     for sig in 1..=64 {
@@ -138,7 +138,7 @@ fn pristine_for_command() {
     // SAFETY: valid sigset pointer; umask has no preconditions.
     unsafe {
         sigprocmask(SIG_SETMASK, &empty, std::ptr::null_mut());
-        umask(0o022);
+        umask(mask);
     }
     // Raising is always allowed. Only where the caller is host root are
     // this child's /proc files its own (it is not dumpable, so they belong
@@ -212,10 +212,12 @@ struct Args {
     proxy_socket: Option<OsString>,
     landlock_rw: Vec<OsString>,
     landlock_files: Vec<OsString>,
+    /// The command's umask (0022 unless varied on purpose).
+    umask: u32,
     command: Vec<OsString>,
 }
 
-const USAGE: &str = "usage: fhsx-supervisor [--control-fd N] [--nproc N] [--rlimit-fsize N] [--rlimit-nofile N] [--rlimit-as N] [--proxy-port P --proxy-socket PATH] [--landlock-rw PATH]... [--landlock-files PATH]... -- CMD [ARGS...]";
+const USAGE: &str = "usage: fhsx-supervisor [--control-fd N] [--umask OCTAL] [--nproc N] [--rlimit-fsize N] [--rlimit-nofile N] [--rlimit-as N] [--proxy-port P --proxy-socket PATH] [--landlock-rw PATH]... [--landlock-files PATH]... -- CMD [ARGS...]";
 
 fn parse_args() -> Args {
     let mut it = std::env::args_os().skip(1);
@@ -227,6 +229,7 @@ fn parse_args() -> Args {
         proxy_socket: None,
         landlock_rw: Vec::new(),
         landlock_files: Vec::new(),
+        umask: 0o022,
         command: Vec::new(),
     };
     while let Some(arg) = it.next() {
@@ -236,6 +239,12 @@ fn parse_args() -> Args {
                     .next()
                     .and_then(|v| v.to_str().and_then(|s| s.parse().ok()));
                 a.control_fd = Some(v.unwrap_or_else(|| die("--control-fd needs a number")));
+            }
+            Some("--umask") => {
+                let v = it
+                    .next()
+                    .and_then(|v| v.to_str().and_then(|s| u32::from_str_radix(s, 8).ok()));
+                a.umask = v.unwrap_or_else(|| die("--umask needs an octal mask")) & 0o777;
             }
             Some("--nproc") => {
                 let v = it
@@ -469,6 +478,7 @@ fn main() {
     };
 
     let nproc = args.nproc;
+    let mask = args.umask;
     let mut cmd = Command::new(&args.command[0]);
     cmd.args(&args.command[1..]);
     // The pre_exec hook is required: it unblocks the signals we read from
@@ -477,7 +487,7 @@ fn main() {
     // SAFETY: the closure only calls async-signal-safe functions.
     unsafe {
         cmd.pre_exec(move || {
-            pristine_for_command();
+            pristine_for_command(mask);
             if let Some(n) = nproc {
                 let lim = RLimit { cur: n, max: n };
                 setrlimit(RLIMIT_NPROC, &lim);

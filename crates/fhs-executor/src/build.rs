@@ -38,6 +38,7 @@ use crate::fetch::{FetchResult, FetchSession, Network};
 use crate::ingest::Ingested;
 use crate::log::BuildLog;
 use crate::scratch::{DiskLimit, WorkArea};
+use crate::world::World;
 use crate::{check, ingest, keys, manifest, sign, view, Error};
 
 /// The primary FHS executor over a local store.
@@ -79,6 +80,11 @@ struct Plan<'r> {
     action_digest: Digest,
     /// Everything but the closure and toolchain (the validated cache's key).
     command_digest: Digest,
+    /// What the build sees beyond its inputs: pinned, or varied for a
+    /// `--check --vary`.
+    world: World,
+    /// What was varied (for the record), empty when nothing was.
+    variations: std::collections::BTreeMap<String, String>,
 }
 
 impl Plan<'_> {
@@ -159,7 +165,7 @@ impl FhsExecutor {
         let roots = Arc::new(self.store.temp_roots(&plan.inputs())?);
         self.check_inputs(&plan)?;
         let view = roots.rooted(
-            || view::compose(&self.store, &plan.atoms()),
+            || view::compose(&self.store, &plan.atoms(), &plan.world),
             |v| vec![v.root],
         )?;
         if let Some(hit) = self.consult_validated(&plan, &cache, &view, &roots, started, live)? {
@@ -183,6 +189,18 @@ impl FhsExecutor {
         for line in ingested.notes.iter().chain(&failure) {
             log.note(line, live);
         }
+        // A check is compared before it is signed: the comparison (and
+        // diffoscope's report) belongs to its record.
+        let mut check = match &against {
+            Some(a) => Some(check::compare(&self.store, a, &ingested.outputs)?),
+            None => None,
+        };
+        if let Some(c) = check.as_mut() {
+            c.variations = plan.variations.clone();
+            if req.diffoscope && !c.differences.is_empty() {
+                c.diffoscope = check::diffoscope(&self.store, &roots, c, &ingested.outputs, live)?;
+            }
+        }
         let record = BuildRecord {
             format: RECORD_FORMAT,
             action_digest: plan.action_digest,
@@ -202,6 +220,8 @@ impl FhsExecutor {
             check_of: against.as_ref().map(|f| f.digest),
             reused: None,
             pruned_from: req.pruned_from,
+            variations: plan.variations.clone(),
+            diffoscope: check.as_ref().and_then(|c| c.diffoscope),
             resources: ResourceUse {
                 wall_ms: started.elapsed().as_millis() as u64,
                 ..ResourceUse::default()
@@ -227,10 +247,6 @@ impl FhsExecutor {
         if let Some(lock) = committed.transpose()? {
             let _ = writeln!(live, "fhsx: recorded the fetch lock {}", lock.display());
         }
-        let check = match against {
-            Some(a) => Some(check::compare(&self.store, &a, &signed)?),
-            None => None,
-        };
         Ok(BuildOutcome {
             record_digest,
             record: signed,
@@ -277,12 +293,25 @@ impl FhsExecutor {
         };
         let action_digest = action.digest(lock_digest.as_ref());
         let command_digest = action.command_digest(lock_digest.as_ref());
+        let vary = match (&req.vary, req.cache) {
+            (Some(v), CachePolicy::Check) => Some(v),
+            (Some(_), _) => {
+                return Err(Error::Usage(
+                    "--vary varies a --check rebuild: give --check too".into(),
+                ))
+            }
+            (None, _) => None,
+        };
         Ok(Plan {
             req,
             action,
             lock_digest,
             action_digest,
             command_digest,
+            world: vary.map(World::varied).unwrap_or_default(),
+            variations: vary
+                .map(|v| v.describe(crate::world::varied_cpus()))
+                .unwrap_or_default(),
         })
     }
 
@@ -384,7 +413,8 @@ impl FhsExecutor {
             );
         }
         let scratch = work.scratch().to_path_buf();
-        for d in [&work.path().join("view"), &scratch.join("home")] {
+        let home = scratch.join(plan.world.home.trim_start_matches("/build/"));
+        for d in [&work.path().join("view"), &scratch.join("home"), &home] {
             fs::create_dir_all(d).map_err(|e| Error::io("create", d, e))?;
         }
         if let Some(src) = &plan.action.inputs.source {
@@ -412,6 +442,8 @@ impl FhsExecutor {
         castore_fuse::preflight().map_err(|e| Error::Other(e.to_string()))?;
         let options = MountOptions {
             max_read_set_entries: action.limits.reads,
+            readdir_order: plan.world.readdir,
+            mtime_secs: plan.world.mtime_secs,
             ..MountOptions::default()
         };
         let guard = castore_fuse::mount(&self.store, &view.root, &mnt, &options)
@@ -425,6 +457,10 @@ impl FhsExecutor {
         for (k, v) in BASE_ENV {
             spec.set_env(k, *v)?;
         }
+        for (k, v) in &plan.world.env {
+            spec.set_env(k, v)?;
+        }
+        spec.persona(&plan.world.persona)?;
         for name in &action.outputs.names {
             spec.set_env(name.as_str(), name.build_path())?;
         }
@@ -623,6 +659,8 @@ impl FhsExecutor {
             check_of: None,
             reused: Some(hit.digest),
             pruned_from: None,
+            variations: Default::default(),
+            diffoscope: None,
             resources: ResourceUse {
                 wall_ms: started.elapsed().as_millis() as u64,
                 ..ResourceUse::default()

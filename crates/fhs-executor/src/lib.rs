@@ -30,6 +30,7 @@ pub mod scratch;
 pub mod sign;
 pub mod validate;
 pub mod view;
+pub mod world;
 
 pub use build::FhsExecutor;
 pub use error::Error;

@@ -9,25 +9,34 @@ use castore::alternatives::Alternative;
 use castore::store::{BlobStore, LocalStore};
 use castore::tree::{components, TreeBuilder};
 use castore::{Digest, Node};
+
+use crate::world::World;
 use castore_fuse::ReadSet;
 
 use crate::Error;
 
-/// What the view gets when no atom supplies these files (as Nix does).
-const SYNTHETIC_ETC: &[(&str, &str)] = &[
-    ("passwd", "root:x:0:0:root:/build:/noshell\nbuild:x:1000:100:build:/build/home:/noshell\nnobody:x:65534:65534:nobody:/nonexistent:/noshell\n"),
-    ("group", "root:x:0:\nusers:x:100:\nnogroup:x:65534:\n"),
-    ("hosts", "127.0.0.1 localhost\n::1 localhost\n"),
-];
+/// What the view gets when no atom supplies these files (as Nix does):
+/// `passwd` and `group` naming the build's user (see [`World`]), `hosts`.
+fn synthetic_etc(world: &World) -> [(&'static str, String); 3] {
+    [
+        ("passwd", world.passwd()),
+        ("group", world.group()),
+        ("hosts", "127.0.0.1 localhost\n::1 localhost\n".into()),
+    ]
+}
 
 /// Compose `atoms` in order, then one synthetic layer: `/etc` files no
 /// atom supplies, and the links of the alternatives the atoms' packages
 /// register, as dpkg would set them. The layer is an atom of its own, so
 /// the composition map charges those paths to it and read sets and
 /// closure-bloat reports stay exact.
-pub fn compose(store: &LocalStore, atoms: &[Digest]) -> Result<castore::Composition, Error> {
+pub fn compose(
+    store: &LocalStore,
+    atoms: &[Digest],
+    world: &World,
+) -> Result<castore::Composition, Error> {
     let first = castore::compose(store, atoms)?;
-    let Some(layer) = synthetic_layer(store, &first)? else {
+    let Some(layer) = synthetic_layer(store, &first, world)? else {
         return Ok(first);
     };
     let mut all = atoms.to_vec();
@@ -38,10 +47,11 @@ pub fn compose(store: &LocalStore, atoms: &[Digest]) -> Result<castore::Composit
 fn synthetic_layer(
     store: &LocalStore,
     first: &castore::Composition,
+    world: &World,
 ) -> Result<Option<Digest>, Error> {
     let mut tree = TreeBuilder::default();
     let bad = |e: String| Error::Other(format!("building the view's synthetic layer: {e}"));
-    for (name, content) in SYNTHETIC_ETC {
+    for (name, content) in synthetic_etc(world) {
         let path = format!("etc/{name}");
         if castore::walk::lookup(store, &first.root, &path).is_err() {
             let digest = store.put_blob(content.as_bytes())?;

@@ -36,6 +36,20 @@ pub struct BuildArgs {
     /// bit for bit (exit 4 and the differing paths if they differ).
     #[arg(long, conflicts_with_all = ["rebuild", "record"])]
     pub check: bool,
+    /// With --check: vary what fhsx pins in the rebuild — `all` (the
+    /// default), or some of readdir, readdir-reverse, env, user, hostname,
+    /// umask, cpus, aslr, mtime — and, on a difference, find which
+    /// variation causes it.
+    #[arg(long, value_name = "LIST", num_args = 0..=1, default_missing_value = "all", requires = "check")]
+    pub vary: Option<String>,
+    /// With --vary: the readdir shuffle's seed (default: a fresh one; the
+    /// check record names it, so a run can be replayed).
+    #[arg(long, value_name = "N", requires = "vary")]
+    pub seed: Option<u64>,
+    /// With --check: run diffoscope on differing outputs and keep its
+    /// report (a blob the check record names).
+    #[arg(long, requires = "check")]
+    pub diffoscope: bool,
     /// Keep a failed build's scratch directory (its path is printed) for debugging.
     #[arg(long)]
     pub keep_failed: bool,
@@ -44,7 +58,7 @@ pub struct BuildArgs {
     pub upstream_ca: Vec<PathBuf>,
     /// Run on the worker at ADDR (`HOST:PORT` or `unix:PATH`, see `fhsx worker`):
     /// upload what it lacks, stream the log, download the record and output.
-    #[arg(long, value_name = "ADDR", conflicts_with_all = ["record", "keep_failed", "upstream_ca"])]
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["record", "keep_failed", "upstream_ca", "vary", "diffoscope"])]
     pub remote: Option<String>,
     /// Records signed by this key (`ed25519:<hex>`) are cache hits too, and
     /// with --remote only a worker whose key is listed is accepted. Repeatable.
@@ -101,6 +115,13 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     // The build's own output goes to stderr, so stdout stays the result.
     let mut sink = std::io::stderr();
     let store = exec.store().clone();
+    let vary = match &a.vary {
+        Some(list) => Some(
+            executor_core::vary::Variations::parse(list, a.seed.unwrap_or_else(fresh_seed))
+                .map_err(|m| Classified(ExitClass::Usage, m))?,
+        ),
+        None => None,
+    };
     // What the graph imports and builds stays in the store until it is done.
     let hold = Arc::new(store.temp_roots(&[])?);
     graph.build_all(
@@ -109,6 +130,8 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
             let req = BuildRequest {
                 hold: Some(hold.clone()),
                 pruned_from: None,
+                vary: if is_root { vary.clone() } else { None },
+                diffoscope: is_root && a.diffoscope,
                 lock_path: node.action.lock_path(&node.file),
                 record: is_root && a.record,
                 upstream_ca: a.upstream_ca.clone(),
@@ -116,9 +139,12 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
                 trust: a.trust.clone(),
                 action,
             };
-            let outcome = exec
-                .build(&req, &mut sink)
-                .with_context(|| building(node, is_root))?;
+            let outcome = if req.vary.is_some() {
+                fhs_executor::check::check_varied(&exec, &req, &mut sink)
+            } else {
+                exec.build(&req, &mut sink)
+            }
+            .with_context(|| building(node, is_root))?;
             dependency_ok(node, is_root, &outcome.record.record)?;
             Ok::<_, anyhow::Error>((
                 outcome.record.record.outputs.clone(),
@@ -194,6 +220,15 @@ fn build_remote(
             ))
         },
     )
+}
+
+/// A seed for a shuffle nobody asked to replay.
+fn fresh_seed() -> u64 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos() as u64)
+        .unwrap_or(0);
+    t ^ (u64::from(std::process::id()) << 32)
 }
 
 /// A path input: a toolchain file's atoms, or a directory or archive
@@ -379,6 +414,15 @@ fn print_check(c: &CheckReport) {
         ),
         None => "absent".to_owned(),
     };
+    for (name, value) in &c.variations {
+        println!("  varied {name}: {value}");
+    }
+    if let Some(culprits) = &c.culprits {
+        println!("  caused by: {}", culprits.join(", "));
+    }
+    if let Some(d) = &c.diffoscope {
+        println!("  diffoscope's report: blob {d}");
+    }
     for d in &c.differences {
         let path = &d.difference.path;
         let shown = if path.is_empty() {
@@ -391,5 +435,11 @@ fn print_check(c: &CheckReport) {
             side(&d.difference.before),
             side(&d.difference.after)
         );
+        if let Some(f) = &d.file {
+            println!(
+                "    {} file, first difference at byte {}",
+                f.kind, f.first_difference
+            );
+        }
     }
 }

@@ -187,7 +187,7 @@ fn prune(
         digest: from,
         record: fhs_executor::sign::load_record(store, &from)?,
     };
-    let report = fhs_executor::check::compare(store, &original, &out.record)?;
+    let report = fhs_executor::check::compare(store, &original, &out.record.record.outputs)?;
     if g.json {
         println!(
             "{}",
