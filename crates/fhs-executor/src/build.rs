@@ -154,12 +154,14 @@ impl FhsExecutor {
         live: &mut (dyn Write + Send),
     ) -> Result<BuildOutcome, Error> {
         let started = Instant::now();
+        let mut clock = Stages::new(started);
         let plan = self.resolve(req)?;
         let cache = self.cache(&req.trust)?;
         let against = match self.consult_cache(&plan, &cache, live)? {
             Consulted::Hit(outcome) => return Ok(*outcome),
             Consulted::Run { against } => against,
         };
+        clock.mark("resolve+cache");
         // Everything the build reads or makes is a temporary gc root from
         // here until its record is stored (and the caller holds it).
         let roots = Arc::new(self.store.temp_roots(&plan.inputs())?);
@@ -168,24 +170,30 @@ impl FhsExecutor {
             || view::compose(&self.store, &plan.atoms(), &plan.world),
             |v| vec![v.root],
         )?;
+        clock.mark("compose");
         if let Some(hit) = self.consult_validated(&plan, &cache, &view, &roots, started, live)? {
             return Ok(hit);
         }
+        clock.mark("validate");
         let mut log = BuildLog::new(&self.store, plan.action.limits.log)?;
         let work = self.prepare(&plan, &mut log, live)?;
+        clock.mark("prepare");
         let ran = self.run(&plan, &view, &work, &roots, &mut log, live)?;
+        clock.mark("run");
         let violations = violations(&ran, &mut log, live);
         if let Some(f) = &ran.fetch {
             // The lock the record names, kept with it.
             roots.rooted(|| self.store.put_blob(&f.lock_bytes), |d| vec![*d])?;
         }
         self.prove(&view, &ran)?;
+        clock.mark("prove");
         let exit = exit_status(&ran.report, &log);
         let mut failure = limit_failure(&plan, &ran, &log);
         let ingested = match (&failure, exit.success() && violations.is_empty()) {
             (None, true) => self.ingest(&plan, &work, &roots, &mut failure)?,
             _ => Ingested::default(),
         };
+        clock.mark("ingest");
         for line in ingested.notes.iter().chain(&failure) {
             log.note(line, live);
         }
@@ -229,6 +237,7 @@ impl FhsExecutor {
             executor: self.executor_name(),
         };
         let (record_digest, signed) = self.sign(&plan, &cache, &roots, record)?;
+        clock.mark("sign");
         if let Some(hold) = &req.hold {
             hold.add(&roots.digests())?;
         }
@@ -238,6 +247,8 @@ impl FhsExecutor {
             _ => None,
         };
         self.finish_work(work, &signed, live);
+        clock.mark("cleanup");
+        clock.report(live);
         if !violations.is_empty() {
             return Err(Error::Containment(format!(
                 "{}; the record {record_digest} says so",
@@ -711,6 +722,41 @@ impl FhsExecutor {
                 "fhsx: it is its own size-capped file system: `umount {}/build` when done",
                 kept.display()
             );
+        }
+    }
+}
+
+/// Where a build's time goes, stage by stage: said on the live log when
+/// `FHSX_TIMINGS` is set (for profiling; never in the stored log).
+struct Stages {
+    last: Instant,
+    marks: Vec<(&'static str, Duration)>,
+    on: bool,
+}
+
+impl Stages {
+    fn new(started: Instant) -> Stages {
+        Stages {
+            last: started,
+            marks: Vec::new(),
+            on: std::env::var_os("FHSX_TIMINGS").is_some(),
+        }
+    }
+
+    fn mark(&mut self, stage: &'static str) {
+        if self.on {
+            let now = Instant::now();
+            self.marks.push((stage, now - self.last));
+            self.last = now;
+        }
+    }
+
+    fn report(&self, live: &mut dyn Write) {
+        if self.on {
+            let parts: Vec<String> = (self.marks.iter())
+                .map(|(s, d)| format!("{s} {:.2} ms", d.as_secs_f64() * 1000.0))
+                .collect();
+            let _ = writeln!(live, "fhsx: timings: {}", parts.join(", "));
         }
     }
 }
