@@ -14,7 +14,7 @@ if [ -z "${FHSX:-}" ]; then
   FHSX=$PWD/target/release/fhsx
 fi
 RUNS=${RUNS:-10}
-INPUTS=$(examples/hello/fetch-inputs.sh "$PWD/target/tmp/hello-inputs" | tail -1)
+DEBS=${FHSX_DEB_CACHE:-$PWD/target/tmp/bench-debs}
 WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-worker.XXXXXX")
 # As root builds run as build users, which must pass through $TMPDIR.
 chmod o+x "$WORK"
@@ -49,27 +49,28 @@ stop_worker() { kill -TERM "$WPID"; wait "$WPID" || true; WPID=; }
 runs() { local a b; a=$(now); for _ in $(seq 1 "$RUNS"); do "$@" >/dev/null 2>&1; done; b=$(now); secs "$a" "$b"; }
 
 CS=$WORK/client
-BB=$("$FHSX" --store "$CS" store import "$INPUTS"/fetch-debs/busybox-static_*.deb | cut -f1)
-printf '[inputs]\nclosure = ["%s"]\n[run]\ncommand = ["/bin/busybox", "true"]\n' "$BB" > "$WORK/true.toml"
+"$FHSX" --store "$CS" toolchain apt busybox-static --deb-cache "$DEBS" -o "$WORK/bb.toolchain" 2>/dev/null
+printf '[inputs]\nclosure = ["bb.toolchain"]\n[run]\ncommand = ["/bin/busybox", "mkdir", "/build/out"]\n' > "$WORK/true.toml"
 
 start_worker "$WORK/w1"
 "$FHSX" --store "$CS" build --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # upload once
 "$FHSX" --store "$CS" build "$WORK/true.toml" >/dev/null 2>&1                    # warm local
-remote=$(runs "$FHSX" --store "$CS" build --remote "$ADDR" "$WORK/true.toml")
-local_=$(runs "$FHSX" --store "$CS" build "$WORK/true.toml")
+# --rebuild: each one really runs (else the caches answer).
+remote=$(runs "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml")
+local_=$(runs "$FHSX" --store "$CS" build --rebuild "$WORK/true.toml")
 stop_worker
 echo "true round trip: remote $(ratio "$remote" "$RUNS")s  local $(ratio "$local_" "$RUNS")s per build  ratio $(ratio "$remote" "$local_")x (aim <= 1.2)"
 
 # Upload: the hello toolchain into a fresh worker store.
 TS=$WORK/tc-client
-roots=$("$FHSX" --store "$TS" --json store import "$INPUTS"/debs/*.deb | python3 -c 'import json,sys; print(", ".join("\"%s\"" % e["root"] for e in json.load(sys.stdin)))')
-printf '[inputs]\ntoolchain = [%s]\n[run]\ncommand = ["/bin/true"]\n' "$roots" > "$WORK/tc.toml"
+"$FHSX" --store "$TS" toolchain apt --essential gcc make libc6-dev --deb-cache "$DEBS" -o "$WORK/gcc.toolchain" 2>/dev/null
+printf '[inputs]\ntoolchain = ["gcc.toolchain"]\n[run]\ncommand = ["/bin/mkdir", "/build/out"]\n' > "$WORK/tc.toml"
 # Both uploads below read the client store from the page cache.
 find "$TS/blobs" "$TS/dirs" -type f -print0 | xargs -0 cat > /dev/null
 start_worker "$WORK/w2"
 a=$(now); out=$("$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" 2>/dev/null); b=$(now)
 cold=$(secs "$a" "$b")
-a=$(now); "$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
+a=$(now); "$FHSX" --store "$TS" --json build --rebuild --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
 warm=$(secs "$a" "$b")
 stop_worker
 bytes=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]["uploaded"]; print(r["bytes"])')
@@ -90,7 +91,7 @@ echo "upload/cp throughput ratio $(ratio "$up_mbs" "$cp_mbs")x (aim >= 0.5)"
 start_worker "$WORK/w3" unix
 a=$(now); "$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
 ucold=$(secs "$a" "$b")
-a=$(now); "$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
+a=$(now); "$FHSX" --store "$TS" --json build --rebuild --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
 uwarm=$(secs "$a" "$b")
 stop_worker
 uupload=$(awk -v a="$ucold" -v b="$uwarm" 'BEGIN{printf "%.3f", a-b}')

@@ -43,6 +43,16 @@ impl Package {
     fn spec(&self) -> String {
         spec(&self.name, &self.architecture, &self.version)
     }
+
+    /// The file name `apt-get download` gives the package.
+    pub fn file_name(&self) -> String {
+        format!(
+            "{}_{}_{}.deb",
+            self.name,
+            self.version.replace(':', "%3a"),
+            self.architecture
+        )
+    }
 }
 
 /// `name=version` for architecture-independent packages, which apt does
@@ -223,10 +233,14 @@ fn known_atom(store: &LocalStore, sha256: &str) -> Option<Digest> {
 /// imported before (same SHA-256, atom still present) costs one lookup;
 /// the rest are downloaded with `apt-get download` (which checks them
 /// against the signed index), checked against the SHA-256 once more, and
-/// imported. `note` hears one line per package fetched.
+/// imported. `note` hears one line per package fetched. With `cache`, the
+/// `.deb`s are downloaded there (under apt's own file names) and kept, and
+/// a package already there with the right SHA-256 is not downloaded again:
+/// one download serves many stores.
 pub fn import_packages(
     store: &LocalStore,
     packages: &[Package],
+    cache: Option<&Path>,
     note: &mut dyn FnMut(&str),
 ) -> Result<Vec<Entry>, Error> {
     let mut entries = Vec::with_capacity(packages.len());
@@ -243,46 +257,60 @@ pub fn import_packages(
     if missing.is_empty() {
         return Ok(entries);
     }
-    let dl = tempfile::Builder::new()
-        .prefix("fhsx-debs-")
-        .tempdir()
-        .map_err(|e| Error::io("create a download directory in", &std::env::temp_dir(), e))?;
-    note(&format!(
-        "downloading {} package(s) with apt-get download",
-        missing.len()
-    ));
-    let o = run(Command::new("apt-get")
-        .current_dir(dl.path())
-        .arg("download")
-        .args(missing.iter().map(|p| p.spec())))?;
-    if !o.status.success() {
-        return Err(Error::Download {
-            package: missing
-                .iter()
-                .map(|p| p.name.as_str())
-                .collect::<Vec<_>>()
-                .join(" "),
-            message: String::from_utf8_lossy(&o.stderr).trim().to_owned(),
-        });
+    let tmp;
+    let dir = match cache {
+        Some(c) => {
+            std::fs::create_dir_all(c).map_err(|e| Error::io("create", c, e))?;
+            c
+        }
+        None => {
+            tmp = tempfile::Builder::new()
+                .prefix("fhsx-debs-")
+                .tempdir()
+                .map_err(|e| {
+                    Error::io("create a download directory in", &std::env::temp_dir(), e)
+                })?;
+            tmp.path()
+        }
+    };
+    let mut fetch = Vec::new();
+    for p in &missing {
+        let cached = dir.join(p.file_name());
+        if !(cached.is_file() && sha256_of(&cached)? == p.sha256) {
+            fetch.push(p.spec());
+        }
     }
-    let mut files = Vec::new();
-    for e in std::fs::read_dir(dl.path()).map_err(|e| Error::io("read", dl.path(), e))? {
-        let path = e.map_err(|e| Error::io("read", dl.path(), e))?.path();
-        files.push((sha256_of(&path)?, path));
+    if !fetch.is_empty() {
+        note(&format!(
+            "downloading {} package(s) with apt-get download",
+            fetch.len()
+        ));
+        let o = run(Command::new("apt-get")
+            .current_dir(dir)
+            .arg("download")
+            .args(&fetch))?;
+        if !o.status.success() {
+            return Err(Error::Download {
+                package: fetch.join(" "),
+                message: String::from_utf8_lossy(&o.stderr).trim().to_owned(),
+            });
+        }
     }
     for p in missing {
-        let (_, path) =
-            files
-                .iter()
-                .find(|(s, _)| *s == p.sha256)
-                .ok_or_else(|| Error::Checksum {
-                    file: dl
-                        .path()
-                        .join(format!("{}_{}_{}.deb", p.name, p.version, p.architecture)),
-                    want: p.sha256.clone(),
-                    got: "(no downloaded file has it)".into(),
-                })?;
-        let atom = castore::import::import_path(store, path, &())?.root;
+        let path = dir.join(p.file_name());
+        let got = if path.is_file() {
+            sha256_of(&path)?
+        } else {
+            "(not downloaded)".into()
+        };
+        if got != p.sha256 {
+            return Err(Error::Checksum {
+                file: path,
+                want: p.sha256.clone(),
+                got,
+            });
+        }
+        let atom = castore::import::import_path(store, &path, &())?.root;
         remember(store, &p.sha256, &atom)?;
         name_atom(store, p, &atom);
         note(&format!("imported {} {} as {atom}", p.name, p.version));

@@ -1,6 +1,6 @@
 //! `fhsx build` end to end: real bwrap, real FUSE, real Debian packages.
 //!
-//! The toolchain is the hello example's (examples/hello/toolchain.txt), its
+//! The toolchain is a C toolchain of Debian packages made by `fhsx toolchain apt` (tests/support), its
 //! .debs fetched once with `apt-get download` into the target directory.
 
 mod support;

@@ -71,7 +71,7 @@ fn debs(names: &[&str]) -> Vec<PathBuf> {
                         .to_string_lossy()
                         .starts_with(&format!("{n}_"))
                 })
-                .unwrap_or_else(|| panic!("{n}'s .deb (examples/hello/fetch-inputs.sh fetches it)"))
+                .unwrap_or_else(|| panic!("{n}'s .deb (tests/support fetches it)"))
         })
         .collect()
 }

@@ -5,7 +5,7 @@
 //!
 //! Most probes are a small static C program (tests/hostile/attack.c),
 //! compiled on the host with `gcc -static` and imported as an atom next to
-//! busybox-static (fetched by examples/hello/fetch-inputs.sh, as in
+//! busybox-static (fetched by `fhsx toolchain apt` in tests/support, as in
 //! tests/build.rs). A probe prints `BLOCKED …` or `ESCAPED …` per attempt;
 //! any `ESCAPED` in the build's log fails the test.
 //!

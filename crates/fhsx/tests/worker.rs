@@ -1,6 +1,6 @@
 //! `fhsx worker` and `fhsx build --remote`: real worker processes on
 //! loopback, real builds (busybox-static and the hello toolchain, real
-//! Debian packages fetched by examples/hello/fetch-inputs.sh).
+//! Debian packages fetched by `fhsx toolchain apt`, tests/support).
 
 mod support;
 

@@ -30,6 +30,10 @@ pub struct AptArgs {
     /// Write the toolchain file here (atomically) instead of to stdout.
     #[arg(long, short = 'o', value_name = "FILE")]
     pub output: Option<PathBuf>,
+    /// Keep the downloaded .debs in DIR (apt's file names) and reuse them:
+    /// one download for many stores.
+    #[arg(long, value_name = "DIR", env = "FHSX_DEB_CACHE")]
+    pub deb_cache: Option<PathBuf>,
 }
 
 pub fn run(g: &Globals, cmd: ToolchainCmd) -> anyhow::Result<i32> {
@@ -48,8 +52,10 @@ pub fn run(g: &Globals, cmd: ToolchainCmd) -> anyhow::Result<i32> {
         essential: a.essential,
     };
     let packages = debian::resolve(&req).map_err(classify)?;
-    let entries = debian::import_packages(&store, &packages, &mut |line| eprintln!("fhsx: {line}"))
-        .map_err(classify)?;
+    let entries = debian::import_packages(&store, &packages, a.deb_cache.as_deref(), &mut |line| {
+        eprintln!("fhsx: {line}")
+    })
+    .map_err(classify)?;
     let toolchain = debian::Toolchain::new(a.packages, a.essential, entries);
     match &a.output {
         Some(file) => {

@@ -55,18 +55,45 @@ pub fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
 }
 
-/// The example's inputs (.debs and hello's tarball), fetched once per target dir.
+/// Real inputs, fetched once per target dir: `debs/`, the `.deb`s of a C
+/// toolchain (`fhsx toolchain apt --essential gcc make libc6-dev`, kept by
+/// its `--deb-cache`), `fetch-debs/` busybox-static's, and `src/` GNU
+/// hello's upstream tarball (examples/hello/fetch-source.sh).
 pub fn inputs() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
         let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("hello-inputs");
-        let o = Command::new(repo().join("examples/hello/fetch-inputs.sh"))
+        let store = dir.join("store");
+        for (cache, file, pkgs) in [
+            (
+                "debs",
+                "gcc.toolchain",
+                &["--essential", "gcc", "make", "libc6-dev"][..],
+            ),
+            ("fetch-debs", "busybox.toolchain", &["busybox-static"][..]),
+        ] {
+            let o = fhsx(&store)
+                .args(["toolchain", "apt"])
+                .args(pkgs)
+                .arg("--deb-cache")
+                .arg(dir.join(cache))
+                .arg("-o")
+                .arg(dir.join(file))
+                .output()
+                .expect("run fhsx toolchain apt");
+            assert!(
+                o.status.success(),
+                "fetching Debian packages failed (needs apt-get and `apt-get update`): {}",
+                text(&o)
+            );
+        }
+        let o = Command::new(repo().join("examples/hello/fetch-source.sh"))
             .arg(&dir)
             .output()
-            .expect("run examples/hello/fetch-inputs.sh");
+            .expect("run examples/hello/fetch-source.sh");
         assert!(
             o.status.success(),
-            "fetching the example's Debian packages failed (needs apt-get and `apt-get update`): {}",
+            "fetching hello's source failed (needs apt-get's deb-src access): {}",
             text(&o)
         );
         dir
@@ -99,7 +126,7 @@ pub fn busybox_deb() -> PathBuf {
         .flatten()
         .map(|e| e.path())
         .find(|p| p.to_string_lossy().contains("busybox-static"))
-        .expect("busybox-static .deb (examples/hello/fetch-inputs.sh fetches it)")
+        .expect("busybox-static .deb (support::inputs fetches it)")
 }
 
 /// A closure of one real Debian package: busybox-static.
