@@ -10,18 +10,10 @@
 //! shell variable or command substitution for one of them is skipped, since
 //! its value cannot be known without running the script.
 //!
-//! Stored as `ROOT/alternatives/<atom hex>` (JSON), written once the atom
-//! is in the store, for every `.deb` (an empty list for a package without
-//! alternatives), so [`scanned`] tells an atom imported by an fhsx that
-//! did not read them.
-
-use std::path::PathBuf;
+//! Kept in the atom itself, at [`IN_ATOM`]`/PACKAGE` (JSON), for a package
+//! that registers any.
 
 use serde::{Deserialize, Serialize};
-
-use crate::error::io;
-use crate::store::LocalStore;
-use crate::{Digest, Result};
 
 /// One `--slave LINK NAME PATH`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -110,33 +102,15 @@ fn parse_install(words: &[&str]) -> Option<Alternative> {
     sane.then_some(alt)
 }
 
-fn path_of(store: &LocalStore, atom: &Digest) -> PathBuf {
-    store.root().join("alternatives").join(atom.hex())
-}
+/// Where in a `.deb`'s atom its alternatives are kept, one file per
+/// package (JSON): content like any other, so they travel with the atom
+/// and a composition depends on its atoms' digests alone.
+pub const IN_ATOM: &str = "var/lib/fhsx/alternatives";
 
-/// Remember the alternatives of `atom`, a `.deb`'s.
-pub fn store(store: &LocalStore, atom: &Digest, alts: &[Alternative]) -> Result<()> {
-    let dir = store.root().join("alternatives");
-    std::fs::create_dir_all(&dir).map_err(io("create", &dir))?;
-    let path = path_of(store, atom);
-    let tmp = dir.join(format!(".{}.tmp{}", atom.hex(), std::process::id()));
-    let json = serde_json::to_vec(alts).unwrap_or_default();
-    std::fs::write(&tmp, json).map_err(io("write", &tmp))?;
-    std::fs::rename(&tmp, &path).map_err(io("rename", &path))?;
-    Ok(())
-}
-
-/// Whether `atom` was imported from a `.deb` whose scripts were read.
-pub fn scanned(store: &LocalStore, atom: &Digest) -> bool {
-    path_of(store, atom).exists()
-}
-
-/// The alternatives of `atom` (none if it registered none).
-pub fn load(store: &LocalStore, atom: &Digest) -> Vec<Alternative> {
-    std::fs::read(path_of(store, atom))
-        .ok()
-        .and_then(|b| serde_json::from_slice(&b).ok())
-        .unwrap_or_default()
+/// The alternatives a file under [`IN_ATOM`] holds (none if it does not
+/// parse).
+pub fn parse_kept(bytes: &[u8]) -> Vec<Alternative> {
+    serde_json::from_slice(bytes).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -215,7 +215,9 @@ fn essential_set() -> Result<BTreeSet<String>, Error> {
 
 /// Where the store remembers which atom a `.deb` (by SHA-256) imported as.
 fn index_path(store: &LocalStore, sha256: &str) -> std::path::PathBuf {
-    store.root().join("debian").join("sha256").join(sha256)
+    // `sha256-v2`: atoms imported before a .deb's alternatives were kept in
+    // its atom are not reused.
+    store.root().join("debian").join("sha256-v2").join(sha256)
 }
 
 fn known_atom(store: &LocalStore, sha256: &str) -> Option<Digest> {
@@ -224,9 +226,7 @@ fn known_atom(store: &LocalStore, sha256: &str) -> Option<Digest> {
         .trim()
         .parse()
         .ok()?;
-    // Imported by an fhsx that did not read the package's alternatives:
-    // import it again.
-    (store.has_directory(&d).ok()? && castore::alternatives::scanned(store, &d)).then_some(d)
+    store.has_directory(&d).ok()?.then_some(d)
 }
 
 /// Import each package as an atom. A package whose `.deb` the store has

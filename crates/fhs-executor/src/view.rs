@@ -6,6 +6,7 @@
 use std::collections::BTreeMap;
 
 use castore::alternatives::Alternative;
+use castore::store::DirectoryStore;
 use castore::store::{BlobStore, LocalStore};
 use castore::tree::{components, TreeBuilder};
 use castore::{Digest, Node};
@@ -77,34 +78,36 @@ fn synthetic_layer(
     Ok(Some(root))
 }
 
-/// The links of every alternative with a provider in the composition: for
-/// each name, the provider of highest priority (the first atom's on a tie)
-/// gets `LINK → /etc/alternatives/NAME → PATH`, and so does each of its
-/// slaves whose path is there — dpkg's automatic mode. A link that would
-/// land on an explicit file of the composition is a clash naming both.
+/// The links of every alternative with a provider in the composition (as
+/// the packages' atoms keep them, under `var/lib/fhsx/alternatives/`): for
+/// each name, the provider of highest priority (on a tie, the smaller
+/// path) gets `LINK → /etc/alternatives/NAME → PATH`, and so does each of
+/// its slaves whose path is there — dpkg's automatic mode. A link that
+/// would land on an explicit file of the composition is a clash naming
+/// both.
 fn alternative_links(
     store: &LocalStore,
     first: &castore::Composition,
 ) -> Result<Vec<(String, String)>, Error> {
     let present =
         |p: &str| castore::walk::lookup(store, &first.root, p.trim_start_matches('/')).is_ok();
-    let mut chosen: BTreeMap<String, (usize, Alternative)> = BTreeMap::new();
-    for (i, atom) in first.atoms.iter().enumerate() {
-        for alt in castore::alternatives::load(store, atom) {
+    let mut chosen: BTreeMap<String, (String, Alternative)> = BTreeMap::new();
+    for (package, alts) in kept_alternatives(store, &first.root)? {
+        for alt in alts {
             if !present(&alt.path) {
                 continue;
             }
-            let better = chosen
-                .get(&alt.name)
-                .is_none_or(|(_, c)| alt.priority > c.priority);
+            let better = chosen.get(&alt.name).is_none_or(|(_, c)| {
+                alt.priority > c.priority || (alt.priority == c.priority && alt.path < c.path)
+            });
             if better {
-                chosen.insert(alt.name.clone(), (i, alt));
+                chosen.insert(alt.name.clone(), (package.clone(), alt));
             }
         }
     }
     let mut links = Vec::new();
     let mut taken: BTreeMap<String, String> = BTreeMap::new();
-    for (i, alt) in chosen.values() {
+    for (package, alt) in chosen.values() {
         let mut pairs = vec![(alt.link.clone(), alt.name.clone(), alt.path.clone())];
         pairs.extend(
             alt.slaves
@@ -124,8 +127,8 @@ fn alternative_links(
                 };
                 if let Some(why) = clash {
                     return Err(Error::Usage(format!(
-                        "composition clash at {p}: {why}, and the alternative {name} (provider {} of atom {}) needs it for its link; drop one of them",
-                        alt.path, first.atoms[*i]
+                        "composition clash at {p}: {why}, and the alternative {name} (provider {} of package {package}) needs it for its link; drop one of them",
+                        alt.path
                     )));
                 }
                 taken.insert(p.clone(), name.clone());
@@ -135,6 +138,26 @@ fn alternative_links(
         }
     }
     Ok(links)
+}
+
+/// Every package's kept alternatives in the composed tree `root`.
+fn kept_alternatives(
+    store: &LocalStore,
+    root: &Digest,
+) -> Result<Vec<(String, Vec<Alternative>)>, Error> {
+    let Ok(Node::Directory { digest, .. }) =
+        castore::walk::lookup(store, root, castore::alternatives::IN_ATOM)
+    else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for (name, node) in store.get_directory(&digest)?.entries() {
+        if let Node::File { digest, .. } = node {
+            let bytes = store.read_blob(digest)?;
+            out.push((name.to_string(), castore::alternatives::parse_kept(&bytes)));
+        }
+    }
+    Ok(out)
 }
 
 /// The proof of `reads ⊆ declared`: every observed path resolves in the

@@ -151,6 +151,20 @@ pub(super) fn import_tar(
     limits: &Limits,
     progress: &dyn Progress,
 ) -> Result<Imported> {
+    import_tar_with(txn, path, compression, input, limits, progress, None)
+}
+
+/// [`import_tar`], adding one file the archive does not hold (a `.deb`'s
+/// alternatives, as data): `(path, content)`.
+fn import_tar_with(
+    txn: &Txn<'_>,
+    path: &Path,
+    compression: Compression,
+    input: impl Read + Send,
+    limits: &Limits,
+    progress: &dyn Progress,
+    extra: Option<(String, Vec<u8>)>,
+) -> Result<Imported> {
     let packed = Arc::new(AtomicU64::new(0));
     let counting = Counting {
         inner: input,
@@ -269,22 +283,39 @@ pub(super) fn import_tar(
     let mut rest = ar.into_inner();
     io::copy(&mut rest, &mut io::sink())
         .map_err(|e| hostile(path, format!("corrupt or truncated archive: {e}")))?;
+    if let Some((name, content)) = extra {
+        let at = components(name.as_bytes()).map_err(|e| hostile(path, e))?;
+        let node = Node::File {
+            digest: txn.put_blob(&content)?,
+            size: content.len() as u64,
+            executable: false,
+        };
+        tree.add_leaf(&at, node).map_err(|e| {
+            hostile(
+                path,
+                format!("the package itself ships {name}, where fhsx keeps its alternatives: {e}"),
+            )
+        })?;
+    }
     let (root, size) = tree.finish(txn)?;
     Ok(Imported { root, size })
 }
 
 /// A `.deb` is an `ar` archive; its `data.tar.*` member is the tree. Its
 /// `control.tar.*` member (which comes first) holds the maintainer
-/// scripts, read for the alternatives they register (never run).
+/// scripts, read for the alternatives they register (never run); those are
+/// kept *in the atom*, as `var/lib/fhsx/alternatives/PACKAGE` (JSON), so
+/// they are content like any other, travel with the atom to any store, and
+/// a composition is a function of its atoms' digests alone.
 pub(super) fn import_deb(
     txn: &Txn<'_>,
     path: &Path,
     input: impl Read + Send,
     limits: &Limits,
     progress: &dyn Progress,
-) -> Result<(Imported, Vec<crate::alternatives::Alternative>)> {
+) -> Result<Imported> {
     let mut ar = ar::Archive::new(input);
-    let mut alternatives = Vec::new();
+    let mut extra = None;
     loop {
         // The `ar` crate panics on some malformed headers (a GNU long-name
         // reference with no name table, found by fuzzing): a hostile .deb
@@ -300,34 +331,39 @@ pub(super) fn import_deb(
             member.map_err(|e| hostile(path, format!("corrupt .deb (ar) archive: {e}")))?;
         let id = member.header().identifier().to_vec();
         if let Some(c) = Compression::from_member_name(&id) {
-            return Ok((
-                import_tar(txn, path, c, member, limits, progress)?,
-                alternatives,
-            ));
+            return import_tar_with(txn, path, c, member, limits, progress, extra);
         }
         if let Some(c) = id
             .strip_prefix(b"control")
             .and_then(|rest| Compression::from_member_name(&[b"data".as_slice(), rest].concat()))
         {
-            alternatives = maintainer_alternatives(path, c, member)?;
+            let (package, alternatives) = read_control(path, c, member)?;
+            if let (Some(package), false) = (package, alternatives.is_empty()) {
+                extra = Some((
+                    format!("{}/{package}", crate::alternatives::IN_ATOM),
+                    serde_json::to_vec(&alternatives).unwrap_or_default(),
+                ));
+            }
         }
     }
     Err(hostile(path, "a .deb without a data.tar member"))
 }
 
-/// The alternatives `preinst` and `postinst` register.
-fn maintainer_alternatives(
+/// The package's name (from `control`) and the alternatives `preinst` and
+/// `postinst` register.
+fn read_control(
     path: &Path,
     c: Compression,
     member: impl Read + Send,
-) -> Result<Vec<crate::alternatives::Alternative>> {
+) -> Result<(Option<String>, Vec<crate::alternatives::Alternative>)> {
     // Control archives are kilobytes; a huge one is not a real package.
     const MAX: u64 = 16 << 20;
     let decoded = c
         .decoder(member.take(MAX))
         .map_err(|e| hostile(path, format!("cannot start decompression: {e}")))?;
     let mut ar = tar::Archive::new(decoded.take(MAX));
-    let mut out = Vec::new();
+    let mut alternatives = Vec::new();
+    let mut package = None;
     let entries = ar
         .entries()
         .map_err(|e| hostile(path, format!("control archive is not a tar stream: {e}")))?;
@@ -335,14 +371,28 @@ fn maintainer_alternatives(
         let mut entry =
             entry.map_err(|e| hostile(path, format!("corrupt control archive: {e}")))?;
         let name = entry.path_bytes().into_owned();
-        let name = name.strip_prefix(b"./").unwrap_or(&name);
-        if name == b"postinst" || name == b"preinst" {
-            let mut text = String::new();
-            // Not UTF-8, or cut short: no alternatives from it.
-            if (&mut entry).take(1 << 20).read_to_string(&mut text).is_ok() {
-                out.extend(crate::alternatives::parse_script(&text));
-            }
+        let name = name.strip_prefix(b"./").unwrap_or(&name).to_vec();
+        if !matches!(name.as_slice(), b"postinst" | b"preinst" | b"control") {
+            continue;
+        }
+        let mut text = String::new();
+        // Not UTF-8, or cut short: nothing from it.
+        if (&mut entry)
+            .take(1 << 20)
+            .read_to_string(&mut text)
+            .is_err()
+        {
+            continue;
+        }
+        if name == b"control" {
+            package = text
+                .lines()
+                .find_map(|l| l.strip_prefix("Package:"))
+                .map(|p| p.trim().to_owned())
+                .filter(|p| crate::Name::new(p.as_str()).is_ok());
+        } else {
+            alternatives.extend(crate::alternatives::parse_script(&text));
         }
     }
-    Ok(out)
+    Ok((package, alternatives))
 }

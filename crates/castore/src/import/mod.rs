@@ -43,8 +43,8 @@ pub fn import_path_with(
 ) -> Result<Imported> {
     let meta = std::fs::symlink_metadata(path).map_err(io("stat", path))?;
     let txn = store.txn()?;
-    let (imported, alternatives) = if meta.is_dir() {
-        (dir::import_dir(&txn, path, progress)?, None)
+    let imported = if meta.is_dir() {
+        dir::import_dir(&txn, path, progress)?
     } else if meta.is_file() {
         let mut f = File::open(path).map_err(io("open", path))?;
         let mut magic = [0u8; 512];
@@ -55,9 +55,6 @@ pub fn import_path_with(
         return Err(Error::UnknownFormat(path.to_path_buf()));
     };
     txn.commit()?;
-    if let Some(alternatives) = alternatives {
-        crate::alternatives::store(store, &imported.root, &alternatives)?;
-    }
     Ok(imported)
 }
 
@@ -68,16 +65,12 @@ fn import_stream(
     f: File,
     limits: &Limits,
     progress: &dyn Progress,
-) -> Result<(Imported, Option<Vec<crate::alternatives::Alternative>>)> {
+) -> Result<Imported> {
     if magic.starts_with(b"!<arch>\n") {
-        let (imported, alternatives) = archive::import_deb(txn, path, f, limits, progress)?;
-        return Ok((imported, Some(alternatives)));
+        return archive::import_deb(txn, path, f, limits, progress);
     }
     match archive::Compression::sniff(magic) {
-        Some(c) => Ok((
-            archive::import_tar(txn, path, c, f, limits, progress)?,
-            None,
-        )),
+        Some(c) => archive::import_tar(txn, path, c, f, limits, progress),
         None => Err(Error::UnknownFormat(path.to_path_buf())),
     }
 }
@@ -108,9 +101,10 @@ pub fn import_path_cached(store: &LocalStore, path: &Path) -> Result<Imported> {
         return import_path(store, path, &());
     }
     let canonical = std::fs::canonicalize(path).map_err(io("resolve", path))?;
-    // `v2`: memos of an fhsx that did not read .deb alternatives are stale.
+    // `v3`: memos of an fhsx that did not keep .deb alternatives in the
+    // atom are stale.
     let key = format!(
-        "v2 {} {} {} {}.{} {}.{}",
+        "v3 {} {} {} {}.{} {}.{}",
         meta.dev(),
         meta.ino(),
         meta.size(),

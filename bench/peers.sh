@@ -1,0 +1,77 @@
+#!/usr/bin/env bash
+# fhsx's per-action cost beside its peers, interleaved in one run (N runs
+# each, medians): the same trivial action
+#   - in fhsx: `fhsx build --rebuild` (busybox: mkdir $out, touch a file);
+#   - in Nix's sandbox: `nix-store --realise --check` of a derivation doing
+#     the same with the same static busybox, single-user as root, sandbox
+#     on, substituters off (Debian's nix-bin; this script installs it);
+#   - in bare bwrap with fhsx's own flags (`fhsx run --print-argv`, without
+#     what only fhsx adds: supervisor, RPC socket, seccomp) running true:
+#     the floor, the kernel work any sandbox must do.
+# Prints the medians and the ratios fhsx/bwrap and fhsx/nix.
+# Usage: bench/peers.sh [N=30]   (as root: installs nix-bin with apt)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+N=${1:-30}
+if ! command -v nix-store >/dev/null; then
+  echo "bench/peers.sh: installing Debian's nix-bin (for the Nix sandbox baseline)" >&2
+  apt-get install -y -qq nix-bin >/dev/null
+fi
+cargo build --release -q -p fhsx
+F=$PWD/target/release/fhsx
+work=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-peers.XXXXXX")
+chmod o+x "$work"
+trap 'rm -rf "$work"' EXIT
+export FHSX_STORE=$work/store TMPDIR=$work
+"$F" toolchain apt busybox-static --deb-cache "${FHSX_DEB_CACHE:-$PWD/target/tmp/bench-debs}" -o "$work/bb.toolchain" 2>/dev/null
+cat >"$work/t.toml" <<A
+[inputs]
+closure = ["bb.toolchain"]
+[run]
+command = ["/bin/busybox", "sh", "-c", "busybox mkdir \$out && busybox touch \$out/x"]
+A
+"$F" build "$work/t.toml" >/dev/null 2>&1
+atom=$(sed -n 's/^atom = "\(.*\)"/\1/p' "$work/bb.toolchain" | head -1)
+"$F" store export "$atom" "$work/bb" >/dev/null
+
+# Nix: the same static busybox in the Nix store, a derivation using it.
+export NIX_CONFIG="sandbox = true
+substituters =
+experimental-features = nix-command"
+bbpath=$(nix-store --add "$work/bb/bin/busybox")
+cat >"$work/t.nix" <<N
+derivation {
+  name = "fhsx-peer-trivial";
+  system = builtins.currentSystem;
+  builder = builtins.storePath $bbpath;
+  args = [ "sh" "-c" "mkdir \$out && touch \$out/x" ];
+}
+N
+drv=$(nix-instantiate "$work/t.nix" 2>/dev/null)
+nix-store --realise "$drv" >/dev/null 2>&1
+nix-store --realise --check "$drv" >/dev/null 2>&1 || { echo "nix-store --check failed: is the Nix sandbox usable here?" >&2; nix-store --realise --check "$drv"; exit 1; }
+
+# The floor: fhsx's own bwrap flags, minus what only fhsx adds.
+mapfile -t full < <(cd "$work" && "$F" run --print-argv -- /bin/true)
+bare=(); i=0
+while (( i < ${#full[@]} )); do
+  a=${full[$i]}
+  if [[ $a == --ro-bind && ( ${full[$((i + 2))]:-} == /run/wf.sock || ${full[$((i + 2))]:-} == /run/fhsx/supervisor ) ]]; then i=$((i + 3)); continue; fi
+  if [[ $a == --seccomp ]]; then i=$((i + 2)); continue; fi
+  if [[ $a == --setenv && ${full[$((i + 1))]:-} == WF_RPC_SOCK ]]; then i=$((i + 3)); continue; fi
+  if [[ $a == -- ]]; then bare+=(-- /bin/true); break; fi
+  bare+=("$a"); i=$((i + 1))
+done
+(cd "$work" && "${bare[@]}") || { echo "the bare bwrap command failed" >&2; exit 1; }
+
+: >"$work/.f"; : >"$work/.n"; : >"$work/.b"
+for ((k = 0; k < N; k++)); do
+  t0=${EPOCHREALTIME/./}; (cd "$work" && "${bare[@]}") >/dev/null 2>&1; t1=${EPOCHREALTIME/./}
+  "$F" build --rebuild "$work/t.toml" >/dev/null 2>&1; t2=${EPOCHREALTIME/./}
+  nix-store --realise --check "$drv" >/dev/null 2>&1; t3=${EPOCHREALTIME/./}
+  echo $((t1 - t0)) >>"$work/.b"; echo $((t2 - t1)) >>"$work/.f"; echo $((t3 - t2)) >>"$work/.n"
+done
+med() { sort -n "$1" | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
+b=$(med "$work/.b"); f=$(med "$work/.f"); n=$(med "$work/.n")
+echo "trivial action, medians of $N interleaved runs: bare bwrap ${b} ms, fhsx build ${f} ms, Nix sandbox ${n} ms"
+awk -v f="$f" -v b="$b" -v n="$n" 'BEGIN { printf "fhsx/bwrap %.2fx (aim <= 2)   fhsx/nix %.2fx (aim ~0.5)\n", f/b, f/n }'
