@@ -38,13 +38,17 @@ atom=$(sed -n 's/^atom = "\(.*\)"/\1/p' "$work/bb.toolchain" | head -1)
 export NIX_CONFIG="sandbox = true
 substituters =
 experimental-features = nix-command"
-bbpath=$(nix-store --add "$work/bb/bin/busybox")
+# busybox picks its applet by argv[0]: give it a bin/sh beside it.
+mkdir -p "$work/nixbb/bin"
+cp "$work/bb/bin/busybox" "$work/nixbb/bin/busybox"
+ln -s busybox "$work/nixbb/bin/sh"
+bbpath=$(nix-store --add "$work/nixbb")
 cat >"$work/t.nix" <<N
 derivation {
   name = "fhsx-peer-trivial";
   system = builtins.currentSystem;
-  builder = builtins.storePath $bbpath;
-  args = [ "sh" "-c" "mkdir \$out && touch \$out/x" ];
+  builder = "\${builtins.storePath $bbpath}/bin/sh";
+  args = [ "-c" "$bbpath/bin/busybox mkdir \$out && $bbpath/bin/busybox touch \$out/x" ];
 }
 N
 drv=$(nix-instantiate "$work/t.nix" 2>/dev/null)

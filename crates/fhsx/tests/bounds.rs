@@ -6,9 +6,9 @@ mod support;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::{Output, Stdio};
+use std::process::Stdio;
 
-use support::{busybox, fhsx, no_leftovers, text};
+use support::{build_json as build, busybox, fhsx, no_leftovers, text};
 
 fn action(dir: &Path, name: &str, closure: &str, script: &str, extra: &str) -> PathBuf {
     let p = dir.join(name);
@@ -20,17 +20,6 @@ fn action(dir: &Path, name: &str, closure: &str, script: &str, extra: &str) -> P
     )
     .unwrap();
     p
-}
-
-fn build(store: &Path, a: &Path, flags: &[&str]) -> (Output, serde_json::Value) {
-    let o = fhsx(store)
-        .args(["--json", "build"])
-        .args(flags)
-        .arg(a)
-        .output()
-        .unwrap();
-    let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
-    (o, v)
 }
 
 fn blobs(store: &Path) -> std::collections::BTreeSet<PathBuf> {

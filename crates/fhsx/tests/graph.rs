@@ -8,23 +8,14 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use support::{busybox, busybox_deb, fhsx, inputs, mirror, no_leftovers, text};
+use support::{
+    build_json as build, busybox, busybox_deb, fhsx, inputs, mirror, no_leftovers, text,
+};
 
 fn write(dir: &Path, name: &str, body: &str) -> PathBuf {
     let p = dir.join(name);
     fs::write(&p, body).unwrap();
     p
-}
-
-fn build(store: &Path, action: &Path, flags: &[&str]) -> (Output, serde_json::Value) {
-    let o = fhsx(store)
-        .args(["--json", "build"])
-        .args(flags)
-        .arg(action)
-        .output()
-        .unwrap();
-    let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
-    (o, v)
 }
 
 fn ok(store: &Path, action: &Path, flags: &[&str]) -> serde_json::Value {

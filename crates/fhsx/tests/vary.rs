@@ -6,20 +6,8 @@ mod support;
 
 use std::fs;
 use std::path::{Path, PathBuf};
-use std::process::Output;
 
-use support::{busybox, fhsx, import, text};
-
-fn build(store: &Path, a: &Path, flags: &[&str]) -> (Output, serde_json::Value) {
-    let o = fhsx(store)
-        .args(["--json", "build"])
-        .args(flags)
-        .arg(a)
-        .output()
-        .unwrap();
-    let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
-    (o, v)
-}
+use support::{build_json as build, busybox, fhsx, import, text};
 
 fn action(dir: &Path, name: &str, closure: &str, script: &str) -> PathBuf {
     let p = dir.join(name);

@@ -43,6 +43,19 @@ pub fn passable(dir: &Path) {
     }
 }
 
+/// `fhsx --json build FLAGS… ACTION`: the process's output and the JSON
+/// result (null when there is none).
+pub fn build_json(store: &Path, action: &Path, flags: &[&str]) -> (Output, serde_json::Value) {
+    let o = fhsx(store)
+        .args(["--json", "build"])
+        .args(flags)
+        .arg(action)
+        .output()
+        .unwrap();
+    let v = serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+    (o, v)
+}
+
 pub fn text(o: &Output) -> String {
     format!(
         "{}{}",
