@@ -242,9 +242,16 @@ fn gc_never_pulls_the_floor_and_keeps_the_records_of_kept_outputs() {
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(rebuilt["cached"], false);
     // Persistent roots: gc with no argument keeps exactly them.
-    let out = rebuilt["outputs"]["out"].as_str().unwrap();
+    // By reference: the action's output, taken from the cache.
     let o = fhsx(&store)
-        .args(["store", "root", "add", out, "--name", "reader"])
+        .args([
+            "store",
+            "root",
+            "add",
+            &format!("{}#out", a.display()),
+            "--name",
+            "reader",
+        ])
         .output()
         .unwrap();
     assert!(o.status.success(), "{}", text(&o));

@@ -70,6 +70,28 @@ fn one_command_makes_a_stable_toolchain_an_action_can_name() {
         .unwrap();
     assert_eq!(said.stdout, b"Hello, world!\n");
 
+    // A toolchain file is a gc root: gc with no argument keeps its atoms.
+    let o = fhsx(&store)
+        .arg("store")
+        .arg("root")
+        .arg("add")
+        .arg(&file)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let o = fhsx(&store).args(["store", "gc"]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let o = fhsx(&store)
+        .args(["--json", "build", "--rebuild"])
+        .arg(t.path().join("a.toml"))
+        .output()
+        .unwrap();
+    assert!(
+        o.status.success(),
+        "gc took a rooted toolchain's atoms: {}",
+        text(&o)
+    );
+
     // The file in another store: its atoms are missing, and the error says how to fix it.
     let o = fhsx(&t.path().join("other"))
         .arg("build")

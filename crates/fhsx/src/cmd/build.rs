@@ -88,6 +88,43 @@ struct Built {
     remote: Option<serde_json::Value>,
 }
 
+/// The outputs of the action in `file`, built (with what it refers to) or
+/// taken from the cache, as a plain `fhsx build` would.
+pub fn outputs_of(
+    g: &Globals,
+    file: &std::path::Path,
+) -> anyhow::Result<std::collections::BTreeMap<executor_core::OutputName, castore::Digest>> {
+    let a = BuildArgs {
+        action: file.to_path_buf(),
+        record: false,
+        rebuild: false,
+        check: false,
+        vary: None,
+        seed: None,
+        diffoscope: false,
+        keep_failed: false,
+        upstream_ca: Vec::new(),
+        remote: None,
+        trust: Vec::new(),
+        token_file: None,
+    };
+    let graph = ActionGraph::load(file)?;
+    let built = build_local(g, &a, &graph)?;
+    let rec = &built.outcome.record.record;
+    if !rec.succeeded() {
+        return Err(Classified(
+            ExitClass::BuildFailed,
+            format!(
+                "{} failed; its log is blob {}",
+                file.display(),
+                rec.log_digest
+            ),
+        )
+        .into());
+    }
+    Ok(rec.outputs.clone())
+}
+
 pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
     let graph = ActionGraph::load(&a.action)?;
     let built = match &a.remote {

@@ -52,10 +52,12 @@ pub enum StoreCmd {
 
 #[derive(Subcommand, Debug)]
 pub enum RootCmd {
-    /// Keep DIGEST (a tree, a composed view, a blob) until the root is removed.
+    /// Keep what each TARGET names until the root is removed: a digest (a
+    /// tree, a composed view, a blob), a toolchain file (its atoms), or an
+    /// action's output `FILE#NAME` (built, or taken from the cache, first).
     Add {
-        #[arg(required = true)]
-        digests: Vec<Digest>,
+        #[arg(required = true, value_name = "TARGET")]
+        targets: Vec<String>,
         /// The root's name (default: the first digest's hex).
         #[arg(long)]
         name: Option<String>,
@@ -222,9 +224,47 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
     }
 }
 
+/// The digests a `store root add` target names.
+fn root_target(g: &Globals, t: &str) -> anyhow::Result<Vec<Digest>> {
+    if let Ok(d) = t.parse::<Digest>() {
+        return Ok(vec![d]);
+    }
+    if t.ends_with(".toolchain") {
+        let tc = debian::Toolchain::read(std::path::Path::new(t))
+            .map_err(|e| Classified(ExitClass::Usage, e.to_string()))?;
+        return Ok(tc.atoms());
+    }
+    if let Some((file, output)) = t.rsplit_once('#') {
+        let outputs = super::build::outputs_of(g, std::path::Path::new(file))?;
+        return outputs
+            .iter()
+            .find(|(n, _)| n.as_str() == output)
+            .map(|(_, d)| vec![*d])
+            .ok_or_else(|| {
+                Classified(
+                    ExitClass::Usage,
+                    format!(
+                        "{file} has no output {output:?} (it declares {:?})",
+                        outputs.keys().map(|k| k.as_str()).collect::<Vec<_>>()
+                    ),
+                )
+                .into()
+            });
+    }
+    Err(Classified(
+        ExitClass::Usage,
+        format!("{t:?} is not a digest, a toolchain file (.toolchain) or an action's output (FILE#NAME)"),
+    )
+    .into())
+}
+
 fn root(g: &Globals, store: &LocalStore, cmd: RootCmd) -> anyhow::Result<i32> {
     match cmd {
-        RootCmd::Add { digests, name } => {
+        RootCmd::Add { targets, name } => {
+            let mut digests = Vec::new();
+            for t in &targets {
+                digests.extend(root_target(g, t)?);
+            }
             let name = name.unwrap_or_else(|| digests[0].hex());
             store
                 .add_root(&name, &digests)
