@@ -184,3 +184,44 @@ fn hello_passes_check_vary_all() {
     assert_eq!(v["check"]["differences"], serde_json::json!([]), "{v}");
     assert_eq!(v["check"]["variations"].as_object().unwrap().len(), 8);
 }
+
+/// `--diffoscope` keeps diffoscope's report on the differing outputs as a
+/// blob the check record names.
+#[test]
+fn diffoscope_reports_what_differs() {
+    assert!(
+        std::process::Command::new("diffoscope")
+            .arg("--version")
+            .output()
+            .is_ok(),
+        "diffoscope is needed: apt-get install diffoscope-minimal"
+    );
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let a = action(
+        t.path(),
+        "tz.toml",
+        &format!("\"{bb}\""),
+        "echo $TZ > $out/tz",
+    );
+    let (o, _) = build(&store, &a, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let (o, v) = build(&store, &a, &["--check", "--vary", "env", "--diffoscope"]);
+    assert_eq!(o.status.code(), Some(4), "{}", text(&o));
+    let report = v["check"]["diffoscope"]
+        .as_str()
+        .expect("a diffoscope report");
+    let rec = fhsx(&store)
+        .args(["--json", "record", "show", v["record"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    let rec: serde_json::Value = serde_json::from_slice(&rec.stdout).unwrap();
+    assert_eq!(rec["record"]["diffoscope"], report);
+    let blob = fhsx(&store)
+        .args(["store", "blob", report])
+        .output()
+        .unwrap();
+    let blob = String::from_utf8_lossy(&blob.stdout);
+    assert!(blob.contains("-UTC") && blob.contains("+FHSX-14"), "{blob}");
+}
