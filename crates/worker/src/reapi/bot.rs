@@ -146,16 +146,31 @@ async fn run_async(config: BotConfig, ready: impl FnOnce(&str)) -> Result<(), Er
         Some(u) => connect(u).await?,
         None => channel.clone(),
     };
-    let caps = bazel_remote_apis::build::bazel::remote::execution::v2::capabilities_client::CapabilitiesClient::new(cas_channel.clone())
-        .get_capabilities(re::GetCapabilitiesRequest {
+    // An engine that is still starting may accept the connection before
+    // it answers: ask again for a while.
+    let mut caps_client = bazel_remote_apis::build::bazel::remote::execution::v2::capabilities_client::CapabilitiesClient::new(cas_channel.clone());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let caps = loop {
+        let mut req = tonic::Request::new(re::GetCapabilitiesRequest {
             instance_name: config.instance.clone(),
-        })
-        .await
-        .map_err(|e| Error::Usage(format!(
-            "asking the engine at {} for its capabilities (instance {:?}): {e}",
-            config.engine, config.instance
-        )))?
-        .into_inner();
+        });
+        req.set_timeout(Duration::from_secs(5));
+        match caps_client.get_capabilities(req).await {
+            Ok(r) => break r.into_inner(),
+            Err(e)
+                if matches!(e.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)
+                    && tokio::time::Instant::now() < deadline =>
+            {
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+            Err(e) => {
+                return Err(Error::Usage(format!(
+                    "asking the engine at {} for its capabilities (instance {:?}): {e}",
+                    config.engine, config.instance
+                )))
+            }
+        }
+    };
     let max_batch = check_capabilities(&caps).map_err(|why| {
         Error::Usage(format!(
             "refusing to attach to the engine at {}: {why}",
@@ -400,7 +415,7 @@ impl Session {
             let lease = l.clone();
             let flag = cancel.clone();
             let bot = self.bot_id.clone();
-            eprintln!("fhsx worker: {bot}: lease {}", lease.id);
+            eprintln!("fhsx worker: {bot}: took lease {}", lease.id);
             tokio::spawn(async move {
                 let r = execute(&ctx, &bot, &lease, flag).await;
                 let _ = tx.send(r);
@@ -554,13 +569,17 @@ async fn execute_inner(
     meta.output_upload_completed_timestamp = Some(now());
     let (st, mut res) = out?;
     res.execution_metadata = None;
-    meta.auxiliary_metadata = vec![proof_any(ctx, &record_digest, &record).await?];
+    meta.auxiliary_metadata = proof_any(ctx, &record_digest, &record).await?;
     Ok((st, res))
 }
 
-/// The record and its read set in the engine's CAS, named in an
-/// `auxiliary_metadata` entry.
-async fn proof_any(ctx: &Ctx, record_digest: &Digest, record: &SignedRecord) -> Result<Any, Refusal> {
+/// The record and its read set in the engine's CAS, named in
+/// `auxiliary_metadata` (uploaded with the outputs).
+async fn proof_any(
+    ctx: &Ctx,
+    record_digest: &Digest,
+    record: &SignedRecord,
+) -> Result<Vec<Any>, Refusal> {
     let rs = record.record.observed_read_set_digest;
     let shas = ctx
         .cas
@@ -568,7 +587,7 @@ async fn proof_any(ctx: &Ctx, record_digest: &Digest, record: &SignedRecord) -> 
         .await
         .map_err(refusal)?;
     let p = mapping::proof(&shas[record_digest], record_digest, &shas[&rs], &rs, &ctx.public_key);
-    Ok(pack(proto::TYPE_STRUCT, &p))
+    Ok(p.iter().map(|f| pack(proto::TYPE_OUTPUT_FILE, f)).collect())
 }
 
 /// Upload the outputs, the log, the record and its read set; the result.

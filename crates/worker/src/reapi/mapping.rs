@@ -667,30 +667,46 @@ pub fn error_code(class: executor_core::ExitClass) -> Code {
     }
 }
 
-/// The `auxiliary_metadata` entry: where a client finds the proof.
+/// The name the signed record goes by in `auxiliary_metadata`.
+pub const PROOF_RECORD: &str = "fhsx-record.json";
+/// The name the read set goes by there.
+pub const PROOF_READ_SET: &str = "fhsx-read-set";
+
+/// The `auxiliary_metadata` entries: where a client finds the proof. Each
+/// is an `OutputFile` (a type every REAPI client can decode): the record,
+/// then its read set, each with its SHA-256 digest in the engine's CAS and,
+/// as node properties, its BLAKE3 name in fhsx's store and the signer.
 pub fn proof(
     record: &re::Digest,
     record_b3: &Digest,
     read_set: &re::Digest,
     read_set_b3: &Digest,
     public_key: &str,
-) -> super::proto::Struct {
-    let v = |s: String| super::proto::Value {
-        string_value: Some(s),
+) -> [re::OutputFile; 2] {
+    let entry = |path: &str, d: &re::Digest, b3: &Digest| re::OutputFile {
+        path: path.to_owned(),
+        digest: Some(d.clone()),
+        is_executable: false,
+        contents: Vec::new(),
+        node_properties: Some(re::NodeProperties {
+            properties: vec![
+                re::NodeProperty {
+                    name: "fhsx-b3".into(),
+                    value: b3.to_string(),
+                },
+                re::NodeProperty {
+                    name: "fhsx-signer".into(),
+                    value: public_key.to_owned(),
+                },
+            ],
+            mtime: None,
+            unix_mode: None,
+        }),
     };
-    let mut fields = BTreeMap::new();
-    fields.insert(
-        "fhsx_record".into(),
-        v(format!("{}/{}", record.hash, record.size_bytes)),
-    );
-    fields.insert("fhsx_record_b3".into(), v(record_b3.to_string()));
-    fields.insert(
-        "fhsx_read_set".into(),
-        v(format!("{}/{}", read_set.hash, read_set.size_bytes)),
-    );
-    fields.insert("fhsx_read_set_b3".into(), v(read_set_b3.to_string()));
-    fields.insert("fhsx_public_key".into(), v(public_key.to_owned()));
-    super::proto::Struct { fields }
+    [
+        entry(PROOF_RECORD, record, record_b3),
+        entry(PROOF_READ_SET, read_set, read_set_b3),
+    ]
 }
 
 #[cfg(test)]

@@ -1,12 +1,9 @@
 //! The wire types the REAPI front door needs beyond `bazel-remote-apis`:
 //! the Remote Workers API (`google.devtools.remoteworkers.v1test2`, the
-//! `Bots` service an engine hands leases out through) and
-//! `google.protobuf.Struct` (what `auxiliary_metadata` carries). Written
-//! with prost's derive, field for field as the upstream `.proto` files
+//! `Bots` service an engine hands leases out through), written with
+//! prost's derive, field for field as the upstream `.proto` files
 //! number them (the same descriptors BuildGrid's generated code carries),
 //! and a two-method gRPC client.
-
-use std::collections::BTreeMap;
 
 pub use bazel_remote_apis::build::bazel::remote::execution::v2 as re;
 pub use bazel_remote_apis::google::bytestream as bs;
@@ -120,25 +117,11 @@ pub enum LeaseState {
     Cancelled = 5,
 }
 
-/// `google.protobuf.Struct`, with only string values (all fhsx puts in it).
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct Struct {
-    #[prost(btree_map = "string, message", tag = "1")]
-    pub fields: BTreeMap<String, Value>,
-}
-
-/// `google.protobuf.Value` holding a `string_value` (field 3 of its oneof).
-#[derive(Clone, PartialEq, ::prost::Message)]
-pub struct Value {
-    #[prost(string, optional, tag = "3")]
-    pub string_value: Option<String>,
-}
-
 pub const TYPE_ACTION: &str = "type.googleapis.com/build.bazel.remote.execution.v2.Action";
 pub const TYPE_DIGEST: &str = "type.googleapis.com/build.bazel.remote.execution.v2.Digest";
 pub const TYPE_ACTION_RESULT: &str =
     "type.googleapis.com/build.bazel.remote.execution.v2.ActionResult";
-pub const TYPE_STRUCT: &str = "type.googleapis.com/google.protobuf.Struct";
+pub const TYPE_OUTPUT_FILE: &str = "type.googleapis.com/build.bazel.remote.execution.v2.OutputFile";
 
 /// Pack a message into an `Any`.
 pub fn pack<M: prost::Message>(type_url: &str, m: &M) -> Any {
