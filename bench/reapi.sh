@@ -29,7 +29,7 @@ pids=()
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$work/pg/data" -m immediate stop >/dev/null 2>&1 || true
-  rm -rf "$work"
+  if [ -n "${BENCH_KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
 }
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
@@ -128,8 +128,10 @@ bytes=$(du -sb "$work/tree" | cut -f1)
 sync
 t0=$(ms); cp -r "$work/tree" "$work/tree-cp"; sync; t1=$(ms); cp_ms=$((t1 - t0)); rm -rf "$work/tree-cp"
 t0=$(ms); "$BG/bin/bgd" cas --remote "$URL" upload-dir "$work/tree" >"$work/up.out" 2>&1; t1=$(ms); up_ms=$((t1 - t0))
-# The worker fetches the tree as an input root; then makes a copy of it as its output.
-"$BG/bin/bgd" execute --remote "$URL" command -c -p fhsx-toolchain "$TC" --output-file copy "$work/tree" -- /bin/sh -c "mkdir copy && cp big* d* copy/ -r" >"$work/ex.out" 2>&1
+# The worker fetches the tree as an input root, then makes an output tree of the same size.
+# Fresh bytes (else the engine would have them all already), the same shape.
+gen="mkdir -p copy/s && head -c $((MIB * 3 / 4 << 20)) /dev/urandom | split -b 4194304 - copy/big && head -c $(((MIB - MIB * 3 / 4) << 20)) /dev/urandom | split -a 4 -b 4096 - copy/s/"
+"$BG/bin/bgd" execute --remote "$URL" command -c -p fhsx-toolchain "$TC" --output-file copy "$work/tree" -- /bin/sh -c "$gen" >"$work/ex.out" 2>&1
 action=$(python3 - "$work/ex.out" <<'PY'
 import re, sys
 s = open(sys.argv[1]).read()
@@ -151,7 +153,7 @@ print(int((t("inputFetchCompletedTimestamp") - t("inputFetchStartTimestamp")) * 
       f'{d["hash"]}/{d["sizeBytes"]}')
 PY
 )
-t0=$(ms); "$BG/bin/bgd" cas --remote "$URL" download-dir "$root_digest" "$work/down" >/dev/null 2>&1; t1=$(ms); down_ms=$((t1 - t0))
+t0=$(ms); "$BG/bin/bgd" cas --remote "$URL" download-dir "$root_digest" "$work/down" >"$work/down.out" 2>&1; t1=$(ms); down_ms=$((t1 - t0))
 kill "$wpid"; wait "$wpid" 2>/dev/null || true
 
 # 1b. The same on a plain bot: take the lease, exec the command, return its

@@ -44,11 +44,13 @@ fn bgd() -> Command {
 }
 
 fn bazel() -> PathBuf {
-    let p = std::env::var_os("FHSX_BAZEL").map(PathBuf::from).unwrap_or_else(|| {
-        PathBuf::from(
-            "/opt/fhsx-ci/bazel/node_modules/@bazel/bazel-linux_x64/bazel-2.1.0-linux-x86_64",
-        )
-    });
+    let p = std::env::var_os("FHSX_BAZEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(
+                "/opt/fhsx-ci/bazel/node_modules/@bazel/bazel-linux_x64/bazel-2.1.0-linux-x86_64",
+            )
+        });
     assert!(
         p.exists(),
         "Bazel 2.1.0 is not installed at {}: run .ci/setup (it runs `npm install @bazel/bazel-linux_x64@2.1.0` in /opt/fhsx-ci/bazel), or set FHSX_BAZEL",
@@ -80,7 +82,11 @@ fn ok(o: &Output, what: &str) {
 
 /// Run a command, killing it after `limit`; `None` if it had to be killed.
 fn run_for(mut c: Command, limit: Duration) -> Option<Output> {
-    let mut child = c.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().unwrap();
+    let mut child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
     let end = Instant::now() + limit;
     loop {
         if child.try_wait().unwrap().is_some() {
@@ -134,7 +140,8 @@ impl Engine {
         std::os::unix::fs::chown(&pg, Some(uid), Some(gid)).unwrap();
         let as_pg = |bin: &str| {
             let mut c = Command::new("runuser");
-            c.args(["-u", "postgres", "--"]).arg(Path::new(PG_BIN).join(bin));
+            c.args(["-u", "postgres", "--"])
+                .arg(Path::new(PG_BIN).join(bin));
             c
         };
         let data = pg.join("data");
@@ -234,7 +241,14 @@ thread-pool-size: 64
     }
 
     /// `bgd execute command` with a toolchain property (or none).
-    fn execute(&self, input: &Path, props: &[(&str, &str)], outputs: &[&str], out_dir: &Path, argv: &[&str]) -> Command {
+    fn execute(
+        &self,
+        input: &Path,
+        props: &[(&str, &str)],
+        outputs: &[&str],
+        out_dir: &Path,
+        argv: &[&str],
+    ) -> Command {
         let mut c = bgd();
         c.args(["execute", "--remote", &self.http(), "command", "-c"]);
         for (k, v) in props {
@@ -243,14 +257,25 @@ thread-pool-size: 64
         for o in outputs {
             c.args(["--output-file", o]);
         }
-        c.arg("--output-directory").arg(out_dir).arg(input).arg("--").args(argv);
+        c.arg("--output-directory")
+            .arg(out_dir)
+            .arg(input)
+            .arg("--")
+            .args(argv);
         c
     }
 
     /// The cached ActionResult of an action, as JSON.
     fn action_result(&self, action: &str) -> serde_json::Value {
         let o = bgd()
-            .args(["actioncache", "--remote", &self.http(), "get", "--json", action])
+            .args([
+                "actioncache",
+                "--remote",
+                &self.http(),
+                "get",
+                "--json",
+                action,
+            ])
             .output()
             .unwrap();
         ok(&o, "bgd actioncache get");
@@ -261,7 +286,14 @@ thread-pool-size: 64
 
     fn download(&self, digest: &str, to: &Path) -> Vec<u8> {
         let o = bgd()
-            .args(["cas", "--remote", &self.http(), "download-file", "--verify", digest])
+            .args([
+                "cas",
+                "--remote",
+                &self.http(),
+                "download-file",
+                "--verify",
+                digest,
+            ])
             .arg(to)
             .output()
             .unwrap();
@@ -296,7 +328,9 @@ fn postgres_ids() -> (u32, u32) {
 
 /// The `Sent action=[hash: "…" size_bytes: N]` bgd prints, as `hash/size`.
 fn sent_action(stdout: &str) -> String {
-    let at = stdout.find("Sent action=").unwrap_or_else(|| panic!("no action in {stdout}"));
+    let at = stdout
+        .find("Sent action=")
+        .unwrap_or_else(|| panic!("no action in {stdout}"));
     let s = &stdout[at..];
     let hash = s.split('"').nth(1).unwrap();
     let size = s
@@ -327,7 +361,10 @@ fn seed() -> &'static Seed {
         let store = dir.join("store");
         let base = dir.join("base.toolchain");
         let gxx = dir.join("gxx.toolchain");
-        for (file, pkgs) in [(&base, &["coreutils"][..]), (&gxx, &["gcc", "g++", "libc6-dev"][..])] {
+        for (file, pkgs) in [
+            (&base, &["coreutils"][..]),
+            (&gxx, &["gcc", "g++", "libc6-dev"][..]),
+        ] {
             let o = fhsx(&store)
                 .args(["toolchain", "apt", "--essential"])
                 .args(pkgs)
@@ -369,7 +406,12 @@ impl Worker {
         let store = dir.join("store");
         fs::create_dir_all(&dir).unwrap();
         if !store.exists() {
-            let o = Command::new("cp").arg("-al").arg(&seed().store).arg(&store).output().unwrap();
+            let o = Command::new("cp")
+                .arg("-al")
+                .arg(&seed().store)
+                .arg(&store)
+                .output()
+                .unwrap();
             ok(&o, "cp -al");
             for x in ["keys", "lock", "tmp", "actions", "reapi"] {
                 let _ = fs::remove_dir_all(store.join(x));
@@ -398,7 +440,9 @@ impl Worker {
         let mut child = Command::new(env!("CARGO_BIN_EXE_fhsx"))
             .arg("--store")
             .arg(&self.store)
-            .args(["worker", "--reapi", &self.url, "--bot-id", &self.id, "--jobs"])
+            .args([
+                "worker", "--reapi", &self.url, "--bot-id", &self.id, "--jobs",
+            ])
             .arg(self.jobs.to_string())
             .arg("--toolchain")
             .arg(&s.base)
@@ -503,10 +547,17 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
         .output()
         .unwrap();
     ok(&o, "bgd execute");
-    assert_eq!(fs::read_to_string(got.join("out/c.txt")).unwrap(), "hello\nworld\n");
+    assert_eq!(
+        fs::read_to_string(got.join("out/c.txt")).unwrap(),
+        "hello\nworld\n"
+    );
     let action = sent_action(&String::from_utf8_lossy(&o.stdout));
     let r = e.action_result(&action);
-    assert_eq!(r.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0), 0, "{r}");
+    assert_eq!(
+        r.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0),
+        0,
+        "{r}"
+    );
     assert_eq!(r["outputDirectories"][0]["path"], "gen", "{r}");
     let meta = &r["executionMetadata"];
     assert_eq!(meta["worker"], "w1-0", "{r}");
@@ -526,7 +577,11 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
         assert_eq!(prop("fhsx-signer"), w.key());
         let d = &e["digest"];
         (
-            format!("{}/{}", d["hash"].as_str().unwrap(), d["sizeBytes"].as_str().unwrap()),
+            format!(
+                "{}/{}",
+                d["hash"].as_str().unwrap(),
+                d["sizeBytes"].as_str().unwrap()
+            ),
             prop("fhsx-b3"),
         )
     };
@@ -552,39 +607,83 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
         .unwrap();
     ok(&o, "fhsx record verify");
     let rec: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
-    assert_eq!(rec["record"]["toolchain_digest"], tc.as_str(), "the record binds the toolchain asked for");
+    assert_eq!(
+        rec["record"]["toolchain_digest"],
+        tc.as_str(),
+        "the record binds the toolchain asked for"
+    );
     let read_set = e.download(&read_set_sha, &t.path().join("reads"));
     assert_eq!(
         castore::Digest::of(&read_set).to_string(),
         rec["record"]["observed_read_set_digest"].as_str().unwrap()
     );
     let out = rec["record"]["outputs"]["out"].as_str().unwrap();
-    let o = fhsx(&w.store).args(["store", "cat", out, "out/c.txt"]).output().unwrap();
+    let o = fhsx(&w.store)
+        .args(["store", "cat", out, "out/c.txt"])
+        .output()
+        .unwrap();
     ok(&o, "store cat");
-    assert_eq!(o.stdout, b"hello\nworld\n", "the record's output holds what the client got");
+    assert_eq!(
+        o.stdout, b"hello\nworld\n",
+        "the record's output holds what the client got"
+    );
+
+    // Every input object crossed the wire once: the same input root again
+    // is fetched from the worker's own store.
+    assert!(w.log().contains("fetched 4 objects"), "{}", w.log());
 
     // A failing command: its exit code and stderr come back.
     let o = e
-        .execute(&input, &[("fhsx-toolchain", &tc)], &[], &got, &["/bin/sh", "-c", "echo broken >&2; exit 3"])
+        .execute(
+            &input,
+            &[("fhsx-toolchain", &tc)],
+            &[],
+            &got,
+            &["/bin/sh", "-c", "echo broken >&2; exit 3"],
+        )
         .output()
         .unwrap();
     ok(&o, "bgd execute (failing command)");
     let r = e.action_result(&sent_action(&String::from_utf8_lossy(&o.stdout)));
     assert_eq!(r["exitCode"], 3, "{r}");
+    assert!(
+        w.log().contains("fetched 0 objects, 0 bytes"),
+        "{}",
+        w.log()
+    );
 
     // No toolchain: refused with the reason, never run on the host's tools.
     let before = w.leases();
-    let o = e.execute(&input, &[], &[], &got, &["/bin/true"]).output().unwrap();
+    let o = e
+        .execute(&input, &[], &[], &got, &["/bin/true"])
+        .output()
+        .unwrap();
     let s = text(&o);
-    assert!(s.contains("code: 9") && s.contains("names no toolchain"), "{s}");
+    assert!(
+        s.contains("code: 9") && s.contains("names no toolchain"),
+        "{s}"
+    );
     assert_eq!(w.leases(), before + 1);
 
     // A toolchain nobody holds: the engine matches it to no worker.
     let unknown = castore::Digest::of(b"no such toolchain").to_string();
-    let mut c = e.execute(&input, &[("fhsx-toolchain", &unknown)], &[], &got, &["/bin/true"]);
+    let mut c = e.execute(
+        &input,
+        &[("fhsx-toolchain", &unknown)],
+        &[],
+        &got,
+        &["/bin/true"],
+    );
     c.env("PYTHONUNBUFFERED", "1");
-    assert!(run_for(c, Duration::from_secs(6)).is_none(), "an unknown toolchain's action completed");
-    assert_eq!(w.leases(), before + 1, "a worker took an action for a toolchain it does not hold");
+    assert!(
+        run_for(c, Duration::from_secs(6)).is_none(),
+        "an unknown toolchain's action completed"
+    );
+    assert_eq!(
+        w.leases(),
+        before + 1,
+        "a worker took an action for a toolchain it does not hold"
+    );
 
     // A BLAKE3 client: refused by the engine, which speaks SHA-256.
     let o = Command::new(buildgrid().join("bin/python"))
@@ -595,7 +694,10 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
         .unwrap();
     ok(&o, "the BLAKE3 client");
     let s = text(&o);
-    assert!(s.contains("upload refused 3") && s.contains("execute refused FAILED_PRECONDITION"), "{s}");
+    assert!(
+        s.contains("upload refused 3") && s.contains("execute refused FAILED_PRECONDITION"),
+        "{s}"
+    );
     assert_eq!(w.leases(), before + 1);
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
 }
@@ -624,7 +726,12 @@ except grpc.RpcError as e:
 fn workspace(dir: &Path, extra_build: &str) {
     fs::create_dir_all(dir.join("rules_cc/cc")).unwrap();
     fs::create_dir_all(dir.join("rules_java/java")).unwrap();
-    for f in ["rules_cc/WORKSPACE", "rules_cc/cc/BUILD", "rules_java/WORKSPACE", "rules_java/java/BUILD"] {
+    for f in [
+        "rules_cc/WORKSPACE",
+        "rules_cc/cc/BUILD",
+        "rules_java/WORKSPACE",
+        "rules_java/java/BUILD",
+    ] {
         fs::write(dir.join(f), "").unwrap();
     }
     let stub = |rules: &[&str]| {
@@ -635,7 +742,14 @@ fn workspace(dir: &Path, extra_build: &str) {
     };
     fs::write(
         dir.join("rules_cc/cc/defs.bzl"),
-        stub(&["cc_binary", "cc_library", "cc_test", "cc_import", "cc_toolchain", "cc_toolchain_suite"]),
+        stub(&[
+            "cc_binary",
+            "cc_library",
+            "cc_test",
+            "cc_import",
+            "cc_toolchain",
+            "cc_toolchain_suite",
+        ]),
     )
     .unwrap();
     fs::write(
@@ -692,8 +806,14 @@ fn bazel_cmd(ws: &Path, root: &Path, engine: &Engine, tc: &str, args: &[&str]) -
         .args(args);
     if args[0] != "clean" {
         c.arg(format!("--remote_executor={}", engine.url()))
-            .args(["--spawn_strategy=remote", "--genrule_strategy=remote", "--noremote_local_fallback"])
-            .arg(format!("--remote_default_exec_properties=fhsx-toolchain={tc}"));
+            .args([
+                "--spawn_strategy=remote",
+                "--genrule_strategy=remote",
+                "--noremote_local_fallback",
+            ])
+            .arg(format!(
+                "--remote_default_exec_properties=fhsx-toolchain={tc}"
+            ));
     }
     c.env("HOME", root);
     c
@@ -721,20 +841,33 @@ fn bazel_builds_remotely_on_fhsx_and_rebuilds_from_the_remote_cache() {
     let ws = t.path().join("ws");
     workspace(&ws, "");
     let root = t.path().join("bazel-root");
-    let o = bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"]).output().unwrap();
+    let o = bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"])
+        .output()
+        .unwrap();
     ok(&o, "bazel build");
     let s = text(&o);
     let p = processes(&s);
-    assert!(p.contains("3 processes: 3 remote."), "not every action ran remotely: {p}\n{s}");
+    assert!(
+        p.contains("3 processes: 3 remote."),
+        "not every action ran remotely: {p}\n{s}"
+    );
     assert_eq!(w.leases(), 3, "{}", w.log());
     let o = Command::new(ws.join("bazel-bin/hello")).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "hello from fhsx\n");
 
-    ok(&bazel_cmd(&ws, &root, &e, &tc, &["clean"]).output().unwrap(), "bazel clean");
-    let o = bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"]).output().unwrap();
+    ok(
+        &bazel_cmd(&ws, &root, &e, &tc, &["clean"]).output().unwrap(),
+        "bazel clean",
+    );
+    let o = bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"])
+        .output()
+        .unwrap();
     ok(&o, "bazel rebuild");
     let s = text(&o);
-    assert!(processes(&s).contains("3 processes: 3 remote cache hit."), "{s}");
+    assert!(
+        processes(&s).contains("3 processes: 3 remote cache hit."),
+        "{s}"
+    );
     assert_eq!(w.leases(), 3, "the rebuild ran something: {}", w.log());
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
 }
@@ -742,9 +875,17 @@ fn bazel_builds_remotely_on_fhsx_and_rebuilds_from_the_remote_cache() {
 /// What a hostile build does, as a shell script: read the host's shadow
 /// file, write outside its directory, open a socket to the host.
 const HOSTILE: [(&str, &str, &str); 3] = [
-    ("shadow", "cat /etc/shadow", "/etc/shadow: No such file or directory"),
+    (
+        "shadow",
+        "cat /etc/shadow",
+        "/etc/shadow: No such file or directory",
+    ),
     ("escape", "echo pwned > /usr/pwned", "/usr/pwned: "),
-    ("socket", "echo hi > /dev/tcp/127.0.0.1/PORT", "/dev/tcp/127.0.0.1/PORT: "),
+    (
+        "socket",
+        "echo hi > /dev/tcp/127.0.0.1/PORT",
+        "/dev/tcp/127.0.0.1/PORT: ",
+    ),
 ];
 
 /// A hostile action sent through Bazel fails inside fhsx exactly as the
@@ -771,10 +912,15 @@ fn hostile_actions_through_bazel_fail_as_with_fhsx_build_and_the_worker_keeps_se
     for (name, script, want) in HOSTILE {
         let script = script.replace("PORT", &port);
         let want = want.replace("PORT", &port);
-        let o = bazel_cmd(&ws, &root, &e, &tc, &["build", &format!("//:{name}")]).output().unwrap();
+        let o = bazel_cmd(&ws, &root, &e, &tc, &["build", &format!("//:{name}")])
+            .output()
+            .unwrap();
         let s = text(&o);
         assert!(!o.status.success(), "{name} built: {s}");
-        assert!(s.contains(&want), "{name}: Bazel did not show fhsx's diagnostic {want:?}: {s}");
+        assert!(
+            s.contains(&want),
+            "{name}: Bazel did not show fhsx's diagnostic {want:?}: {s}"
+        );
 
         // The same command through `fhsx build`, on the same toolchain.
         let dir = t.path().join(format!("local-{name}"));
@@ -788,14 +934,28 @@ fn hostile_actions_through_bazel_fail_as_with_fhsx_build_and_the_worker_keeps_se
             ),
         )
         .unwrap();
-        let o = fhsx(&w.store).arg("build").arg(dir.join("a.toml")).output().unwrap();
+        let o = fhsx(&w.store)
+            .arg("build")
+            .arg(dir.join("a.toml"))
+            .output()
+            .unwrap();
         let local = text(&o);
         assert_eq!(o.status.code(), Some(1), "{name} with fhsx build: {local}");
-        let line = |s: &str| s.lines().find(|l| l.contains(&want)).map(|l| l.rsplit(&want).next().unwrap_or("").to_owned());
-        assert_eq!(line(&local), line(&s), "{name}: not the same failure remotely and locally:\n{local}\n---\n{s}");
+        let line = |s: &str| {
+            s.lines()
+                .find(|l| l.contains(&want))
+                .map(|l| l.rsplit(&want).next().unwrap_or("").to_owned())
+        };
+        assert_eq!(
+            line(&local),
+            line(&s),
+            "{name}: not the same failure remotely and locally:\n{local}\n---\n{s}"
+        );
     }
     assert!(!Path::new("/usr/pwned").exists());
-    let o = bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"]).output().unwrap();
+    let o = bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"])
+        .output()
+        .unwrap();
     ok(&o, "a good build after the hostile ones");
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
 }
@@ -808,7 +968,10 @@ fn hostile_actions_through_bazel_fail_as_with_fhsx_build_and_the_worker_keeps_se
 fn two_workers_share_the_queue_and_a_killed_workers_lease_completes_on_the_other() {
     let t = tempfile::tempdir().unwrap();
     let e = Engine::start(t.path(), 6);
-    let mut w = [Worker::new(t.path(), &e, "wa", 1), Worker::new(t.path(), &e, "wb", 1)];
+    let mut w = [
+        Worker::new(t.path(), &e, "wa", 1),
+        Worker::new(t.path(), &e, "wb", 1),
+    ];
     let tc = toolchain_id(&seed().base);
     let input = t.path().join("in");
     fs::create_dir_all(&input).unwrap();
@@ -839,21 +1002,49 @@ fn two_workers_share_the_queue_and_a_killed_workers_lease_completes_on_the_other
 
     // A long action; kill whichever worker takes it, mid-build.
     let out = t.path().join("long");
-    let mut c = e.execute(&input, &[("fhsx-toolchain", &tc)], &["done"], &out, &["/bin/sh", "-c", "sleep 4; echo ok > done"]);
-    let client = c.stdout(Stdio::null()).stderr(Stdio::piped()).spawn().unwrap();
-    wait_until("a worker to take the long action", Duration::from_secs(30), || {
-        w[0].leases() + w[1].leases() > 20
-    });
+    let mut c = e.execute(
+        &input,
+        &[("fhsx-toolchain", &tc)],
+        &["done"],
+        &out,
+        &["/bin/sh", "-c", "sleep 4; echo ok > done"],
+    );
+    let client = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "a worker to take the long action",
+        Duration::from_secs(30),
+        || w[0].leases() + w[1].leases() > 20,
+    );
     let k = if w[0].leases() > n[0] { 0 } else { 1 };
-    wait_until("its build to mount its view", Duration::from_secs(30), || !w[k].mounts().is_empty());
+    wait_until(
+        "its build to mount its view",
+        Duration::from_secs(30),
+        || !w[k].mounts().is_empty(),
+    );
     w[k].kill9();
-    assert!(!w[k].mounts().is_empty(), "the killed worker's build left nothing mounted?");
+    assert!(
+        !w[k].mounts().is_empty(),
+        "the killed worker's build left nothing mounted?"
+    );
     let o = client.wait_with_output().unwrap();
     ok(&o, "the long action after its worker was killed");
     assert_eq!(fs::read_to_string(out.join("done")).unwrap(), "ok\n");
     let other = 1 - k;
-    assert_eq!(done(&w[other]), finished[other] + 1, "the other worker did not complete it: {}", w[other].log());
+    assert_eq!(
+        done(&w[other]),
+        finished[other] + 1,
+        "the other worker did not complete it: {}",
+        w[other].log()
+    );
     // The killed worker, restarted, cleans up what it left behind.
     w[k].start();
-    assert!(w[k].mounts().is_empty(), "left mounted after restart: {:?}", w[k].mounts());
+    assert!(
+        w[k].mounts().is_empty(),
+        "left mounted after restart: {:?}",
+        w[k].mounts()
+    );
 }

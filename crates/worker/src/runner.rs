@@ -159,7 +159,9 @@ impl Runner {
         self.slots.close();
         let n = self.running_count();
         if n > 0 {
-            eprintln!("fhsx worker: shutting down; waiting up to {grace:?} for {n} running build(s)");
+            eprintln!(
+                "fhsx worker: shutting down; waiting up to {grace:?} for {n} running build(s)"
+            );
         }
         let deadline = tokio::time::Instant::now() + grace;
         while self.running_count() > 0 && tokio::time::Instant::now() < deadline {

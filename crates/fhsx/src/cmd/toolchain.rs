@@ -60,7 +60,10 @@ pub fn run(g: &Globals, cmd: ToolchainCmd) -> anyhow::Result<i32> {
             let t = debian::Toolchain::read(&file).map_err(classify)?;
             let id = toolchain_id(&t.atoms());
             if g.json {
-                println!("{}", json!({"file": file, "id": id, "property": format!("fhsx-toolchain={id}")}));
+                println!(
+                    "{}",
+                    json!({"file": file, "id": id, "property": format!("fhsx-toolchain={id}")})
+                );
             } else {
                 println!("{id}");
             }

@@ -64,10 +64,20 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "ID", requires = "reapi")]
     pub bot_id: Option<String>,
     /// The timeout of an action that sets none.
-    #[arg(long, value_name = "DURATION", default_value = "1h", requires = "reapi")]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "1h",
+        requires = "reapi"
+    )]
     pub default_timeout: String,
     /// Actions asking for a longer timeout are refused.
-    #[arg(long, value_name = "DURATION", default_value = "24h", requires = "reapi")]
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "24h",
+        requires = "reapi"
+    )]
     pub max_timeout: String,
 }
 

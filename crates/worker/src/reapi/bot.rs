@@ -25,8 +25,8 @@ use tonic::transport::Channel;
 use super::cas::{self, Cas, CasError, Upload};
 use super::mapping::{self, Found, Plan, Policy, Refusal, TOOLCHAIN_PROPERTY, WORKTREE_OUTPUT};
 use super::proto::{
-    self, pack, re, Any, BotSession, BotStatus, BotsClient, Code, CreateBotSessionRequest,
-    Device, KeyValue, Lease, LeaseState, Status, Timestamp, UpdateBotSessionRequest, Worker,
+    self, pack, re, Any, BotSession, BotStatus, BotsClient, Code, CreateBotSessionRequest, Device,
+    KeyValue, Lease, LeaseState, Status, Timestamp, UpdateBotSessionRequest, Worker,
 };
 use crate::runner::{Job, JobResult, Runner};
 use crate::Error;
@@ -63,14 +63,18 @@ fn grpc_url(u: &str) -> String {
 
 async fn connect(url: &str) -> Result<Channel, Error> {
     let ep = tonic::transport::Endpoint::from_shared(grpc_url(url))
-        .map_err(|e| Error::Usage(format!("{url} is not an engine URL (grpc://HOST:PORT): {e}")))?
+        .map_err(|e| {
+            Error::Usage(format!(
+                "{url} is not an engine URL (grpc://HOST:PORT): {e}"
+            ))
+        })?
         .connect_timeout(Duration::from_secs(10))
         .tcp_nodelay(true)
         .http2_keep_alive_interval(Duration::from_secs(30))
         .keep_alive_while_idle(true);
-    ep.connect().await.map_err(|e| Error::Usage(format!(
-        "cannot reach the engine at {url}: {e}"
-    )))
+    ep.connect()
+        .await
+        .map_err(|e| Error::Usage(format!("cannot reach the engine at {url}: {e}")))
 }
 
 /// Check the engine's capabilities: SHA-256 is the one digest function
@@ -158,8 +162,12 @@ async fn run_async(config: BotConfig, ready: impl FnOnce(&str)) -> Result<(), Er
         match caps_client.get_capabilities(req).await {
             Ok(r) => break r.into_inner(),
             Err(e)
-                if matches!(e.code(), tonic::Code::Unavailable | tonic::Code::DeadlineExceeded | tonic::Code::Cancelled)
-                    && tokio::time::Instant::now() < deadline =>
+                if matches!(
+                    e.code(),
+                    tonic::Code::Unavailable
+                        | tonic::Code::DeadlineExceeded
+                        | tonic::Code::Cancelled
+                ) && tokio::time::Instant::now() < deadline =>
             {
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
@@ -295,7 +303,10 @@ impl Session {
             let mut session = match self.bots.create_bot_session(req).await {
                 Ok(r) => r.into_inner(),
                 Err(e) => {
-                    eprintln!("fhsx worker: {}: CreateBotSession: {e}; retrying", self.bot_id);
+                    eprintln!(
+                        "fhsx worker: {}: CreateBotSession: {e}; retrying",
+                        self.bot_id
+                    );
                     tokio::time::sleep(backoff).await;
                     backoff = (backoff * 2).min(Duration::from_secs(10));
                     continue;
@@ -438,7 +449,8 @@ fn heartbeat(s: &BotSession) -> Duration {
         .expire_time
         .as_ref()
         .and_then(|t| {
-            let at = SystemTime::UNIX_EPOCH + Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
+            let at = SystemTime::UNIX_EPOCH
+                + Duration::new(t.seconds.max(0) as u64, t.nanos.max(0) as u32);
             at.duration_since(SystemTime::now()).ok()
         })
         .unwrap_or(Duration::from_secs(10));
@@ -475,7 +487,7 @@ async fn execute(
         worker_start_timestamp: Some(now()),
         ..Default::default()
     };
-    match execute_inner(ctx, lease, cancel, &mut meta).await {
+    match execute_inner(ctx, bot, lease, cancel, &mut meta).await {
         Ok((st, mut result)) => {
             meta.worker_completed_timestamp = Some(now());
             result.execution_metadata = Some(meta);
@@ -494,6 +506,7 @@ fn refusal(e: CasError) -> Refusal {
 
 async fn execute_inner(
     ctx: &Ctx,
+    bot: &str,
     lease: &Lease,
     cancel: Arc<AtomicBool>,
     meta: &mut re::ExecutedActionMetadata,
@@ -504,11 +517,17 @@ async fn execute_inner(
         .ok_or_else(|| Refusal::new(Code::InvalidArgument, "the lease carries no payload"))?;
     let action: re::Action = match payload.type_url.as_str() {
         proto::TYPE_ACTION => re::Action::decode(&payload.value[..]).map_err(|e| {
-            Refusal::new(Code::InvalidArgument, format!("the lease's Action does not decode: {e}"))
+            Refusal::new(
+                Code::InvalidArgument,
+                format!("the lease's Action does not decode: {e}"),
+            )
         })?,
         proto::TYPE_DIGEST => {
             let d = re::Digest::decode(&payload.value[..]).map_err(|e| {
-                Refusal::new(Code::InvalidArgument, format!("the lease's Digest does not decode: {e}"))
+                Refusal::new(
+                    Code::InvalidArgument,
+                    format!("the lease's Digest does not decode: {e}"),
+                )
             })?;
             ctx.cas.message(&d).await.map_err(refusal)?
         }
@@ -531,7 +550,11 @@ async fn execute_inner(
         .ok_or_else(|| Refusal::new(Code::InvalidArgument, "the Action names no input root"))?;
 
     meta.input_fetch_start_timestamp = Some(now());
-    let (tree, _xfer) = ctx.cas.fetch_tree(&root).await.map_err(refusal)?;
+    let (tree, xfer) = ctx.cas.fetch_tree(&root).await.map_err(refusal)?;
+    eprintln!(
+        "fhsx worker: {bot}: lease {}: input root {}/{}: fetched {} objects, {} bytes",
+        lease.id, root.hash, root.size_bytes, xfer.blobs, xfer.bytes
+    );
     let store = ctx.cas.store().clone();
     let parents = plan.parents.clone();
     let source = tokio::task::spawn_blocking(move || cas::with_dirs(&store, &tree, &parents))
@@ -565,7 +588,7 @@ async fn execute_inner(
         }
     };
     meta.output_upload_start_timestamp = Some(now());
-    let out = result(ctx, &plan, &record_digest, &record).await;
+    let out = result(ctx, bot, &lease.id, &plan, &record_digest, &record).await;
     meta.output_upload_completed_timestamp = Some(now());
     let (st, mut res) = out?;
     res.execution_metadata = None;
@@ -586,13 +609,21 @@ async fn proof_any(
         .sha_of_blobs(vec![*record_digest, rs])
         .await
         .map_err(refusal)?;
-    let p = mapping::proof(&shas[record_digest], record_digest, &shas[&rs], &rs, &ctx.public_key);
+    let p = mapping::proof(
+        &shas[record_digest],
+        record_digest,
+        &shas[&rs],
+        &rs,
+        &ctx.public_key,
+    );
     Ok(p.iter().map(|f| pack(proto::TYPE_OUTPUT_FILE, f)).collect())
 }
 
 /// Upload the outputs, the log, the record and its read set; the result.
 async fn result(
     ctx: &Ctx,
+    bot: &str,
+    lease: &str,
     plan: &Plan,
     record_digest: &Digest,
     record: &SignedRecord,
@@ -617,7 +648,13 @@ async fn result(
         let store = ctx.cas.store().clone();
         let outputs = plan.outputs.clone();
         // Look every output up; load the directories below each.
-        type Looked = Vec<(Option<Node>, Option<(std::collections::HashMap<Digest, castore::Directory>, Vec<Digest>)>)>;
+        type Looked = Vec<(
+            Option<Node>,
+            Option<(
+                std::collections::HashMap<Digest, castore::Directory>,
+                Vec<Digest>,
+            )>,
+        )>;
         let looked: Looked = tokio::task::spawn_blocking(move || -> Result<Looked, CasError> {
             let mut v = Vec::new();
             for o in &outputs {
@@ -647,7 +684,12 @@ async fn result(
         for (n, sub) in looked {
             found.push(match (n, sub) {
                 (None, _) => Found::Missing,
-                (Some(Node::File { digest, executable, .. }), _) => Found::File {
+                (
+                    Some(Node::File {
+                        digest, executable, ..
+                    }),
+                    _,
+                ) => Found::File {
                     digest: shas[&digest].clone(),
                     executable,
                 },
@@ -661,6 +703,7 @@ async fn result(
                         root: t.root_directory.clone(),
                     };
                     uploads.push(Upload::Bytes(t.digest, t.bytes));
+                    uploads.extend(t.directories.into_iter().map(|(d, b)| Upload::Bytes(d, b)));
                     f
                 }
                 (Some(Node::Directory { .. }), None) => Found::Missing,
@@ -669,7 +712,11 @@ async fn result(
         uploads.extend(blobs.into_iter().map(Upload::Stored));
         mapping::outputs(plan, &found, &mut res)?;
     }
-    ctx.cas.upload(uploads).await.map_err(refusal)?;
+    let up = ctx.cas.upload(uploads).await.map_err(refusal)?;
+    eprintln!(
+        "fhsx worker: {bot}: lease {lease}: uploaded {} objects, {} bytes",
+        up.blobs, up.bytes
+    );
     let log = ctx
         .cas
         .sha_of_blobs(vec![rec.log_digest])
@@ -692,7 +739,10 @@ async fn result(
     let st = match code {
         Code::DeadlineExceeded => status(
             code,
-            format!("the action ran out of its {}s timeout", plan.timeout.as_secs()),
+            format!(
+                "the action ran out of its {}s timeout",
+                plan.timeout.as_secs()
+            ),
         ),
         _ => status(Code::Ok, ""),
     };
@@ -723,7 +773,10 @@ mod tests {
     fn a_blake3_only_engine_is_refused_with_what_it_offers() {
         let sha = re::digest_function::Value::Sha256 as i32;
         let b3 = re::digest_function::Value::Blake3 as i32;
-        assert_eq!(check_capabilities(&caps(vec![sha, b3], vec![sha])), Ok(4 << 20));
+        assert_eq!(
+            check_capabilities(&caps(vec![sha, b3], vec![sha])),
+            Ok(4 << 20)
+        );
         let e = check_capabilities(&caps(vec![b3], vec![b3])).unwrap_err();
         assert!(e.contains("BLAKE3") && e.contains("SHA256 only"), "{e}");
         let e = check_capabilities(&caps(vec![sha], vec![b3])).unwrap_err();
@@ -739,8 +792,14 @@ mod tests {
             nanos: t.nanos,
         });
         let b = heartbeat(&s);
-        assert!(b <= Duration::from_secs(3) && b >= Duration::from_secs(2), "{b:?}");
-        assert_eq!(heartbeat(&BotSession::default()), Duration::from_secs(10) / 3);
+        assert!(
+            b <= Duration::from_secs(3) && b >= Duration::from_secs(2),
+            "{b:?}"
+        );
+        assert_eq!(
+            heartbeat(&BotSession::default()),
+            Duration::from_secs(10) / 3
+        );
     }
 
     #[test]

@@ -5,12 +5,13 @@
 //! a blob cross the wire once per worker, in either direction.
 //!
 //! Downloads: directories breadth-first in batches, skipping every subtree
-//! the index already knows; then the missing files — small ones in
-//! `BatchReadBlobs`, large ones streamed through ByteStream `Read` into the
-//! store with the SHA-256 checked on the way, never whole in memory.
+//! the index already knows; then the missing files — those that fit the
+//! engine's batch limit in `BatchReadBlobs`, each batch committed to the
+//! store as it arrives, larger ones streamed through ByteStream `Read` into
+//! the store with the SHA-256 checked on the way, never whole in memory.
 //! Uploads: `FindMissingBlobs` first, then small blobs in
 //! `BatchUpdateBlobs` and large ones streamed from the store through
-//! ByteStream `Write`.
+//! ByteStream `Write`. A few batches or streams are in flight at once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
@@ -18,6 +19,7 @@ use std::path::PathBuf;
 
 use castore::store::{BlobStore, DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Directory, Name, Node};
+use futures::StreamExt;
 use prost::Message;
 use sha2::{Digest as _, Sha256};
 use tokio::sync::mpsc;
@@ -28,8 +30,11 @@ use super::proto::{bs, re, Code};
 use bazel_remote_apis::build::bazel::remote::execution::v2::content_addressable_storage_client::ContentAddressableStorageClient;
 use bazel_remote_apis::google::bytestream::byte_stream_client::ByteStreamClient;
 
-/// A blob up to this size travels in a batch; larger ones stream.
-const SMALL: i64 = 1 << 20;
+/// Batches or streams in flight at once.
+const PARALLEL: usize = 4;
+/// What one blob adds to a batch request beside its bytes (its digest,
+/// the framing): engines cap the whole message, not just the data.
+const PER_BLOB: i64 = 160;
 /// ByteStream chunk size.
 const CHUNK: usize = 1 << 20;
 
@@ -136,7 +141,10 @@ impl Index {
 
     fn put_blob(&self, sha: &re::Digest, b3: &Digest) {
         Self::write(self.sha_path(sha), format!("blob {b3}\n"));
-        Self::write(self.b3_path(b3), format!("{} {}\n", sha.hash, sha.size_bytes));
+        Self::write(
+            self.b3_path(b3),
+            format!("{} {}\n", sha.hash, sha.size_bytes),
+        );
     }
 
     fn put_dir(&self, sha: &re::Digest, b3: &Digest, size: u64) {
@@ -251,23 +259,20 @@ impl Cas {
         digests: &[re::Digest],
     ) -> Result<HashMap<re::Digest, Vec<u8>>, CasError> {
         let mut out = HashMap::new();
-        let mut batch: Vec<re::Digest> = Vec::new();
-        let mut total = 0i64;
         let mut big = Vec::new();
+        let mut small = Vec::new();
         for d in digests {
-            if d.size_bytes > self.max_batch {
+            if d.size_bytes + PER_BLOB > self.max_batch {
                 big.push(d.clone());
-                continue;
+            } else {
+                small.push(d.clone());
             }
-            if total + d.size_bytes > self.max_batch && !batch.is_empty() {
-                self.read_batch(std::mem::take(&mut batch), &mut out).await?;
-                total = 0;
-            }
-            total += d.size_bytes;
-            batch.push(d.clone());
         }
-        if !batch.is_empty() {
-            self.read_batch(batch, &mut out).await?;
+        let mut batches = futures::stream::iter(self.batches(small))
+            .map(|b| self.read_batch(b))
+            .buffer_unordered(PARALLEL);
+        while let Some(got) = batches.next().await {
+            out.extend(got?);
         }
         for d in big {
             if d.size_bytes as usize > crate::MAX_MESSAGE_BYTES {
@@ -287,11 +292,31 @@ impl Cas {
         Ok(out)
     }
 
+    /// Group digests into batches of at most `max_batch` bytes.
+    fn batches(&self, digests: Vec<re::Digest>) -> Vec<Vec<re::Digest>> {
+        let mut out = Vec::new();
+        let mut batch: Vec<re::Digest> = Vec::new();
+        let mut total = 0i64;
+        for d in digests {
+            let cost = d.size_bytes + PER_BLOB;
+            if total + cost > self.max_batch && !batch.is_empty() {
+                out.push(std::mem::take(&mut batch));
+                total = 0;
+            }
+            total += cost;
+            batch.push(d);
+        }
+        if !batch.is_empty() {
+            out.push(batch);
+        }
+        out
+    }
+
     async fn read_batch(
         &self,
         digests: Vec<re::Digest>,
-        out: &mut HashMap<re::Digest, Vec<u8>>,
-    ) -> Result<(), CasError> {
+    ) -> Result<Vec<(re::Digest, Vec<u8>)>, CasError> {
+        let mut out = Vec::with_capacity(digests.len());
         let resp = self
             .cas
             .clone()
@@ -304,9 +329,9 @@ impl Cas {
             .await?
             .into_inner();
         for r in resp.responses {
-            let d = r
-                .digest
-                .ok_or_else(|| CasError::Other("BatchReadBlobs answered without a digest".into()))?;
+            let d = r.digest.ok_or_else(|| {
+                CasError::Other("BatchReadBlobs answered without a digest".into())
+            })?;
             if let Some(s) = r.status.as_ref().filter(|s| s.code != 0) {
                 return Err(CasError::Rpc(tonic::Status::new(
                     tonic::Code::from_i32(s.code),
@@ -314,9 +339,50 @@ impl Cas {
                 )));
             }
             check(&d, &r.data)?;
-            out.insert(d, r.data);
+            out.push((d, r.data));
         }
-        Ok(())
+        Ok(out)
+    }
+
+    /// Fetch small blobs into the store, a batch at a time (several in
+    /// flight), each batch committed as it arrives.
+    async fn fetch_small(
+        &self,
+        digests: Vec<re::Digest>,
+        xfer: &mut Transfer,
+    ) -> Result<Vec<(re::Digest, Digest)>, CasError> {
+        let mut stored = Vec::with_capacity(digests.len());
+        let mut batches = futures::stream::iter(self.batches(digests))
+            .map(|b| async move {
+                let got = self.read_batch(b).await?;
+                let store = self.store.clone();
+                let index = self.index.clone();
+                let bytes: u64 = got.iter().map(|(_, b)| b.len() as u64).sum();
+                let n = got.len() as u64;
+                let out = tokio::task::spawn_blocking(move || -> Result<_, CasError> {
+                    let txn = store.txn()?;
+                    let mut out = Vec::with_capacity(got.len());
+                    for (d, data) in &got {
+                        out.push((d.clone(), txn.put_blob(data)?));
+                    }
+                    txn.commit()?;
+                    for (d, b3) in &out {
+                        index.put_blob(d, b3);
+                    }
+                    Ok(out)
+                })
+                .await
+                .map_err(blocking_err)??;
+                Ok::<_, CasError>((out, n, bytes))
+            })
+            .buffer_unordered(PARALLEL);
+        while let Some(r) = batches.next().await {
+            let (out, n, bytes) = r?;
+            xfer.blobs += n;
+            xfer.bytes += bytes;
+            stored.extend(out);
+        }
+        Ok(stored)
     }
 
     async fn read_stream(
@@ -420,32 +486,18 @@ impl Cas {
                 }
             }
         }
-        let (small, large): (Vec<_>, Vec<_>) =
-            missing.into_iter().partition(|d| d.size_bytes <= SMALL);
-        if !small.is_empty() {
-            let got = self.read_small(&small).await?;
-            let store = self.store.clone();
-            let index = self.index.clone();
-            xfer.blobs += got.len() as u64;
-            xfer.bytes += got.values().map(|b| b.len() as u64).sum::<u64>();
-            let stored = tokio::task::spawn_blocking(move || -> Result<_, CasError> {
-                let txn = store.txn()?;
-                let mut out = Vec::with_capacity(got.len());
-                for (d, bytes) in &got {
-                    out.push((d.clone(), txn.put_blob(bytes)?));
-                }
-                txn.commit()?;
-                for (d, b3) in &out {
-                    index.put_blob(d, b3);
-                }
-                Ok(out)
+        let (small, large): (Vec<_>, Vec<_>) = missing
+            .into_iter()
+            .partition(|d| d.size_bytes + PER_BLOB <= self.max_batch);
+        blobs.extend(self.fetch_small(small, &mut xfer).await?);
+        let mut downloads = futures::stream::iter(large)
+            .map(|d| async move {
+                let b3 = self.download_large(&d).await?;
+                Ok::<_, CasError>((d, b3))
             })
-            .await
-            .map_err(blocking_err)??;
-            blobs.extend(stored);
-        }
-        for d in large {
-            let b3 = self.download_large(&d).await?;
+            .buffer_unordered(PARALLEL);
+        while let Some(r) = downloads.next().await {
+            let (d, b3) = r?;
             xfer.blobs += 1;
             xfer.bytes += d.size_bytes as u64;
             blobs.insert(d, b3);
@@ -614,8 +666,8 @@ impl Cas {
                 missing.insert((d.hash, d.size_bytes));
             }
         }
-        let mut batch = Vec::new();
-        let mut total = 0i64;
+        let mut small = Vec::new();
+        let mut large = Vec::new();
         for ((hash, size), u) in all {
             if !missing.contains(&(hash.clone(), size)) {
                 continue;
@@ -626,27 +678,58 @@ impl Cas {
             };
             xfer.blobs += 1;
             xfer.bytes += size as u64;
-            if size <= SMALL.min(self.max_batch) {
-                let data = match u {
-                    Upload::Bytes(_, b) => b,
-                    Upload::Stored(b3) => self.store.read_blob(&b3)?,
-                };
-                if total + size > self.max_batch && !batch.is_empty() {
-                    self.update_batch(std::mem::take(&mut batch)).await?;
-                    total = 0;
-                }
-                total += size;
-                batch.push(re::batch_update_blobs_request::Request {
-                    digest: Some(d),
-                    data,
-                    compressor: 0,
-                });
+            if size + PER_BLOB <= self.max_batch {
+                small.push((d, u));
             } else {
-                self.write_large(d, u).await?;
+                large.push((d, u));
             }
         }
-        if !batch.is_empty() {
-            self.update_batch(batch).await?;
+        // Small ones in batches of at most max_batch bytes, read from the
+        // store only when their batch is sent.
+        let mut batches: Vec<Vec<(re::Digest, Upload)>> = Vec::new();
+        let mut total = 0i64;
+        for (d, u) in small {
+            let cost = d.size_bytes + PER_BLOB;
+            if batches.is_empty() || total + cost > self.max_batch {
+                batches.push(Vec::new());
+                total = 0;
+            }
+            total += cost;
+            if let Some(b) = batches.last_mut() {
+                b.push((d, u));
+            }
+        }
+        let mut sends = futures::stream::iter(batches)
+            .map(|b| async move {
+                let store = self.store.clone();
+                let requests = tokio::task::spawn_blocking(move || -> Result<_, CasError> {
+                    let mut v = Vec::with_capacity(b.len());
+                    for (d, u) in b {
+                        let data = match u {
+                            Upload::Bytes(_, b) => b,
+                            Upload::Stored(b3) => store.read_blob(&b3)?,
+                        };
+                        v.push(re::batch_update_blobs_request::Request {
+                            digest: Some(d),
+                            data,
+                            compressor: 0,
+                        });
+                    }
+                    Ok(v)
+                })
+                .await
+                .map_err(blocking_err)??;
+                self.update_batch(requests).await
+            })
+            .buffer_unordered(PARALLEL);
+        while let Some(r) = sends.next().await {
+            r?;
+        }
+        let mut writes = futures::stream::iter(large)
+            .map(|(d, u)| self.write_large(d, u))
+            .buffer_unordered(PARALLEL);
+        while let Some(r) = writes.next().await {
+            r?;
         }
         Ok(xfer)
     }
@@ -724,28 +807,29 @@ impl Cas {
         });
         let size = d.size_bytes;
         let state = (rx, 0i64, Some(name), false);
-        let requests = futures::stream::unfold(state, move |(mut rx, offset, name, done)| async move {
-            if done {
-                return None;
-            }
-            let resource_name = name.clone().unwrap_or_default();
-            match rx.recv().await {
-                Some(Ok(data)) => {
-                    let next = offset + data.len() as i64;
-                    let req = bs::WriteRequest {
-                        resource_name,
-                        write_offset: offset,
-                        finish_write: next >= size,
-                        data,
-                    };
-                    // Only the first request need carry the name.
-                    Some((req, (rx, next, Some(String::new()), next >= size)))
+        let requests =
+            futures::stream::unfold(state, move |(mut rx, offset, name, done)| async move {
+                if done {
+                    return None;
                 }
-                // A read error ends the stream short: the engine refuses
-                // the incomplete blob.
-                Some(Err(_)) | None => None,
-            }
-        });
+                let resource_name = name.clone().unwrap_or_default();
+                match rx.recv().await {
+                    Some(Ok(data)) => {
+                        let next = offset + data.len() as i64;
+                        let req = bs::WriteRequest {
+                            resource_name,
+                            write_offset: offset,
+                            finish_write: next >= size,
+                            data,
+                        };
+                        // Only the first request need carry the name.
+                        Some((req, (rx, next, Some(String::new()), next >= size)))
+                    }
+                    // A read error ends the stream short: the engine refuses
+                    // the incomplete blob.
+                    Some(Err(_)) | None => None,
+                }
+            });
         let resp = self.bytestream.clone().write(requests).await;
         let _ = reader.await;
         let committed = resp?.into_inner().committed_size;
@@ -779,7 +863,11 @@ fn upload_id() -> String {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    let seed = format!("{t}-{}-{}", std::process::id(), N.fetch_add(1, Ordering::SeqCst));
+    let seed = format!(
+        "{t}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    );
     let h = blake3::hash(seed.as_bytes());
     let b = h.as_bytes();
     let x = hex(&b[..16]);

@@ -161,7 +161,10 @@ fn relative(what: &str, p: &str, empty_ok: bool) -> Result<Vec<String>, Refusal>
 
 /// The action's platform properties: `Action.platform` (REAPI ≥ 2.2), else
 /// the Command's.
-fn properties<'a>(action: &'a re::Action, command: &'a re::Command) -> &'a [re::platform::Property] {
+fn properties<'a>(
+    action: &'a re::Action,
+    command: &'a re::Command,
+) -> &'a [re::platform::Property] {
     match &action.platform {
         Some(p) if !p.properties.is_empty() => &p.properties,
         _ => command
@@ -232,7 +235,10 @@ pub fn plan(action: &re::Action, command: &re::Command, policy: &Policy) -> Resu
     }
     let mut env = BTreeMap::new();
     for v in &command.environment_variables {
-        if v.name.is_empty() || v.name.contains('=') || v.name.contains('\0') || v.value.contains('\0')
+        if v.name.is_empty()
+            || v.name.contains('=')
+            || v.name.contains('\0')
+            || v.value.contains('\0')
         {
             return Err(Refusal::invalid(format!(
                 "environment variable {:?} is not a valid name or value",
@@ -275,7 +281,9 @@ pub fn plan(action: &re::Action, command: &re::Command, policy: &Policy) -> Resu
         let full: Vec<&str> = wd.iter().chain(&parts).map(String::as_str).collect();
         let in_root = full.join("/");
         if !seen.insert(in_root.clone()) {
-            return Err(Refusal::invalid(format!("output path {p:?} is listed twice")));
+            return Err(Refusal::invalid(format!(
+                "output path {p:?} is listed twice"
+            )));
         }
         for i in 1..full.len() {
             parents.insert(full[..i].join("/"));
@@ -379,7 +387,9 @@ pub fn hex(b: &[u8]) -> String {
 /// size that is not negative.
 pub fn check_digest(what: &str, d: &re::Digest) -> Result<(), Refusal> {
     let ok = d.hash.len() == 64
-        && d.hash.bytes().all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
+        && d.hash
+            .bytes()
+            .all(|c| c.is_ascii_digit() || (b'a'..=b'f').contains(&c))
         && d.size_bytes >= 0;
     if ok {
         Ok(())
@@ -408,9 +418,9 @@ pub fn castore_directory(
             .digest
             .as_ref()
             .ok_or_else(|| Refusal::invalid(format!("file {:?} has no digest", f.name)))?;
-        let b3 = blobs
-            .get(rd)
-            .ok_or_else(|| Refusal::invalid(format!("file {:?}: blob {} unknown", f.name, rd.hash)))?;
+        let b3 = blobs.get(rd).ok_or_else(|| {
+            Refusal::invalid(format!("file {:?}: blob {} unknown", f.name, rd.hash))
+        })?;
         out.insert(
             Name::new(f.name.as_bytes()).map_err(bad)?,
             Node::File {
@@ -473,7 +483,10 @@ pub fn reapi_directory(
             } => out.files.push(re::FileNode {
                 name: text(name)?,
                 digest: Some(blobs.get(digest).cloned().ok_or_else(|| {
-                    Refusal::new(Code::Internal, format!("no SHA-256 digest for blob {digest}"))
+                    Refusal::new(
+                        Code::Internal,
+                        format!("no SHA-256 digest for blob {digest}"),
+                    )
                 })?),
                 is_executable: *executable,
                 node_properties: None,
@@ -481,7 +494,10 @@ pub fn reapi_directory(
             Node::Directory { digest, .. } => out.directories.push(re::DirectoryNode {
                 name: text(name)?,
                 digest: Some(dirs.get(digest).cloned().ok_or_else(|| {
-                    Refusal::new(Code::Internal, format!("no REAPI digest for directory {digest}"))
+                    Refusal::new(
+                        Code::Internal,
+                        format!("no REAPI digest for directory {digest}"),
+                    )
                 })?),
             }),
             Node::Symlink { target } => out.symlinks.push(re::SymlinkNode {
@@ -550,10 +566,21 @@ pub fn tree(
         children,
     };
     let bytes = t.encode_to_vec();
+    let mut directories: Vec<(re::Digest, Vec<u8>)> = order
+        .iter()
+        .filter_map(|d| {
+            encoded
+                .get(d)
+                .map(|r| (reapi[d].clone(), r.encode_to_vec()))
+        })
+        .collect();
+    directories.sort_by(|a, b| a.0.hash.cmp(&b.0.hash));
+    directories.dedup_by(|a, b| a.0 == b.0);
     Ok(EncodedTree {
         digest: sha256_digest(&bytes),
         root_directory: reapi[root].clone(),
         bytes,
+        directories,
     })
 }
 
@@ -563,14 +590,25 @@ pub struct EncodedTree {
     pub digest: re::Digest,
     pub root_directory: re::Digest,
     pub bytes: Vec<u8>,
+    /// Every directory of the tree on its own, under its digest: what a
+    /// client fetching `root_directory_digest` walks.
+    pub directories: Vec<(re::Digest, Vec<u8>)>,
 }
 
 /// What a path in the working tree turned out to be after the build.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Found {
-    File { digest: re::Digest, executable: bool },
-    Directory { tree: re::Digest, root: re::Digest },
-    Symlink { target: String },
+    File {
+        digest: re::Digest,
+        executable: bool,
+    },
+    Directory {
+        tree: re::Digest,
+        root: re::Digest,
+    },
+    Symlink {
+        target: String,
+    },
     Missing,
 }
 
@@ -578,11 +616,7 @@ pub enum Found {
 /// directories and symlinks, sorted by path). An `output_files` entry that
 /// is a directory, or an `output_directories` entry that is a file, is
 /// the client's mistake: `FAILED_PRECONDITION`, as REAPI says.
-pub fn outputs(
-    plan: &Plan,
-    found: &[Found],
-    result: &mut re::ActionResult,
-) -> Result<(), Refusal> {
+pub fn outputs(plan: &Plan, found: &[Found], result: &mut re::ActionResult) -> Result<(), Refusal> {
     for (req, f) in plan.outputs.iter().zip(found) {
         let path = req.path.clone();
         match (req.kind, f) {
@@ -631,7 +665,9 @@ pub fn outputs(
         }
     }
     result.output_files.sort_by(|a, b| a.path.cmp(&b.path));
-    result.output_directories.sort_by(|a, b| a.path.cmp(&b.path));
+    result
+        .output_directories
+        .sort_by(|a, b| a.path.cmp(&b.path));
     for l in [
         &mut result.output_symlinks,
         &mut result.output_file_symlinks,
@@ -753,10 +789,11 @@ mod tests {
     #[test]
     fn a_command_maps_to_an_in_place_action() {
         let mut c = command(&["/bin/sh", "-c", "echo hi > out/a.txt"]);
-        c.environment_variables.push(re::command::EnvironmentVariable {
-            name: "CC".into(),
-            value: "gcc".into(),
-        });
+        c.environment_variables
+            .push(re::command::EnvironmentVariable {
+                name: "CC".into(),
+                value: "gcc".into(),
+            });
         c.working_directory = "w/sub".into();
         c.output_files = vec!["out/a.txt".into()];
         c.output_directories = vec!["gen".into()];
@@ -828,7 +865,10 @@ mod tests {
         c.platform = None;
         let e = plan(&a, &c, &policy()).unwrap_err();
         assert_eq!(e.code, Code::FailedPrecondition);
-        assert!(e.message.contains("names no toolchain") && e.message.contains(&tc().to_string()), "{e}");
+        assert!(
+            e.message.contains("names no toolchain") && e.message.contains(&tc().to_string()),
+            "{e}"
+        );
 
         let mut c = command(&["true"]);
         c.platform = Some(re::Platform {
@@ -841,16 +881,28 @@ mod tests {
         c.platform = Some(re::Platform {
             properties: vec![prop(TOOLCHAIN_PROPERTY, "gcc")],
         });
-        assert_eq!(plan(&a, &c, &policy()).unwrap_err().code, Code::InvalidArgument);
+        assert_eq!(
+            plan(&a, &c, &policy()).unwrap_err().code,
+            Code::InvalidArgument
+        );
         c.platform = Some(re::Platform {
             properties: vec![
                 prop(TOOLCHAIN_PROPERTY, &tc().to_string()),
                 prop("fhsx-toolchian", "x"),
             ],
         });
-        assert!(plan(&a, &c, &policy()).unwrap_err().message.contains("fhsx-toolchian"));
+        assert!(plan(&a, &c, &policy())
+            .unwrap_err()
+            .message
+            .contains("fhsx-toolchian"));
 
-        for (wd, out) in [("../x", "a"), ("", "/etc/passwd"), ("", "a/../../b"), ("", "a/"), ("/abs", "a")] {
+        for (wd, out) in [
+            ("../x", "a"),
+            ("", "/etc/passwd"),
+            ("", "a/../../b"),
+            ("", "a/"),
+            ("/abs", "a"),
+        ] {
             let mut c = command(&["true"]);
             c.working_directory = wd.into();
             c.output_files = vec![out.into()];
@@ -859,10 +911,16 @@ mod tests {
         }
         let mut c = command(&["true"]);
         c.output_files = vec!["a".into(), "a".into()];
-        assert!(plan(&a, &c, &policy()).unwrap_err().message.contains("twice"));
+        assert!(plan(&a, &c, &policy())
+            .unwrap_err()
+            .message
+            .contains("twice"));
 
         let c = command(&[]);
-        assert!(plan(&a, &c, &policy()).unwrap_err().message.contains("no arguments"));
+        assert!(plan(&a, &c, &policy())
+            .unwrap_err()
+            .message
+            .contains("no arguments"));
 
         let long = re::Action {
             timeout: Some(super::super::proto::Duration {
@@ -875,11 +933,15 @@ mod tests {
         assert!(e.message.contains("maximum"), "{e}");
 
         let mut c = command(&["true"]);
-        c.environment_variables.push(re::command::EnvironmentVariable {
-            name: "A=B".into(),
-            value: "x".into(),
-        });
-        assert_eq!(plan(&a, &c, &policy()).unwrap_err().code, Code::InvalidArgument);
+        c.environment_variables
+            .push(re::command::EnvironmentVariable {
+                name: "A=B".into(),
+                value: "x".into(),
+            });
+        assert_eq!(
+            plan(&a, &c, &policy()).unwrap_err().code,
+            Code::InvalidArgument
+        );
     }
 
     #[test]
@@ -896,7 +958,10 @@ mod tests {
             hash: "b3:00".into(),
             size_bytes: 1,
         };
-        assert!(check_digest("input root", &b3).unwrap_err().message.contains("SHA-256"));
+        assert!(check_digest("input root", &b3)
+            .unwrap_err()
+            .message
+            .contains("SHA-256"));
     }
 
     #[test]
@@ -944,10 +1009,18 @@ mod tests {
         assert_eq!(rleaf.symlinks[0].target, "f");
         let rleaf_d = sha256_digest(&rleaf.encode_to_vec());
         assert_eq!(
-            decoded.root.as_ref().unwrap().directories[0].digest.as_ref(),
+            decoded.root.as_ref().unwrap().directories[0]
+                .digest
+                .as_ref(),
             Some(&rleaf_d)
         );
-        assert_eq!(t.root_directory, sha256_digest(&decoded.root.as_ref().unwrap().encode_to_vec()));
+        assert_eq!(
+            t.root_directory,
+            sha256_digest(&decoded.root.as_ref().unwrap().encode_to_vec())
+        );
+        let listed: Vec<&re::Digest> = t.directories.iter().map(|(d, _)| d).collect();
+        assert_eq!(listed.len(), 2);
+        assert!(listed.contains(&&t.root_directory) && listed.contains(&&rleaf_d));
         // And back: the same castore tree.
         let back_leaf = castore_directory(rleaf, &HashMap::new(), &[(rblob, blob)].into()).unwrap();
         assert_eq!(back_leaf, leaf);
