@@ -822,8 +822,7 @@ fn bazel_cmd(ws: &Path, root: &Path, engine: &Engine, tc: &str, args: &[&str]) -
 /// "INFO: N processes: …" from Bazel's summary.
 fn processes(out: &str) -> String {
     out.lines()
-        .filter(|l| l.contains(" processes"))
-        .last()
+        .rfind(|l| l.contains(" processes"))
         .unwrap_or("")
         .to_owned()
 }
