@@ -80,17 +80,42 @@ fn ok(o: &Output, what: &str) {
     assert!(o.status.success(), "{what}: {}", text(o));
 }
 
+/// How long a client command may take before the test gives up on it.
+const CLIENT_LIMIT: Duration = Duration::from_secs(300);
+
+/// Run a client command that must finish within [`CLIENT_LIMIT`].
+fn run(c: Command, what: &str) -> Output {
+    run_for(c, CLIENT_LIMIT).unwrap_or_else(|| panic!("{what} did not finish in {CLIENT_LIMIT:?}"))
+}
+
 /// Run a command, killing it after `limit`; `None` if it had to be killed.
 fn run_for(mut c: Command, limit: Duration) -> Option<Output> {
-    let mut child = c
+    let child = c
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap();
+    wait_for_child(child, limit)
+}
+
+/// Wait for a child (its pipes drained as it runs), SIGINT then SIGKILL
+/// after `limit`; `None` if it had to be killed.
+fn wait_for_child(mut child: Child, limit: Duration) -> Option<Output> {
+    fn drain<R: std::io::Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    }
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
     let end = Instant::now() + limit;
-    loop {
-        if child.try_wait().unwrap().is_some() {
-            return Some(child.wait_with_output().unwrap());
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
         }
         if Instant::now() > end {
             // Our own child, by its pid: SIGINT lets bgd cancel its operation.
@@ -98,10 +123,19 @@ fn run_for(mut c: Command, limit: Duration) -> Option<Output> {
             std::thread::sleep(Duration::from_secs(2));
             let _ = child.kill();
             let _ = child.wait();
-            return None;
+            break None;
         }
-        std::thread::sleep(Duration::from_millis(100));
-    }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    status.map(|status| Output {
+        status,
+        stdout,
+        stderr,
+    })
 }
 
 /// PostgreSQL and BuildGrid on loopback, stopped when dropped.
@@ -456,9 +490,13 @@ impl Worker {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
+            // Read stdout to its end: a closed pipe would kill the worker
+            // (fhsx restores SIGPIPE's default) at its next line.
+            let mut r = BufReader::new(stdout);
             let mut line = String::new();
-            let _ = BufReader::new(stdout).read_line(&mut line);
+            let _ = r.read_line(&mut line);
             let _ = tx.send(line);
+            let _ = std::io::copy(&mut r, &mut std::io::sink());
         });
         let line = rx.recv_timeout(Duration::from_secs(90)).unwrap_or_default();
         if !line.contains("attached to") {
@@ -536,16 +574,14 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
     fs::write(input.join("a.txt"), "hello\n").unwrap();
     fs::write(input.join("sub/b.txt"), "world\n").unwrap();
     let got = t.path().join("got");
-    let o = e
+    let o = run(e
         .execute(
             &input,
             &[("fhsx-toolchain", &tc)],
             &["out/c.txt", "gen"],
             &got,
             &["/bin/sh", "-c", "mkdir gen && echo made > gen/x && cat a.txt sub/b.txt > out/c.txt && echo said-on-stdout"],
-        )
-        .output()
-        .unwrap();
+        ), "bgd execute");
     ok(&o, "bgd execute");
     assert_eq!(
         fs::read_to_string(got.join("out/c.txt")).unwrap(),
@@ -633,16 +669,16 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
     assert!(w.log().contains("fetched 4 objects"), "{}", w.log());
 
     // A failing command: its exit code and stderr come back.
-    let o = e
-        .execute(
+    let o = run(
+        e.execute(
             &input,
             &[("fhsx-toolchain", &tc)],
             &[],
             &got,
             &["/bin/sh", "-c", "echo broken >&2; exit 3"],
-        )
-        .output()
-        .unwrap();
+        ),
+        "bgd execute",
+    );
     ok(&o, "bgd execute (failing command)");
     let r = e.action_result(&sent_action(&String::from_utf8_lossy(&o.stdout)));
     assert_eq!(r["exitCode"], 3, "{r}");
@@ -654,10 +690,10 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
 
     // No toolchain: refused with the reason, never run on the host's tools.
     let before = w.leases();
-    let o = e
-        .execute(&input, &[], &[], &got, &["/bin/true"])
-        .output()
-        .unwrap();
+    let o = run(
+        e.execute(&input, &[], &[], &got, &["/bin/true"]),
+        "bgd execute",
+    );
     let s = text(&o);
     assert!(
         s.contains("code: 9") && s.contains("names no toolchain"),
@@ -840,9 +876,10 @@ fn bazel_builds_remotely_on_fhsx_and_rebuilds_from_the_remote_cache() {
     let ws = t.path().join("ws");
     workspace(&ws, "");
     let root = t.path().join("bazel-root");
-    let o = bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"])
-        .output()
-        .unwrap();
+    let o = run(
+        bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"]),
+        "bazel",
+    );
     ok(&o, "bazel build");
     let s = text(&o);
     let p = processes(&s);
@@ -855,12 +892,13 @@ fn bazel_builds_remotely_on_fhsx_and_rebuilds_from_the_remote_cache() {
     assert_eq!(String::from_utf8_lossy(&o.stdout), "hello from fhsx\n");
 
     ok(
-        &bazel_cmd(&ws, &root, &e, &tc, &["clean"]).output().unwrap(),
+        &run(bazel_cmd(&ws, &root, &e, &tc, &["clean"]), "bazel"),
         "bazel clean",
     );
-    let o = bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"])
-        .output()
-        .unwrap();
+    let o = run(
+        bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"]),
+        "bazel",
+    );
     ok(&o, "bazel rebuild");
     let s = text(&o);
     assert!(
@@ -911,9 +949,10 @@ fn hostile_actions_through_bazel_fail_as_with_fhsx_build_and_the_worker_keeps_se
     for (name, script, want) in HOSTILE {
         let script = script.replace("PORT", &port);
         let want = want.replace("PORT", &port);
-        let o = bazel_cmd(&ws, &root, &e, &tc, &["build", &format!("//:{name}")])
-            .output()
-            .unwrap();
+        let o = run(
+            bazel_cmd(&ws, &root, &e, &tc, &["build", &format!("//:{name}")]),
+            "bazel",
+        );
         let s = text(&o);
         assert!(!o.status.success(), "{name} built: {s}");
         assert!(
@@ -952,9 +991,10 @@ fn hostile_actions_through_bazel_fail_as_with_fhsx_build_and_the_worker_keeps_se
         );
     }
     assert!(!Path::new("/usr/pwned").exists());
-    let o = bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"])
-        .output()
-        .unwrap();
+    let o = run(
+        bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"]),
+        "bazel",
+    );
     ok(&o, "a good build after the hostile ones");
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
 }
@@ -989,7 +1029,7 @@ fn two_workers_share_the_queue_and_a_killed_workers_lease_completes_on_the_other
         clients.push((i, out, c.spawn().unwrap()));
     }
     for (i, out, c) in clients {
-        let o = c.wait_with_output().unwrap();
+        let o = wait_for_child(c, CLIENT_LIMIT).expect("a bgd execute did not finish");
         ok(&o, "bgd execute");
         assert_eq!(fs::read_to_string(out.join("n")).unwrap(), format!("{i}\n"));
     }
@@ -1029,7 +1069,7 @@ fn two_workers_share_the_queue_and_a_killed_workers_lease_completes_on_the_other
         !w[k].mounts().is_empty(),
         "the killed worker's build left nothing mounted?"
     );
-    let o = client.wait_with_output().unwrap();
+    let o = wait_for_child(client, CLIENT_LIMIT).expect("the long action did not finish");
     ok(&o, "the long action after its worker was killed");
     assert_eq!(fs::read_to_string(out.join("done")).unwrap(), "ok\n");
     let other = 1 - k;
