@@ -149,6 +149,12 @@ impl Engine {
     /// `keepalive`: how long BuildGrid waits to hear from a bot before it
     /// takes the bot's leases back.
     fn start(dir: &Path, keepalive: u64) -> Engine {
+        Self::start_with(dir, keepalive, None)
+    }
+
+    /// With `s3`, the engine's CAS (and action cache) live in that
+    /// S3-compatible object store instead of its memory.
+    fn start_with(dir: &Path, keepalive: u64, s3: Option<&S3>) -> Engine {
         assert!(
             Path::new(PG_BIN).join("initdb").exists(),
             "PostgreSQL 15 is not installed: `apt-get install postgresql` (listed in .ci/apt-packages)"
@@ -205,6 +211,16 @@ impl Engine {
         let o = bgd().args(["migrate", "apply", &url]).output().unwrap();
         ok(&o, "bgd migrate apply");
         let port = free_port();
+        let storage = match s3 {
+            None => "  - !lru-storage &cas\n    size: 2048MB\n".to_owned(),
+            Some(s3) => format!(
+                "  - !s3-storage &cas\n    bucket: {}\n    endpoint: {}\n    access_key: {}\n    secret_key: {}\n",
+                S3::BUCKET,
+                s3.endpoint(),
+                S3::KEY,
+                S3::KEY
+            ),
+        };
         let config = dir.join("bgd.yml");
         fs::write(
             &config,
@@ -221,9 +237,7 @@ connections:
     pool-size: 10
     max-overflow: 20
 storages:
-  - !lru-storage &cas
-    size: 2048MB
-caches:
+{storage}caches:
   - !lru-action-cache &ac
     storage: *cas
     max-cached-refs: 10000
@@ -347,6 +361,79 @@ impl Drop for Engine {
             .arg(self.dir.join("pg/data"))
             .args(["-m", "immediate", "stop"])
             .output();
+    }
+}
+
+/// moto's S3-compatible server on loopback, with the engine's bucket.
+struct S3 {
+    port: u16,
+    server: Child,
+}
+
+impl S3 {
+    const BUCKET: &'static str = "fhsx-cas";
+    const KEY: &'static str = "testing";
+
+    fn start(dir: &Path) -> S3 {
+        let moto = std::env::var_os("FHSX_MOTO")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/opt/fhsx-ci/moto"));
+        let bin = moto.join("bin/moto_server");
+        assert!(
+            bin.exists(),
+            "moto is not installed at {}: run .ci/setup (it makes that venv: `python3 -m venv {} && {}/bin/pip install 'moto[server]'`), or set FHSX_MOTO",
+            moto.display(),
+            moto.display(),
+            moto.display()
+        );
+        let port = free_port();
+        let log = dir.join("moto.log");
+        let server = Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(fs::File::create(&log).unwrap())
+            .stderr(Stdio::from(fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap();
+        wait_port(port, "moto", &log);
+        let s3 = S3 { port, server };
+        s3.python(&format!("s3.create_bucket(Bucket={:?})", Self::BUCKET));
+        s3
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Run `code` with `s3`, a boto3 client of this server (BuildGrid's venv has boto3).
+    fn python(&self, code: &str) -> String {
+        let o = Command::new(buildgrid().join("bin/python"))
+            .arg("-c")
+            .arg(format!(
+                "import boto3\ns3 = boto3.client('s3', endpoint_url={:?}, aws_access_key_id={:?}, aws_secret_access_key={:?}, region_name='us-east-1')\n{code}",
+                self.endpoint(),
+                Self::KEY,
+                Self::KEY
+            ))
+            .output()
+            .unwrap();
+        ok(&o, "boto3");
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    }
+
+    fn objects(&self) -> usize {
+        self.python(&format!(
+            "print(sum(p.get('KeyCount', 0) for p in s3.get_paginator('list_objects_v2').paginate(Bucket={:?})))",
+            Self::BUCKET
+        ))
+        .parse()
+        .unwrap()
+    }
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
     }
 }
 
@@ -1006,18 +1093,33 @@ fn hostile_actions_through_bazel_fail_as_with_fhsx_build_and_the_worker_keeps_se
 #[test]
 fn two_workers_share_the_queue_and_a_killed_workers_lease_completes_on_the_other() {
     let t = tempfile::tempdir().unwrap();
-    let e = Engine::start(t.path(), 6);
+    two_workers(t.path(), &Engine::start(t.path(), 6));
+}
+
+/// The same two workers with the engine's CAS on an S3-compatible object
+/// store (moto on loopback): fhsx needs nothing of its own for a shared CAS.
+#[test]
+fn two_workers_on_an_engine_whose_cas_is_an_s3_object_store() {
+    let t = tempfile::tempdir().unwrap();
+    let s3 = S3::start(t.path());
+    let e = Engine::start_with(t.path(), 6, Some(&s3));
+    two_workers(t.path(), &e);
+    assert!(s3.objects() > 20, "the CAS is not in the bucket");
+}
+
+fn two_workers(dir: &Path, e: &Engine) {
+    let t = dir;
     let mut w = [
-        Worker::new(t.path(), &e, "wa", 1),
-        Worker::new(t.path(), &e, "wb", 1),
+        Worker::new(t, e, "wa", 1),
+        Worker::new(t, e, "wb", 1),
     ];
     let tc = toolchain_id(&seed().base);
-    let input = t.path().join("in");
+    let input = t.join("in");
     fs::create_dir_all(&input).unwrap();
     fs::write(input.join("x"), "x").unwrap();
     let mut clients = Vec::new();
     for i in 0..20 {
-        let out = t.path().join(format!("got{i}"));
+        let out = t.join(format!("got{i}"));
         let mut c = e.execute(
             &input,
             &[("fhsx-toolchain", &tc)],
@@ -1040,7 +1142,7 @@ fn two_workers_share_the_queue_and_a_killed_workers_lease_completes_on_the_other
     let finished = [done(&w[0]), done(&w[1])];
 
     // A long action; kill whichever worker takes it, mid-build.
-    let out = t.path().join("long");
+    let out = t.join("long");
     let mut c = e.execute(
         &input,
         &[("fhsx-toolchain", &tc)],
