@@ -214,7 +214,7 @@ impl Engine {
         let storage = match s3 {
             None => "  - !lru-storage &cas\n    size: 2048MB\n".to_owned(),
             Some(s3) => format!(
-                "  - !s3-storage &cas\n    bucket: {}\n    endpoint: {}\n    access_key: {}\n    secret_key: {}\n",
+                "  - !s3-storage &cas\n    bucket: {}\n    endpoint: {}\n    access-key: {}\n    secret-key: {}\n",
                 S3::BUCKET,
                 s3.endpoint(),
                 S3::KEY,
@@ -1109,10 +1109,7 @@ fn two_workers_on_an_engine_whose_cas_is_an_s3_object_store() {
 
 fn two_workers(dir: &Path, e: &Engine) {
     let t = dir;
-    let mut w = [
-        Worker::new(t, e, "wa", 1),
-        Worker::new(t, e, "wb", 1),
-    ];
+    let mut w = [Worker::new(t, e, "wa", 1), Worker::new(t, e, "wb", 1)];
     let tc = toolchain_id(&seed().base);
     let input = t.join("in");
     fs::create_dir_all(&input).unwrap();
