@@ -171,6 +171,18 @@ pub fn index(store: &LocalStore, action: &Digest, record: &Digest) -> Result<(),
     Ok(())
 }
 
+/// Forget that `record` answers `action`; the record itself stays in the
+/// store (an REAPI `do_not_cache` action's record: signed and kept, never
+/// a cache hit). Idempotent.
+pub fn unindex(store: &LocalStore, action: &Digest, record: &Digest) -> Result<(), Error> {
+    let entry = index_dir(store, action).join(record.hex());
+    match fs::remove_file(&entry) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(Error::io("remove", &entry, e)),
+    }
+}
+
 /// The first object of the tree `root` that is not in the store. Presence
 /// only: the content is verified when it is served or checked, not here, so
 /// a hit costs a walk of the output's directories and a `stat` per blob.

@@ -825,6 +825,112 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
 }
 
+/// `Action.timeout`, `do_not_cache` and cancellation, sent by a Python
+/// gRPC client (bgd cannot set the first two): a build past its timeout is
+/// stopped and reported `DEADLINE_EXCEEDED`; a `do_not_cache` action runs
+/// every time while a cacheable one sent again (the engine's cache
+/// skipped) is answered from fhsx's own action cache without running; an
+/// operation the client cancels stops its build on the worker, which
+/// leaves nothing mounted and serves the next action.
+#[test]
+fn timeouts_do_not_cache_and_cancellation_are_honoured() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Engine::start(t.path(), 10);
+    let w = Worker::new(t.path(), &e, "w1", 1);
+    let tc = toolchain_id(&seed().base);
+    let client = |mode: &str| {
+        let mut c = Command::new(buildgrid().join("bin/python"));
+        c.arg("-c")
+            .arg(PROPERTIES_CLIENT)
+            .arg(format!("127.0.0.1:{}", e.port))
+            .arg(&tc)
+            .arg(mode);
+        let o = run(c, "the Python client");
+        ok(&o, mode);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let started = || w.log().matches(" started").count();
+    let cached = || w.log().matches("(cached: nothing ran)").count();
+
+    let t0 = Instant::now();
+    let out = client("timeout");
+    assert!(out.contains("status 4 exit 137"), "{out}\n{}", w.log());
+    assert!(
+        t0.elapsed() < Duration::from_secs(25),
+        "the 2 s timeout was not enforced"
+    );
+
+    let (s0, c0) = (started(), cached());
+    let out = client("nocache");
+    assert_eq!(out.matches("status 0 exit 0").count(), 2, "{out}");
+    assert_eq!(
+        (started() - s0, cached() - c0),
+        (2, 0),
+        "do_not_cache was answered from a cache: {}",
+        w.log()
+    );
+    let out = client("cache");
+    assert_eq!(out.matches("status 0 exit 0").count(), 2, "{out}");
+    assert_eq!((started() - s0, cached() - c0), (4, 1), "{}", w.log());
+
+    let out = client("cancel");
+    assert!(out.contains("cancelled"), "{out}");
+    wait_until(
+        "the worker to stop the cancelled build",
+        Duration::from_secs(30),
+        || {
+            w.log()
+                .contains("was cancelled by the engine; stopping its build")
+                && w.mounts().is_empty()
+        },
+    );
+    let out = client("cache");
+    assert!(
+        out.contains("status 0 exit 0"),
+        "the worker did not serve after a cancellation: {out}"
+    );
+}
+
+/// The client of the test above: `ADDR TOOLCHAIN MODE`.
+const PROPERTIES_CLIENT: &str = r#"
+import hashlib, sys, threading, time, grpc
+from buildgrid._protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as re, remote_execution_pb2_grpc as reg
+from buildgrid._protos.google.longrunning import operations_pb2, operations_pb2_grpc
+ch = grpc.insecure_channel(sys.argv[1]); tc = sys.argv[2]; mode = sys.argv[3]
+cas = reg.ContentAddressableStorageStub(ch)
+def put(m):
+    b = m.SerializeToString(); d = re.Digest(hash=hashlib.sha256(b).hexdigest(), size_bytes=len(b))
+    cas.BatchUpdateBlobs(re.BatchUpdateBlobsRequest(requests=[re.BatchUpdateBlobsRequest.Request(digest=d, data=b)]))
+    return d
+def action(script, timeout=0, nocache=False):
+    c = re.Command(arguments=["/bin/sh", "-c", script],
+                   platform=re.Platform(properties=[re.Platform.Property(name="fhsx-toolchain", value=tc)]))
+    a = re.Action(command_digest=put(c), input_root_digest=put(re.Directory()), do_not_cache=nocache)
+    if timeout: a.timeout.seconds = timeout
+    return put(a)
+def execute(d):
+    last = None
+    for op in reg.ExecutionStub(ch).Execute(re.ExecuteRequest(action_digest=d, skip_cache_lookup=True)):
+        last = op
+    r = re.ExecuteResponse(); last.response.Unpack(r)
+    print("status", r.status.code, "exit", r.result.exit_code, r.status.message, flush=True)
+if mode == "timeout":
+    execute(action("sleep 30", timeout=2))
+elif mode in ("nocache", "cache"):
+    d = action("echo same", nocache=(mode == "nocache"))
+    execute(d); execute(d)
+elif mode == "cancel":
+    stream = reg.ExecutionStub(ch).Execute(re.ExecuteRequest(action_digest=action("sleep 60"), skip_cache_lookup=True))
+    name = next(stream).name
+    time.sleep(5)
+    operations_pb2_grpc.OperationsStub(ch).CancelOperation(operations_pb2.CancelOperationRequest(name=name))
+    try:
+        for op in stream: pass
+    except grpc.RpcError as e:
+        pass
+    print("cancelled", flush=True)
+"#;
+
 /// A client that names its blobs by BLAKE3 and says so (`digest_function`).
 const BLAKE3_CLIENT: &str = r#"
 import sys, grpc

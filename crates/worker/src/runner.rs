@@ -30,6 +30,9 @@ pub struct Job {
     pub action: Action,
     pub lock: Vec<u8>,
     pub cache: CachePolicy,
+    /// Whether the record may answer later builds (REAPI's `do_not_cache`
+    /// says no: it is signed and kept, then taken out of the cache index).
+    pub cacheable: bool,
 }
 
 /// How a job ended.
@@ -138,9 +141,14 @@ impl Runner {
             }
             drop(permit);
             match &r {
-                JobResult::Done { digest, .. } => {
-                    eprintln!("fhsx worker: build {id} done: record {digest}")
-                }
+                JobResult::Done { digest, cached, .. } => eprintln!(
+                    "fhsx worker: build {id} done: record {digest}{}",
+                    if *cached {
+                        " (cached: nothing ran)"
+                    } else {
+                        ""
+                    }
+                ),
                 JobResult::Failed { message, .. } => {
                     eprintln!("fhsx worker: build {id} failed: {message}")
                 }
@@ -232,6 +240,25 @@ fn run_build(
     req.cache = job.cache;
     let mut w = ChannelWriter(log);
     match exec.build(&req, &mut w) {
+        Ok(out) if !job.cacheable && !out.cached => {
+            if let Err(e) = fhs_executor::cache::unindex(
+                &store,
+                &out.record.record.action_digest,
+                &out.record_digest,
+            ) {
+                return failed(e.exit_class(), e.to_string());
+            }
+            match store.read_blob(&out.record_digest) {
+                Ok(bytes) => JobResult::Done {
+                    digest: out.record_digest,
+                    record: Box::new(out.record),
+                    bytes,
+                    cached: false,
+                    check: out.check,
+                },
+                Err(e) => failed(ExitClass::BuildFailed, e.to_string()),
+            }
+        }
         Ok(out) => match store.read_blob(&out.record_digest) {
             Ok(bytes) => JobResult::Done {
                 digest: out.record_digest,

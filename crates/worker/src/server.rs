@@ -535,6 +535,7 @@ impl executor::Server for ExecutorImpl {
             action,
             lock,
             cache,
+            cacheable: true,
         };
         let flag = cancel.clone();
         let forward = async move {

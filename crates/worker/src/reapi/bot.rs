@@ -572,6 +572,7 @@ async fn execute_inner(
         } else {
             CachePolicy::Use
         },
+        cacheable: !plan.do_not_cache,
     };
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
     // The live log is not streamed to the engine: the record's log blob,
