@@ -255,6 +255,21 @@ pub struct Network {
 pub struct Outputs {
     #[serde(default = "default_outputs")]
     pub names: Vec<OutputName>,
+    /// An in-place build: the output that starts as the source tree. The
+    /// source is exported writable to `/build/NAME` instead of
+    /// `/build/src`, the build works in it, and what it holds afterwards
+    /// is output `NAME` (how the REAPI worker runs an action in its input
+    /// root). Needs `[inputs] source`; names one of `names`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_place: Option<OutputName>,
+}
+
+impl Outputs {
+    /// Where the source tree is exported in the scratch: `src`, or the
+    /// in-place output's name.
+    pub fn source_dir(&self) -> &str {
+        self.in_place.as_ref().map_or("src", |o| o.as_str())
+    }
 }
 
 fn default_outputs() -> Vec<OutputName> {
@@ -265,6 +280,7 @@ impl Default for Outputs {
     fn default() -> Self {
         Outputs {
             names: default_outputs(),
+            in_place: None,
         }
     }
 }
@@ -561,6 +577,18 @@ impl<I> ActionOf<I> {
                 return Err(format!("[outputs] names {n:?} twice"));
             }
         }
+        if let Some(o) = &self.outputs.in_place {
+            if !self.outputs.names.contains(o) {
+                return Err(format!(
+                    "[outputs] in_place = {o:?} is not one of the output names"
+                ));
+            }
+            if self.inputs.source.is_none() {
+                return Err(format!(
+                    "[outputs] in_place = {o:?} needs [inputs] source: it is the tree the build works in"
+                ));
+            }
+        }
         if self.network.mode != NetworkMode::None && self.network.lock.is_none() {
             return Err("[network] mode replay/record needs `lock = \"fetch.lock\"`".into());
         }
@@ -720,6 +748,25 @@ mod tests {
         // What a worker is sent parses back to the same action.
         let back = Action::parse(&resolved.to_toml(), Path::new("sent.toml")).unwrap();
         assert_eq!(back, resolved);
+    }
+
+    #[test]
+    fn in_place_outputs_start_as_the_source() {
+        let t = format!(
+            "[inputs]\nclosure = [\"{D}\"]\nsource = \"{D}\"\n[run]\ncommand = [\"x\"]\n[outputs]\nnames = [\"out\"]\nin_place = \"out\"\n"
+        );
+        let a = parse(&t).unwrap();
+        assert_eq!(a.outputs.source_dir(), "out");
+        assert_eq!(Action::parse(&a.to_toml(), Path::new("b.toml")).unwrap(), a);
+        // Without it the canonical form (and so every existing digest) is unchanged.
+        let plain = parse(&t.replace("in_place = \"out\"\n", "")).unwrap();
+        assert_eq!(plain.outputs.source_dir(), "src");
+        assert!(!String::from_utf8_lossy(&plain.canonical(None)).contains("in_place"));
+        assert_ne!(plain.digest(None), a.digest(None));
+        let e = parse(&t.replace("in_place = \"out\"", "in_place = \"dev\"")).unwrap_err();
+        assert!(e.to_string().contains("not one of the output names"), "{e}");
+        let e = parse(&t.replace(&format!("source = \"{D}\"\n"), "")).unwrap_err();
+        assert!(e.to_string().contains("needs [inputs] source"), "{e}");
     }
 
     #[test]

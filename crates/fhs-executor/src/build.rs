@@ -429,7 +429,8 @@ impl FhsExecutor {
             fs::create_dir_all(d).map_err(|e| Error::io("create", d, e))?;
         }
         if let Some(src) = &plan.action.inputs.source {
-            castore::export::export(&self.store, src, &scratch.join("src"), &())?;
+            let dest = scratch.join(plan.action.outputs.source_dir());
+            castore::export::export(&self.store, src, &dest, &())?;
         }
         work.hand_over()?;
         Ok(work)

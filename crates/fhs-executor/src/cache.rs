@@ -234,6 +234,32 @@ fn index_in(store: &LocalStore, index: Index, key: &Digest, record: &Digest) -> 
     Ok(())
 }
 
+/// Forget that `record` answers `action`; the record itself stays in the
+/// store (an REAPI `do_not_cache` action's record: signed and kept, never
+/// a cache hit). Idempotent.
+pub fn unindex(store: &LocalStore, action: &Digest, record: &Digest) -> Result<(), Error> {
+    let mut entries = vec![index_dir_of(store, Index::Actions, action).join(record.hex())];
+    // Nor may it answer another action of the same command.
+    if let Ok(rec) = sign::load_record(store, record) {
+        if let Ok(a) = crate::prune::recorded_action(store, &rec.record) {
+            let lock = rec
+                .record
+                .fetch_lock_digest
+                .filter(|_| a.network.lock.is_some());
+            let command = a.command_digest(lock.as_ref());
+            entries.push(index_dir_of(store, Index::Commands, &command).join(record.hex()));
+        }
+    }
+    for entry in entries {
+        match fs::remove_file(&entry) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("remove", &entry, e)),
+        }
+    }
+    Ok(())
+}
+
 /// The first object of the tree `root` that is not in the store. Presence
 /// only: the content is verified when it is served or checked, not here, so
 /// a hit costs a walk of the output's directories and a `stat` per blob.

@@ -36,6 +36,8 @@
 
 pub mod client;
 mod error;
+pub mod reapi;
+pub mod runner;
 pub mod server;
 mod tls;
 

@@ -1,11 +1,11 @@
-//! The worker daemon: serves `Executor` and `Cas` over Cap'n Proto RPC.
+//! The Cap'n Proto front door: serves `Executor` and `Cas` over Cap'n Proto
+//! RPC, running builds through the shared [`Runner`].
 //!
 //! All RPC runs on one thread (capnp-rpc is single-threaded); everything that
 //! touches the disk — store writes, hashing, the builds themselves — runs on
 //! blocking threads, so a slow upload or a long build never stalls another
-//! client. Builds take a slot of a `jobs`-sized semaphore (the rest queue);
-//! each holds its slot until its sandbox is torn down, so the number of
-//! live builds never exceeds `jobs`, cancelled ones included.
+//! client. Slots, cancellation and the call into the executor are the
+//! runner's (`runner`), shared with the REAPI bot (`reapi`).
 //!
 //! Uploads are deduplicated across clients: an object being written by one
 //! connection is *claimed*, and another connection offering the same object
@@ -13,21 +13,23 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use capnp_rpc::{rpc_twoparty_capnp::Side, twoparty, RpcSystem};
 use castore::store::{BlobStore, DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Directory, Node};
-use executor_core::{Action, BuildRequest, CachePolicy, Executor as _, ExitClass, NetworkMode};
+use executor_core::{Action, CachePolicy, ExitClass};
 use fhs_executor::FhsExecutor;
 use futures::AsyncReadExt;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::sync::{mpsc, watch};
+
+use crate::runner::{Job, JobResult, Runner};
 
 use crate::worker_capnp::{
     blob_upload, byte_sink, cas, executor, gate, CachePolicy as WirePolicy, ExitClass as WireClass,
@@ -80,9 +82,6 @@ struct Counters {
     blob_bytes_written: AtomicU64,
     directories_written: AtomicU64,
     bytes_received: AtomicU64,
-    builds_started: AtomicU64,
-    queued: AtomicU32,
-    max_running: AtomicU32,
 }
 
 /// (is a blob, digest).
@@ -91,17 +90,12 @@ type ClaimKey = (bool, Digest);
 /// The worker's state, shared by every connection.
 struct Shared {
     store: LocalStore,
-    jobs: usize,
+    runner: Arc<Runner>,
     public_key: String,
     /// The record key's signature binding this worker's TLS certificate
     /// (empty without TLS).
     tls_binding: Vec<u8>,
-    slots: Arc<Semaphore>,
     counters: Arc<Counters>,
-    /// Cancel flags of builds whose sandbox is live (removed by the build
-    /// thread itself once everything is torn down).
-    running: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>>,
-    next_build: Cell<u64>,
     shutting_down: Cell<bool>,
     /// Objects being written right now, and a receiver that sees `true`
     /// once the write is over (committed or not).
@@ -177,10 +171,6 @@ impl Shared {
         if let Some(mut rx) = waiting {
             let _ = rx.wait_for(|d| *d).await;
         }
-    }
-
-    fn running_count(&self) -> usize {
-        self.running.lock().map(|m| m.len()).unwrap_or(0)
     }
 }
 
@@ -273,19 +263,15 @@ async fn serve_async(
             .unwrap_or_else(|_| format!("{listen:?}")),
         Listener::Unix(_, p) => format!("unix:{}", p.display()),
     };
-    let jobs = config.jobs.max(1);
     let shared = Rc::new(Shared {
         store: config.store.clone(),
-        jobs,
+        runner: Runner::new(config.store.clone(), config.jobs),
         public_key: exec.public_key(),
         tls_binding: tls_cert
             .as_deref()
             .map(|c| exec.sign_tls_binding(c))
             .unwrap_or_default(),
-        slots: Arc::new(Semaphore::new(jobs)),
         counters: Arc::new(Counters::default()),
-        running: Arc::new(Mutex::new(HashMap::new())),
-        next_build: Cell::new(0),
         shutting_down: Cell::new(false),
         claims: RefCell::new(HashMap::new()),
     });
@@ -335,29 +321,7 @@ async fn serve_async(
         let _ = std::fs::remove_file(p);
     }
     shared.shutting_down.set(true);
-    shared.slots.close();
-    let n = shared.running_count();
-    if n > 0 {
-        eprintln!(
-            "fhsx worker: shutting down; waiting up to {:?} for {n} running build(s)",
-            config.shutdown_grace
-        );
-    }
-    let deadline = tokio::time::Instant::now() + config.shutdown_grace;
-    while shared.running_count() > 0 && tokio::time::Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    if shared.running_count() > 0 {
-        eprintln!("fhsx worker: deadline reached; cancelling the running builds");
-        if let Ok(m) = shared.running.lock() {
-            for c in m.values() {
-                c.store(true, Ordering::SeqCst);
-            }
-        }
-        while shared.running_count() > 0 {
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
+    shared.runner.shut_down(config.shutdown_grace).await;
     // Let the last results reach their callers.
     tokio::time::sleep(Duration::from_millis(100)).await;
     Ok(())
@@ -488,89 +452,6 @@ impl Drop for CancelOnDrop {
     }
 }
 
-/// The build's log as a `Write`, feeding the async forwarder.
-struct ChannelWriter(mpsc::Sender<Vec<u8>>);
-
-impl Write for ChannelWriter {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        // A gone caller is not the build's error: it is cancelled separately.
-        let _ = self.0.blocking_send(buf.to_vec());
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-/// What a build thread hands back.
-enum BuildResult {
-    Done {
-        digest: Digest,
-        bytes: Vec<u8>,
-        cached: bool,
-        check: Vec<u8>,
-    },
-    Failed {
-        class: ExitClass,
-        message: String,
-    },
-}
-
-fn run_build(
-    store: LocalStore,
-    action: Action,
-    lock: Vec<u8>,
-    cache: CachePolicy,
-    cancel: Arc<AtomicBool>,
-    log: mpsc::Sender<Vec<u8>>,
-) -> BuildResult {
-    let failed = |class, message: String| BuildResult::Failed { class, message };
-    let dir = match tempfile::Builder::new().prefix("fhsx-remote-").tempdir() {
-        Ok(d) => d,
-        Err(e) => {
-            return failed(
-                ExitClass::BuildFailed,
-                format!("creating the build's lock directory: {e}"),
-            )
-        }
-    };
-    let lock_path = if action.network.mode == NetworkMode::None {
-        None
-    } else {
-        let p = dir.path().join("fetch.lock");
-        if let Err(e) = std::fs::write(&p, &lock) {
-            return failed(
-                ExitClass::BuildFailed,
-                format!("writing the fetch lock: {e}"),
-            );
-        }
-        Some(p)
-    };
-    let mut exec = match FhsExecutor::open(store.clone()) {
-        Ok(e) => e,
-        Err(e) => return failed(e.exit_class(), e.to_string()),
-    };
-    exec.cancel = Some(cancel);
-    let mut req = BuildRequest::new(action, lock_path);
-    req.cache = cache;
-    let mut w = ChannelWriter(log);
-    match exec.build(&req, &mut w) {
-        Ok(out) => match store.read_blob(&out.record_digest) {
-            Ok(bytes) => BuildResult::Done {
-                digest: out.record_digest,
-                bytes,
-                cached: out.cached,
-                check: out
-                    .check
-                    .map(|c| serde_json::to_vec(&c).unwrap_or_default())
-                    .unwrap_or_default(),
-            },
-            Err(e) => failed(ExitClass::BuildFailed, e.to_string()),
-        },
-        Err(e) => failed(e.exit_class(), e.to_string()),
-    }
-}
-
 impl executor::Server for ExecutorImpl {
     async fn cas(
         self: Rc<Self>,
@@ -595,11 +476,12 @@ impl executor::Server for ExecutorImpl {
         s.set_blob_bytes_written(c.blob_bytes_written.load(Ordering::SeqCst));
         s.set_directories_written(c.directories_written.load(Ordering::SeqCst));
         s.set_bytes_received(c.bytes_received.load(Ordering::SeqCst));
-        s.set_builds_started(c.builds_started.load(Ordering::SeqCst));
-        s.set_builds_running(self.shared.running_count() as u32);
-        s.set_builds_queued(c.queued.load(Ordering::SeqCst));
-        s.set_max_concurrent_builds(c.max_running.load(Ordering::SeqCst));
-        s.set_jobs(self.shared.jobs as u32);
+        let r = &self.shared.runner;
+        s.set_builds_started(r.stats.builds_started.load(Ordering::SeqCst));
+        s.set_builds_running(r.running_count() as u32);
+        s.set_builds_queued(r.stats.queued.load(Ordering::SeqCst));
+        s.set_max_concurrent_builds(r.stats.max_running.load(Ordering::SeqCst));
+        s.set_jobs(r.jobs() as u32);
         Ok(())
     }
 
@@ -646,87 +528,52 @@ impl executor::Server for ExecutorImpl {
                 return Ok(());
             }
         };
-        if action.network.mode == NetworkMode::Record {
-            set_failure(
-                &mut results,
-                ExitClass::Usage,
-                "network mode \"record\" is refused on a worker: it is the one impure mode (it fetches upstream and writes the lock). Record locally with `fhsx build --record`, then build the replay remotely",
-            );
-            return Ok(());
-        }
-        sh.counters.queued.fetch_add(1, Ordering::SeqCst);
-        let permit = sh.slots.clone().acquire_owned().await;
-        sh.counters.queued.fetch_sub(1, Ordering::SeqCst);
-        let Ok(permit) = permit else {
+        let cancel = Arc::new(AtomicBool::new(false));
+        let mut guard = CancelOnDrop(cancel.clone(), false);
+        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
+        let job = Job {
+            action,
+            lock,
+            cache,
+            cacheable: true,
+        };
+        let flag = cancel.clone();
+        let forward = async move {
+            while let Some(chunk) = rx.recv().await {
+                let mut req = sink.write_request();
+                req.get().set_chunk(&chunk);
+                if req.send().await.is_err() {
+                    // The caller is gone: stop the build.
+                    flag.store(true, Ordering::SeqCst);
+                    break;
+                }
+            }
+        };
+        let (r, ()) = futures::future::join(sh.runner.run(job, cancel, tx), forward).await;
+        let Ok(r) = r else {
             return Err(fail(
                 "the worker is shutting down: send the build elsewhere",
             ));
         };
-        let cancel = Arc::new(AtomicBool::new(false));
-        let mut guard = CancelOnDrop(cancel.clone(), false);
-        let id = sh.next_build.get();
-        sh.next_build.set(id + 1);
-        {
-            let mut m = sh
-                .running
-                .lock()
-                .map_err(|_| fail("worker state poisoned"))?;
-            m.insert(id, cancel.clone());
-            sh.counters
-                .max_running
-                .fetch_max(m.len() as u32, Ordering::SeqCst);
-        }
-        sh.counters.builds_started.fetch_add(1, Ordering::SeqCst);
-        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
-        let store = sh.store.clone();
-        let running = sh.running.clone();
-        let flag = cancel.clone();
-        let jobs = sh.jobs;
-        let handle = tokio::task::spawn_blocking(move || {
-            let now = running.lock().map(|m| m.len()).unwrap_or(0);
-            eprintln!("fhsx worker: build {id} started ({now}/{jobs} slots busy)");
-            let r = run_build(store, action, lock, cache, flag, tx);
-            // The slot and the registry entry go only once the sandbox is down.
-            if let Ok(mut m) = running.lock() {
-                m.remove(&id);
-            }
-            drop(permit);
-            match &r {
-                BuildResult::Done { digest, .. } => {
-                    eprintln!("fhsx worker: build {id} done: record {digest}")
-                }
-                BuildResult::Failed { message, .. } => {
-                    eprintln!("fhsx worker: build {id} failed: {message}")
-                }
-            }
-            r
-        });
-        while let Some(chunk) = rx.recv().await {
-            let mut req = sink.write_request();
-            req.get().set_chunk(&chunk);
-            if req.send().await.is_err() {
-                // The caller is gone: stop the build.
-                cancel.store(true, Ordering::SeqCst);
-                break;
-            }
-        }
-        drop(rx);
-        let r = handle.await.map_err(join_err)?;
         guard.1 = true;
         match r {
-            BuildResult::Done {
+            JobResult::Done {
                 digest,
                 bytes,
                 cached,
                 check,
+                ..
             } => {
+                let check = check
+                    .map(|c| serde_json::to_vec(&c).unwrap_or_default())
+                    .unwrap_or_default();
                 let mut b = results.get();
                 b.set_record_digest(digest.as_bytes());
                 b.set_record(&bytes);
                 b.set_cached(cached);
                 b.set_check(&check);
             }
-            BuildResult::Failed { class, message } => set_failure(&mut results, class, &message),
+            JobResult::Failed { class, message } => set_failure(&mut results, class, &message),
         }
         Ok(())
     }

@@ -16,6 +16,19 @@ pub enum ToolchainCmd {
     /// `.deb` as an atom (once), and write a toolchain file actions can name
     /// (`toolchain = ["FILE"]`).
     Apt(AptArgs),
+    /// Print the toolchain's id: the value of the `fhsx-toolchain` platform
+    /// property that selects it on an REAPI worker (`fhsx worker --reapi
+    /// … --toolchain FILE`), and the `toolchain_digest` its records carry.
+    Id {
+        /// A toolchain file (`fhsx toolchain apt … -o FILE`).
+        file: PathBuf,
+    },
+}
+
+/// The `fhsx-toolchain` value of a toolchain file: the digest of its atom
+/// list, as a record's `toolchain_digest` names it.
+pub fn toolchain_id(atoms: &[castore::Digest]) -> castore::Digest {
+    executor_core::record::list_digest(atoms)
 }
 
 #[derive(Args, Debug)]
@@ -37,8 +50,6 @@ pub struct AptArgs {
 }
 
 pub fn run(g: &Globals, cmd: ToolchainCmd) -> anyhow::Result<i32> {
-    let ToolchainCmd::Apt(a) = cmd;
-    let store = open_store(g)?;
     let classify = |e: debian::Error| {
         let class = if e.is_usage() {
             ExitClass::Usage
@@ -47,6 +58,23 @@ pub fn run(g: &Globals, cmd: ToolchainCmd) -> anyhow::Result<i32> {
         };
         Classified(class, e.to_string())
     };
+    let a = match cmd {
+        ToolchainCmd::Apt(a) => a,
+        ToolchainCmd::Id { file } => {
+            let t = debian::Toolchain::read(&file).map_err(classify)?;
+            let id = toolchain_id(&t.atoms());
+            if g.json {
+                println!(
+                    "{}",
+                    json!({"file": file, "id": id, "property": format!("fhsx-toolchain={id}")})
+                );
+            } else {
+                println!("{id}");
+            }
+            return Ok(0);
+        }
+    };
+    let store = open_store(g)?;
     let req = debian::Request {
         packages: a.packages.clone(),
         essential: a.essential,

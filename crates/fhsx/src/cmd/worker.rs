@@ -1,4 +1,6 @@
-//! `fhsx worker --listen ADDR | --unix PATH`: serve builds over Cap'n Proto.
+//! `fhsx worker --listen ADDR | --unix PATH`: serve builds over Cap'n Proto;
+//! `fhsx worker --reapi URL --toolchain FILE…`: take leases from an REAPI
+//! engine's Bots service instead.
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -37,6 +39,138 @@ pub struct WorkerArgs {
     /// anything but loopback or a UNIX socket.
     #[arg(long, value_name = "FILE")]
     pub token_file: Option<PathBuf>,
+    /// Attach to this REAPI engine's Bots service (`grpc://HOST:PORT`)
+    /// instead of listening: take leases and run each action through the
+    /// same executor as `fhsx build`.
+    #[arg(long, value_name = "URL", conflicts_with_all = ["unix", "token_file"])]
+    pub reapi: Option<String>,
+    /// The engine's CAS, when it is not served at --reapi's address.
+    #[arg(long, value_name = "URL", requires = "reapi")]
+    pub cas: Option<String>,
+    /// The REAPI instance name.
+    #[arg(long, value_name = "NAME", default_value = "", requires = "reapi")]
+    pub instance: String,
+    /// A toolchain this worker runs actions on (a file from `fhsx toolchain
+    /// apt … -o FILE`; its atoms must be in the store). Actions select it
+    /// with the platform property `fhsx-toolchain=ID` (`fhsx toolchain id
+    /// FILE`). Repeatable; an action naming none of them is refused.
+    #[arg(long, value_name = "FILE", requires = "reapi")]
+    pub toolchain: Vec<PathBuf>,
+    /// Another property of this worker for the engine to match actions on
+    /// (`KEY=VALUE`). Repeatable.
+    #[arg(long, value_name = "KEY=VALUE", requires = "reapi")]
+    pub property: Vec<String>,
+    /// This worker's id at the engine (session N is ID-N); default: the host name.
+    #[arg(long, value_name = "ID", requires = "reapi")]
+    pub bot_id: Option<String>,
+    /// The timeout of an action that sets none.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "1h",
+        requires = "reapi"
+    )]
+    pub default_timeout: String,
+    /// Actions asking for a longer timeout are refused.
+    #[arg(
+        long,
+        value_name = "DURATION",
+        default_value = "24h",
+        requires = "reapi"
+    )]
+    pub max_timeout: String,
+}
+
+fn duration(flag: &str, s: &str) -> anyhow::Result<Duration> {
+    executor_core::action::parse_duration(s)
+        .filter(|d| !d.is_zero())
+        .ok_or_else(|| {
+            Classified(
+                executor_core::ExitClass::Usage,
+                format!("{flag} {s:?}: use 90s, 5m or 1h"),
+            )
+            .into()
+        })
+}
+
+fn host_name() -> String {
+    std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|s| s.trim().to_owned())
+        .ok()
+        .filter(|s| !s.is_empty())
+        .unwrap_or_else(|| "fhsx".into())
+}
+
+fn run_reapi(
+    g: &Globals,
+    a: WorkerArgs,
+    store: castore::LocalStore,
+    jobs: usize,
+    grace: Duration,
+    engine: String,
+) -> anyhow::Result<i32> {
+    use castore::store::DirectoryStore;
+    let usage = |m: String| Classified(executor_core::ExitClass::Usage, m);
+    let mut toolchains = std::collections::BTreeMap::new();
+    let mut named = Vec::new();
+    for f in &a.toolchain {
+        let t = debian::Toolchain::read(f).map_err(|e| usage(e.to_string()))?;
+        let atoms = t.atoms();
+        for d in &atoms {
+            if !store.has_directory(d)? {
+                return Err(usage(format!(
+                    "toolchain {}: atom {d} is not in this worker's store: run `fhsx toolchain apt` here (it imports the packages) or import them",
+                    f.display()
+                ))
+                .into());
+            }
+        }
+        let id = super::toolchain::toolchain_id(&atoms);
+        named.push((f.display().to_string(), id));
+        toolchains.insert(id, atoms);
+    }
+    let mut properties = Vec::new();
+    for p in &a.property {
+        let Some((k, v)) = p.split_once('=') else {
+            return Err(usage(format!("--property {p:?}: write KEY=VALUE")).into());
+        };
+        properties.push((k.to_owned(), v.to_owned()));
+    }
+    let policy = ::worker::reapi::mapping::Policy {
+        default_timeout: duration("--default-timeout", &a.default_timeout)?,
+        max_timeout: duration("--max-timeout", &a.max_timeout)?,
+        toolchains,
+        limits: executor_core::action::Limits::default(),
+    };
+    let config = ::worker::reapi::BotConfig {
+        store,
+        engine,
+        cas: a.cas,
+        instance: a.instance,
+        jobs,
+        bot_id: a.bot_id.unwrap_or_else(host_name),
+        properties,
+        policy,
+        shutdown_grace: grace,
+    };
+    let json = g.json;
+    ::worker::reapi::run(config, |url| {
+        if json {
+            let t: Vec<_> = named
+                .iter()
+                .map(|(f, id)| serde_json::json!({"file": f, "property": format!("fhsx-toolchain={id}")}))
+                .collect();
+            println!("{}", serde_json::json!({"engine": url, "jobs": jobs, "toolchains": t}));
+        } else {
+            println!("fhsx worker: attached to {url} ({jobs} jobs)");
+            for (f, id) in &named {
+                println!("fhsx worker: toolchain {f}: fhsx-toolchain={id}");
+            }
+        }
+        let _ = std::io::stdout().flush();
+    })
+    .map_err(|e| Classified(e.exit_class(), e.to_string()))?;
+    Ok(0)
 }
 
 pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
@@ -52,6 +186,9 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
     }
     let grace: Duration = executor_core::action::parse_duration(&a.shutdown_grace)
         .with_context(|| format!("--shutdown-grace {:?}: use 90s, 5m or 1h", a.shutdown_grace))?;
+    if let Some(engine) = a.reapi.clone() {
+        return run_reapi(g, a, store, jobs, grace, engine);
+    }
     let listen = match a.unix {
         Some(p) => Listen::Unix(p),
         None => Listen::Tcp(a.listen),

@@ -1,0 +1,1294 @@
+//! `fhsx worker --reapi`: fhsx as a Remote Execution API worker under a
+//! real engine — BuildGrid 0.4.4 on Debian's PostgreSQL 15, both on
+//! loopback, with BuildGrid's in-memory CAS — driven by real clients:
+//! BuildGrid's `bgd execute`, Bazel 2.1.0 and a Python gRPC client. Each
+//! test starts its own database, engine and workers.
+//!
+//! Prerequisites (`.ci/setup` installs them): `postgresql` (Debian), a
+//! BuildGrid venv at /opt/fhsx-ci/buildgrid (or `FHSX_BUILDGRID=DIR`),
+//! Bazel 2.1.0 from npm at /opt/fhsx-ci/bazel (or `FHSX_BAZEL=FILE`), and
+//! apt for the toolchains. A missing one fails the test saying so.
+
+mod support;
+
+use std::fs;
+use std::io::{BufRead, BufReader};
+use std::net::TcpStream;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use support::{fhsx, text};
+
+const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
+
+fn buildgrid() -> PathBuf {
+    let dir = std::env::var_os("FHSX_BUILDGRID")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/fhsx-ci/buildgrid"));
+    let bgd = dir.join("bin/bgd");
+    assert!(
+        bgd.exists(),
+        "BuildGrid is not installed at {}: run .ci/setup (it makes that venv with Debian's python3: `python3 -m venv {} && {}/bin/pip install buildgrid==0.4.4 psycopg2-binary`), or set FHSX_BUILDGRID",
+        dir.display(),
+        dir.display(),
+        dir.display()
+    );
+    dir
+}
+
+fn bgd() -> Command {
+    Command::new(buildgrid().join("bin/bgd"))
+}
+
+fn bazel() -> PathBuf {
+    let p = std::env::var_os("FHSX_BAZEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(
+                "/opt/fhsx-ci/bazel/node_modules/@bazel/bazel-linux_x64/bazel-2.1.0-linux-x86_64",
+            )
+        });
+    assert!(
+        p.exists(),
+        "Bazel 2.1.0 is not installed at {}: run .ci/setup (it runs `npm install @bazel/bazel-linux_x64@2.1.0` in /opt/fhsx-ci/bazel), or set FHSX_BAZEL",
+        p.display()
+    );
+    p
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+fn wait_port(port: u16, what: &str, log: &Path) {
+    let end = Instant::now() + Duration::from_secs(90);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < end,
+            "{what} did not listen on {port}: {}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn ok(o: &Output, what: &str) {
+    assert!(o.status.success(), "{what}: {}", text(o));
+}
+
+/// How long a client command may take before the test gives up on it.
+const CLIENT_LIMIT: Duration = Duration::from_secs(300);
+
+/// Run a client command that must finish within [`CLIENT_LIMIT`].
+fn run(c: Command, what: &str) -> Output {
+    run_for(c, CLIENT_LIMIT).unwrap_or_else(|| panic!("{what} did not finish in {CLIENT_LIMIT:?}"))
+}
+
+/// Run a command, killing it after `limit`; `None` if it had to be killed.
+fn run_for(mut c: Command, limit: Duration) -> Option<Output> {
+    let child = c
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_for_child(child, limit)
+}
+
+/// Wait for a child (its pipes drained as it runs), SIGINT then SIGKILL
+/// after `limit`; `None` if it had to be killed.
+fn wait_for_child(mut child: Child, limit: Duration) -> Option<Output> {
+    fn drain<R: std::io::Read + Send + 'static>(r: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            if let Some(mut r) = r {
+                let _ = r.read_to_end(&mut v);
+            }
+            v
+        })
+    }
+    let out = drain(child.stdout.take());
+    let err = drain(child.stderr.take());
+    let end = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break Some(st);
+        }
+        if Instant::now() > end {
+            // Our own child, by its pid: SIGINT lets bgd cancel its operation.
+            unsafe { libc::kill(child.id() as i32, libc::SIGINT) };
+            std::thread::sleep(Duration::from_secs(2));
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (stdout, stderr) = (
+        out.join().unwrap_or_default(),
+        err.join().unwrap_or_default(),
+    );
+    status.map(|status| Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
+
+/// PostgreSQL and BuildGrid on loopback, stopped when dropped.
+struct Engine {
+    dir: PathBuf,
+    port: u16,
+    server: Child,
+}
+
+impl Engine {
+    /// `keepalive`: how long BuildGrid waits to hear from a bot before it
+    /// takes the bot's leases back.
+    fn start(dir: &Path, keepalive: u64) -> Engine {
+        Self::start_with(dir, keepalive, None)
+    }
+
+    /// With `s3`, the engine's CAS (and action cache) live in that
+    /// S3-compatible object store instead of its memory.
+    fn start_with(dir: &Path, keepalive: u64, s3: Option<&S3>) -> Engine {
+        assert!(
+            Path::new(PG_BIN).join("initdb").exists(),
+            "PostgreSQL 15 is not installed: `apt-get install postgresql` (listed in .ci/apt-packages)"
+        );
+        assert!(
+            unsafe { libc::geteuid() } == 0,
+            "the REAPI tests run PostgreSQL as its own user and need root (as CI runs them)"
+        );
+        let bg = buildgrid();
+        let dir = dir.join("engine");
+        fs::create_dir_all(&dir).unwrap();
+        // The postgres user must reach its data directory.
+        let mut p = dir.clone();
+        loop {
+            let _ = fs::set_permissions(&p, fs::Permissions::from_mode(0o755));
+            if !p.pop() || p == Path::new("/tmp") || p.as_os_str().is_empty() {
+                break;
+            }
+        }
+        let pg = dir.join("pg");
+        fs::create_dir_all(&pg).unwrap();
+        let (uid, gid) = postgres_ids();
+        std::os::unix::fs::chown(&pg, Some(uid), Some(gid)).unwrap();
+        let as_pg = |bin: &str| {
+            let mut c = Command::new("runuser");
+            c.args(["-u", "postgres", "--"])
+                .arg(Path::new(PG_BIN).join(bin));
+            c
+        };
+        let data = pg.join("data");
+        let o = as_pg("initdb")
+            .arg("-D")
+            .arg(&data)
+            .args(["-A", "trust", "-U", "bgd", "--no-sync"])
+            .output()
+            .unwrap();
+        ok(&o, "initdb");
+        let pg_port = free_port();
+        let o = as_pg("pg_ctl")
+            .arg("-D")
+            .arg(&data)
+            .arg("-o")
+            .arg(format!(
+                "-c listen_addresses=127.0.0.1 -p {pg_port} -k {} -c fsync=off -c synchronous_commit=off -c full_page_writes=off",
+                pg.display()
+            ))
+            .arg("-l")
+            .arg(pg.join("log"))
+            .args(["-w", "start"])
+            .output()
+            .unwrap();
+        ok(&o, "pg_ctl start");
+        let url = format!("postgresql+psycopg2://bgd@127.0.0.1:{pg_port}/postgres");
+        let o = bgd().args(["migrate", "apply", &url]).output().unwrap();
+        ok(&o, "bgd migrate apply");
+        let port = free_port();
+        let storage = match s3 {
+            None => "  - !lru-storage &cas\n    size: 2048MB\n".to_owned(),
+            Some(s3) => format!(
+                "  - !s3-storage &cas\n    bucket: {}\n    endpoint: {}\n    access-key: {}\n    secret-key: {}\n",
+                S3::BUCKET,
+                s3.endpoint(),
+                S3::KEY,
+                S3::KEY
+            ),
+        };
+        let config = dir.join("bgd.yml");
+        fs::write(
+            &config,
+            format!(
+                r#"server:
+  - !channel
+    address: "127.0.0.1:{port}"
+    insecure-mode: true
+authorization:
+  method: none
+connections:
+  - !sql-connection &sql
+    connection-string: {url}
+    pool-size: 10
+    max-overflow: 20
+storages:
+{storage}caches:
+  - !lru-action-cache &ac
+    storage: *cas
+    max-cached-refs: 10000
+    allow-updates: true
+    cache-failed-actions: true
+schedulers:
+  - !sql-scheduler &scheduler
+    sql: *sql
+    action-cache: *ac
+    storage: *cas
+    property-set: !dynamic-property-set
+      match-property-keys: [fhsx-toolchain]
+      wildcard-property-keys: [OSFamily]
+    bot-session-keepalive-timeout: {keepalive}
+instances:
+  - name: ''
+    services:
+      - !action-cache
+        cache: *ac
+      - !execution
+        scheduler: *scheduler
+      - !cas
+        storage: *cas
+      - !bytestream
+        storage: *cas
+thread-pool-size: 64
+"#
+            ),
+        )
+        .unwrap();
+        let log = dir.join("bgd.log");
+        let server = Command::new(bg.join("bin/bgd"))
+            .args(["server", "start"])
+            .arg(&config)
+            .stdout(fs::File::create(&log).unwrap())
+            .stderr(Stdio::from(fs::File::create(dir.join("bgd.err")).unwrap()))
+            .spawn()
+            .unwrap();
+        wait_port(port, "BuildGrid", &dir.join("bgd.err"));
+        Engine { dir, port, server }
+    }
+
+    fn url(&self) -> String {
+        format!("grpc://127.0.0.1:{}", self.port)
+    }
+
+    fn http(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// `bgd execute command` with a toolchain property (or none).
+    fn execute(
+        &self,
+        input: &Path,
+        props: &[(&str, &str)],
+        outputs: &[&str],
+        out_dir: &Path,
+        argv: &[&str],
+    ) -> Command {
+        let mut c = bgd();
+        c.args(["execute", "--remote", &self.http(), "command", "-c"]);
+        for (k, v) in props {
+            c.args(["-p", k, v]);
+        }
+        for o in outputs {
+            c.args(["--output-file", o]);
+        }
+        c.arg("--output-directory")
+            .arg(out_dir)
+            .arg(input)
+            .arg("--")
+            .args(argv);
+        c
+    }
+
+    /// The cached ActionResult of an action, as JSON.
+    fn action_result(&self, action: &str) -> serde_json::Value {
+        let o = bgd()
+            .args([
+                "actioncache",
+                "--remote",
+                &self.http(),
+                "get",
+                "--json",
+                action,
+            ])
+            .output()
+            .unwrap();
+        ok(&o, "bgd actioncache get");
+        let s = String::from_utf8_lossy(&o.stdout);
+        let start = s.find('{').unwrap_or_else(|| panic!("no JSON in {s}"));
+        serde_json::from_str(&s[start..]).unwrap_or_else(|e| panic!("{e}: {s}"))
+    }
+
+    fn download(&self, digest: &str, to: &Path) -> Vec<u8> {
+        let o = bgd()
+            .args([
+                "cas",
+                "--remote",
+                &self.http(),
+                "download-file",
+                "--verify",
+                digest,
+            ])
+            .arg(to)
+            .output()
+            .unwrap();
+        ok(&o, "bgd cas download-file");
+        fs::read(to).unwrap()
+    }
+}
+
+impl Drop for Engine {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+        let _ = Command::new("runuser")
+            .args(["-u", "postgres", "--"])
+            .arg(Path::new(PG_BIN).join("pg_ctl"))
+            .arg("-D")
+            .arg(self.dir.join("pg/data"))
+            .args(["-m", "immediate", "stop"])
+            .output();
+    }
+}
+
+/// moto's S3-compatible server on loopback, with the engine's bucket.
+struct S3 {
+    port: u16,
+    server: Child,
+}
+
+impl S3 {
+    const BUCKET: &'static str = "fhsx-cas";
+    const KEY: &'static str = "testing";
+
+    fn start(dir: &Path) -> S3 {
+        let moto = std::env::var_os("FHSX_MOTO")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/opt/fhsx-ci/moto"));
+        let bin = moto.join("bin/moto_server");
+        assert!(
+            bin.exists(),
+            "moto is not installed at {}: run .ci/setup (it makes that venv: `python3 -m venv {} && {}/bin/pip install 'moto[server]'`), or set FHSX_MOTO",
+            moto.display(),
+            moto.display(),
+            moto.display()
+        );
+        let port = free_port();
+        let log = dir.join("moto.log");
+        let server = Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(fs::File::create(&log).unwrap())
+            .stderr(Stdio::from(fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap();
+        wait_port(port, "moto", &log);
+        let s3 = S3 { port, server };
+        s3.python(&format!("s3.create_bucket(Bucket={:?})", Self::BUCKET));
+        s3
+    }
+
+    fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Run `code` with `s3`, a boto3 client of this server (BuildGrid's venv has boto3).
+    fn python(&self, code: &str) -> String {
+        let o = Command::new(buildgrid().join("bin/python"))
+            .arg("-c")
+            .arg(format!(
+                "import boto3\ns3 = boto3.client('s3', endpoint_url={:?}, aws_access_key_id={:?}, aws_secret_access_key={:?}, region_name='us-east-1')\n{code}",
+                self.endpoint(),
+                Self::KEY,
+                Self::KEY
+            ))
+            .output()
+            .unwrap();
+        ok(&o, "boto3");
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    }
+
+    fn objects(&self) -> usize {
+        self.python(&format!(
+            "print(sum(p.get('KeyCount', 0) for p in s3.get_paginator('list_objects_v2').paginate(Bucket={:?})))",
+            Self::BUCKET
+        ))
+        .parse()
+        .unwrap()
+    }
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+fn postgres_ids() -> (u32, u32) {
+    let passwd = fs::read_to_string("/etc/passwd").unwrap();
+    let line = passwd
+        .lines()
+        .find(|l| l.starts_with("postgres:"))
+        .expect("no postgres user: `apt-get install postgresql` makes it");
+    let f: Vec<&str> = line.split(':').collect();
+    (f[2].parse().unwrap(), f[3].parse().unwrap())
+}
+
+/// The `Sent action=[hash: "…" size_bytes: N]` bgd prints, as `hash/size`.
+fn sent_action(stdout: &str) -> String {
+    let at = stdout
+        .find("Sent action=")
+        .unwrap_or_else(|| panic!("no action in {stdout}"));
+    let s = &stdout[at..];
+    let hash = s.split('"').nth(1).unwrap();
+    let size = s
+        .split("size_bytes:")
+        .nth(1)
+        .unwrap()
+        .split_whitespace()
+        .next()
+        .unwrap()
+        .trim_end_matches(']');
+    format!("{hash}/{size}")
+}
+
+/// The toolchains every worker registers, imported once per target dir:
+/// `base` (Debian's essential set: sh, coreutils) and `gxx` (that plus
+/// gcc, g++ and libc6-dev: what Bazel's autoconfigured C++ toolchain calls).
+struct Seed {
+    store: PathBuf,
+    base: PathBuf,
+    gxx: PathBuf,
+}
+
+fn seed() -> &'static Seed {
+    static S: OnceLock<Seed> = OnceLock::new();
+    S.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("reapi-seed");
+        fs::create_dir_all(&dir).unwrap();
+        let store = dir.join("store");
+        let base = dir.join("base.toolchain");
+        let gxx = dir.join("gxx.toolchain");
+        for (file, pkgs) in [
+            (&base, &["coreutils"][..]),
+            (&gxx, &["gcc", "g++", "libc6-dev"][..]),
+        ] {
+            let o = fhsx(&store)
+                .args(["toolchain", "apt", "--essential"])
+                .args(pkgs)
+                .arg("-o")
+                .arg(file)
+                .output()
+                .unwrap();
+            ok(&o, "fhsx toolchain apt (needs apt and `apt-get update`)");
+        }
+        Seed { store, base, gxx }
+    })
+}
+
+fn toolchain_id(file: &Path) -> String {
+    let o = fhsx(&seed().store)
+        .args(["toolchain", "id"])
+        .arg(file)
+        .output()
+        .unwrap();
+    ok(&o, "fhsx toolchain id");
+    String::from_utf8_lossy(&o.stdout).trim().to_owned()
+}
+
+/// An `fhsx worker --reapi` process (SIGKILLed when dropped).
+struct Worker {
+    child: Option<Child>,
+    dir: PathBuf,
+    store: PathBuf,
+    url: String,
+    id: String,
+    jobs: usize,
+}
+
+impl Worker {
+    /// A worker with its own store (the seed's toolchains, hard-linked: a
+    /// store never rewrites an object) and its own key.
+    fn new(dir: &Path, engine: &Engine, id: &str, jobs: usize) -> Worker {
+        let dir = dir.join(id);
+        let store = dir.join("store");
+        fs::create_dir_all(&dir).unwrap();
+        if !store.exists() {
+            let o = Command::new("cp")
+                .arg("-al")
+                .arg(&seed().store)
+                .arg(&store)
+                .output()
+                .unwrap();
+            ok(&o, "cp -al");
+            for x in ["keys", "lock", "tmp", "actions", "reapi"] {
+                let _ = fs::remove_dir_all(store.join(x));
+                let _ = fs::remove_file(store.join(x));
+            }
+        }
+        let mut w = Worker {
+            child: None,
+            dir,
+            store,
+            url: engine.url(),
+            id: id.to_owned(),
+            jobs,
+        };
+        w.start();
+        w
+    }
+
+    fn start(&mut self) {
+        let s = seed();
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("worker.log"))
+            .unwrap();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_fhsx"))
+            .arg("--store")
+            .arg(&self.store)
+            .args([
+                "worker", "--reapi", &self.url, "--bot-id", &self.id, "--jobs",
+            ])
+            .arg(self.jobs.to_string())
+            .arg("--toolchain")
+            .arg(&s.base)
+            .arg("--toolchain")
+            .arg(&s.gxx)
+            .env("TMPDIR", &self.dir)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(log))
+            .spawn()
+            .unwrap();
+        let stdout = child.stdout.take().unwrap();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            // Read stdout to its end: a closed pipe would kill the worker
+            // (fhsx restores SIGPIPE's default) at its next line.
+            let mut r = BufReader::new(stdout);
+            let mut line = String::new();
+            let _ = r.read_line(&mut line);
+            let _ = tx.send(line);
+            let _ = std::io::copy(&mut r, &mut std::io::sink());
+        });
+        let line = rx.recv_timeout(Duration::from_secs(90)).unwrap_or_default();
+        if !line.contains("attached to") {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("worker {} did not attach: {line:?} {}", self.id, self.log());
+        }
+        self.child = Some(child);
+    }
+
+    fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("worker.log")).unwrap_or_default()
+    }
+
+    fn leases(&self) -> usize {
+        self.log().matches(": took lease ").count()
+    }
+
+    fn key(&self) -> String {
+        let o = fhsx(&self.store).args(["key", "show"]).output().unwrap();
+        ok(&o, "fhsx key show");
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    }
+
+    fn kill9(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Mount points under this worker's TMPDIR (its views and scratch file systems).
+    fn mounts(&self) -> Vec<String> {
+        let dir = self.dir.to_string_lossy().into_owned();
+        fs::read_to_string("/proc/self/mountinfo")
+            .unwrap()
+            .lines()
+            .filter_map(|l| l.split(' ').nth(4).map(str::to_owned))
+            .filter(|m| m.starts_with(&dir))
+            .collect()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn wait_until(what: &str, limit: Duration, f: impl Fn() -> bool) {
+    let end = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `bgd execute` runs a command with inputs and outputs on an fhsx worker:
+/// the output files and exit code come back, the ActionResult names the
+/// signed record and the read set in the engine's CAS, and the record the
+/// client downloads is the one `fhsx record verify` accepts with the
+/// worker's key, binding the toolchain the client asked for and an output
+/// holding the very bytes the client got. A failing command's exit code
+/// comes back too; an action naming no toolchain is refused with the
+/// reason, one naming a toolchain no worker holds stays queued, and a
+/// client speaking BLAKE3 is refused by the engine before any worker sees it.
+#[test]
+fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Engine::start(t.path(), 10);
+    let w = Worker::new(t.path(), &e, "w1", 1);
+    let tc = toolchain_id(&seed().base);
+    let input = t.path().join("in");
+    fs::create_dir_all(input.join("sub")).unwrap();
+    fs::write(input.join("a.txt"), "hello\n").unwrap();
+    fs::write(input.join("sub/b.txt"), "world\n").unwrap();
+    let got = t.path().join("got");
+    let o = run(e
+        .execute(
+            &input,
+            &[("fhsx-toolchain", &tc)],
+            &["out/c.txt", "gen"],
+            &got,
+            &["/bin/sh", "-c", "mkdir gen && echo made > gen/x && cat a.txt sub/b.txt > out/c.txt && echo said-on-stdout"],
+        ), "bgd execute");
+    ok(&o, "bgd execute");
+    assert_eq!(
+        fs::read_to_string(got.join("out/c.txt")).unwrap(),
+        "hello\nworld\n"
+    );
+    let action = sent_action(&String::from_utf8_lossy(&o.stdout));
+    let r = e.action_result(&action);
+    assert_eq!(
+        r.get("exitCode").and_then(|c| c.as_i64()).unwrap_or(0),
+        0,
+        "{r}"
+    );
+    assert_eq!(r["outputDirectories"][0]["path"], "gen", "{r}");
+    let meta = &r["executionMetadata"];
+    assert_eq!(meta["worker"], "w1-0", "{r}");
+    // The proof: OutputFile entries naming the record and the read set.
+    let aux = &meta["auxiliaryMetadata"];
+    let entry = |i: usize, path: &str| {
+        let e = &aux[i];
+        assert_eq!(e["path"], path, "{r}");
+        let prop = |name: &str| {
+            e["nodeProperties"]["properties"]
+                .as_array()
+                .and_then(|ps| ps.iter().find(|p| p["name"] == name))
+                .and_then(|p| p["value"].as_str())
+                .unwrap_or_else(|| panic!("no {name} in {e}"))
+                .to_owned()
+        };
+        assert_eq!(prop("fhsx-signer"), w.key());
+        let d = &e["digest"];
+        (
+            format!(
+                "{}/{}",
+                d["hash"].as_str().unwrap(),
+                d["sizeBytes"].as_str().unwrap()
+            ),
+            prop("fhsx-b3"),
+        )
+    };
+    let (record_sha, record_b3) = entry(0, "fhsx-record.json");
+    let (read_set_sha, _) = entry(1, "fhsx-read-set");
+    let record_b3 = record_b3.as_str();
+    let stdout = e.download(
+        &format!(
+            "{}/{}",
+            r["stdoutDigest"]["hash"].as_str().unwrap(),
+            r["stdoutDigest"]["sizeBytes"].as_str().unwrap_or("0")
+        ),
+        &t.path().join("stdout"),
+    );
+    assert!(String::from_utf8_lossy(&stdout).contains("said-on-stdout"));
+
+    // The record the client fetches is the one that verifies.
+    let bytes = e.download(&record_sha, &t.path().join("record.json"));
+    assert_eq!(castore::Digest::of(&bytes).to_string(), record_b3);
+    let o = fhsx(&w.store)
+        .args(["record", "verify", record_b3, "--trust", &w.key()])
+        .output()
+        .unwrap();
+    ok(&o, "fhsx record verify");
+    let rec: serde_json::Value = serde_json::from_slice(&bytes).unwrap();
+    assert_eq!(
+        rec["record"]["toolchain_digest"],
+        tc.as_str(),
+        "the record binds the toolchain asked for"
+    );
+    let read_set = e.download(&read_set_sha, &t.path().join("reads"));
+    assert_eq!(
+        castore::Digest::of(&read_set).to_string(),
+        rec["record"]["observed_read_set_digest"].as_str().unwrap()
+    );
+    let out = rec["record"]["outputs"]["out"].as_str().unwrap();
+    let o = fhsx(&w.store)
+        .args(["store", "cat", out, "out/c.txt"])
+        .output()
+        .unwrap();
+    ok(&o, "store cat");
+    assert_eq!(
+        o.stdout, b"hello\nworld\n",
+        "the record's output holds what the client got"
+    );
+
+    // Every input object crossed the wire once: the same input root again
+    // is fetched from the worker's own store.
+    assert!(w.log().contains("fetched 4 objects"), "{}", w.log());
+
+    // A failing command: its exit code and stderr come back.
+    let o = run(
+        e.execute(
+            &input,
+            &[("fhsx-toolchain", &tc)],
+            &[],
+            &got,
+            &["/bin/sh", "-c", "echo broken >&2; exit 3"],
+        ),
+        "bgd execute",
+    );
+    ok(&o, "bgd execute (failing command)");
+    let r = e.action_result(&sent_action(&String::from_utf8_lossy(&o.stdout)));
+    assert_eq!(r["exitCode"], 3, "{r}");
+    assert!(
+        w.log().contains("fetched 0 objects, 0 bytes"),
+        "{}",
+        w.log()
+    );
+
+    // No toolchain: refused with the reason, never run on the host's tools.
+    let before = w.leases();
+    let o = run(
+        e.execute(&input, &[], &[], &got, &["/bin/true"]),
+        "bgd execute",
+    );
+    let s = text(&o);
+    assert!(
+        s.contains("code: 9") && s.contains("names no toolchain"),
+        "{s}"
+    );
+    assert_eq!(w.leases(), before + 1);
+
+    // A toolchain nobody holds: the engine matches it to no worker.
+    let unknown = castore::Digest::of(b"no such toolchain").to_string();
+    let mut c = e.execute(
+        &input,
+        &[("fhsx-toolchain", &unknown)],
+        &[],
+        &got,
+        &["/bin/true"],
+    );
+    c.env("PYTHONUNBUFFERED", "1");
+    assert!(
+        run_for(c, Duration::from_secs(6)).is_none(),
+        "an unknown toolchain's action completed"
+    );
+    assert_eq!(
+        w.leases(),
+        before + 1,
+        "a worker took an action for a toolchain it does not hold"
+    );
+
+    // A BLAKE3 client: refused by the engine, which speaks SHA-256.
+    let o = Command::new(buildgrid().join("bin/python"))
+        .arg("-c")
+        .arg(BLAKE3_CLIENT)
+        .arg(format!("127.0.0.1:{}", e.port))
+        .output()
+        .unwrap();
+    ok(&o, "the BLAKE3 client");
+    let s = text(&o);
+    assert!(
+        s.contains("upload refused 3") && s.contains("execute refused FAILED_PRECONDITION"),
+        "{s}"
+    );
+    assert_eq!(w.leases(), before + 1);
+    assert!(w.mounts().is_empty(), "{:?}", w.mounts());
+}
+
+/// `Action.timeout`, `do_not_cache` and cancellation, sent by a Python
+/// gRPC client (bgd cannot set the first two): a build past its timeout is
+/// stopped and reported `DEADLINE_EXCEEDED`; a `do_not_cache` action runs
+/// every time while a cacheable one sent again (the engine's cache
+/// skipped) is answered from fhsx's own action cache without running; an
+/// operation the client cancels stops its build on the worker, which
+/// leaves nothing mounted and serves the next action.
+#[test]
+fn timeouts_do_not_cache_and_cancellation_are_honoured() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Engine::start(t.path(), 10);
+    let w = Worker::new(t.path(), &e, "w1", 1);
+    let tc = toolchain_id(&seed().base);
+    let client = |mode: &str| {
+        let mut c = Command::new(buildgrid().join("bin/python"));
+        c.arg("-c")
+            .arg(PROPERTIES_CLIENT)
+            .arg(format!("127.0.0.1:{}", e.port))
+            .arg(&tc)
+            .arg(mode);
+        let o = run(c, "the Python client");
+        ok(&o, mode);
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let started = || w.log().matches(" started").count();
+    let cached = || w.log().matches("(cached: nothing ran)").count();
+
+    let t0 = Instant::now();
+    let out = client("timeout");
+    assert!(out.contains("status 4 exit 137"), "{out}\n{}", w.log());
+    assert!(
+        t0.elapsed() < Duration::from_secs(25),
+        "the 2 s timeout was not enforced"
+    );
+
+    let (s0, c0) = (started(), cached());
+    let out = client("nocache");
+    assert_eq!(out.matches("status 0 exit 0").count(), 2, "{out}");
+    assert_eq!(
+        (started() - s0, cached() - c0),
+        (2, 0),
+        "do_not_cache was answered from a cache: {}",
+        w.log()
+    );
+    let out = client("cache");
+    assert_eq!(out.matches("status 0 exit 0").count(), 2, "{out}");
+    assert_eq!((started() - s0, cached() - c0), (4, 1), "{}", w.log());
+
+    let out = client("cancel");
+    assert!(out.contains("cancelled"), "{out}");
+    wait_until(
+        "the worker to stop the cancelled build",
+        Duration::from_secs(30),
+        || {
+            w.log()
+                .contains("was cancelled by the engine; stopping its build")
+                && w.mounts().is_empty()
+        },
+    );
+    let out = client("cache");
+    assert!(
+        out.contains("status 0 exit 0"),
+        "the worker did not serve after a cancellation: {out}"
+    );
+}
+
+/// The client of the test above: `ADDR TOOLCHAIN MODE`.
+const PROPERTIES_CLIENT: &str = r#"
+import hashlib, sys, threading, time, grpc
+from buildgrid._protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as re, remote_execution_pb2_grpc as reg
+from buildgrid._protos.google.longrunning import operations_pb2, operations_pb2_grpc
+ch = grpc.insecure_channel(sys.argv[1]); tc = sys.argv[2]; mode = sys.argv[3]
+cas = reg.ContentAddressableStorageStub(ch)
+def put(m):
+    b = m.SerializeToString(); d = re.Digest(hash=hashlib.sha256(b).hexdigest(), size_bytes=len(b))
+    cas.BatchUpdateBlobs(re.BatchUpdateBlobsRequest(requests=[re.BatchUpdateBlobsRequest.Request(digest=d, data=b)]))
+    return d
+def action(script, timeout=0, nocache=False):
+    c = re.Command(arguments=["/bin/sh", "-c", script],
+                   platform=re.Platform(properties=[re.Platform.Property(name="fhsx-toolchain", value=tc)]))
+    a = re.Action(command_digest=put(c), input_root_digest=put(re.Directory()), do_not_cache=nocache)
+    if timeout: a.timeout.seconds = timeout
+    return put(a)
+def execute(d):
+    last = None
+    for op in reg.ExecutionStub(ch).Execute(re.ExecuteRequest(action_digest=d, skip_cache_lookup=True)):
+        last = op
+    r = re.ExecuteResponse(); last.response.Unpack(r)
+    print("status", r.status.code, "exit", r.result.exit_code, r.status.message, flush=True)
+if mode == "timeout":
+    execute(action("sleep 30", timeout=2))
+elif mode in ("nocache", "cache"):
+    d = action("echo same", nocache=(mode == "nocache"))
+    execute(d); execute(d)
+elif mode == "cancel":
+    stream = reg.ExecutionStub(ch).Execute(re.ExecuteRequest(action_digest=action("sleep 60"), skip_cache_lookup=True))
+    name = next(stream).name
+    time.sleep(5)
+    operations_pb2_grpc.OperationsStub(ch).CancelOperation(operations_pb2.CancelOperationRequest(name=name))
+    try:
+        for op in stream: pass
+    except grpc.RpcError as e:
+        pass
+    print("cancelled", flush=True)
+"#;
+
+/// A client that names its blobs by BLAKE3 and says so (`digest_function`).
+const BLAKE3_CLIENT: &str = r#"
+import sys, grpc
+from buildgrid._protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as re, remote_execution_pb2_grpc as reg
+ch = grpc.insecure_channel(sys.argv[1])
+B3 = re.DigestFunction.BLAKE3
+import hashlib
+d = re.Digest(hash=hashlib.blake2s(b"hello").hexdigest(), size_bytes=5)
+r = reg.ContentAddressableStorageStub(ch).BatchUpdateBlobs(re.BatchUpdateBlobsRequest(
+    requests=[re.BatchUpdateBlobsRequest.Request(digest=d, data=b"hello")], digest_function=B3))
+print("upload refused", r.responses[0].status.code, r.responses[0].status.message)
+try:
+    for op in reg.ExecutionStub(ch).Execute(re.ExecuteRequest(action_digest=d, digest_function=B3, skip_cache_lookup=True)):
+        print("execute answered", op)
+except grpc.RpcError as e:
+    print("execute refused", e.code().name, e.details())
+"#;
+
+/// A Bazel workspace: a genrule feeding a C binary, Bazel's rules_cc and
+/// rules_java names served by local stubs over its built-in rules (Bazel
+/// 2.1 would download them; this machine reaches no such host).
+fn workspace(dir: &Path, extra_build: &str) {
+    fs::create_dir_all(dir.join("rules_cc/cc")).unwrap();
+    fs::create_dir_all(dir.join("rules_java/java")).unwrap();
+    for f in [
+        "rules_cc/WORKSPACE",
+        "rules_cc/cc/BUILD",
+        "rules_java/WORKSPACE",
+        "rules_java/java/BUILD",
+    ] {
+        fs::write(dir.join(f), "").unwrap();
+    }
+    let stub = |rules: &[&str]| {
+        rules
+            .iter()
+            .map(|r| format!("def {r}(**attrs):\n    native.{r}(**attrs)\n\n"))
+            .collect::<String>()
+    };
+    fs::write(
+        dir.join("rules_cc/cc/defs.bzl"),
+        stub(&[
+            "cc_binary",
+            "cc_library",
+            "cc_test",
+            "cc_import",
+            "cc_toolchain",
+            "cc_toolchain_suite",
+        ]),
+    )
+    .unwrap();
+    fs::write(
+        dir.join("rules_java/java/defs.bzl"),
+        stub(&[
+            "java_binary",
+            "java_import",
+            "java_library",
+            "java_plugin",
+            "java_test",
+            "java_package_configuration",
+            "java_runtime",
+            "java_toolchain",
+        ]),
+    )
+    .unwrap();
+    fs::write(
+        dir.join("WORKSPACE"),
+        "local_repository(name = \"rules_cc\", path = \"rules_cc\")\nlocal_repository(name = \"rules_java\", path = \"rules_java\")\n",
+    )
+    .unwrap();
+    fs::write(dir.join("msg.txt"), "hello from fhsx").unwrap();
+    fs::write(
+        dir.join("hello.c"),
+        "#include <stdio.h>\n#include \"gen.h\"\nint main(void) { puts(MSG); return 0; }\n",
+    )
+    .unwrap();
+    fs::write(
+        dir.join("BUILD"),
+        format!(
+            r##"genrule(
+    name = "gen",
+    srcs = ["msg.txt"],
+    outs = ["gen.h"],
+    cmd = "echo \"#define MSG \\\"$$(cat $(location msg.txt))\\\"\" > $@",
+)
+cc_binary(
+    name = "hello",
+    srcs = ["hello.c", ":gen"],
+)
+{extra_build}"##
+        ),
+    )
+    .unwrap();
+}
+
+/// Bazel in batch mode (no server left behind) against the engine, every
+/// spawn remote, the toolchain named by the default platform property.
+fn bazel_cmd(ws: &Path, root: &Path, engine: &Engine, tc: &str, args: &[&str]) -> Command {
+    let mut c = Command::new(bazel());
+    c.current_dir(ws)
+        .arg(format!("--output_user_root={}", root.display()))
+        .arg("--batch")
+        .args(args);
+    if args[0] != "clean" {
+        c.arg(format!("--remote_executor={}", engine.url()))
+            .args([
+                "--spawn_strategy=remote",
+                "--genrule_strategy=remote",
+                "--noremote_local_fallback",
+            ])
+            .arg(format!(
+                "--remote_default_exec_properties=fhsx-toolchain={tc}"
+            ));
+    }
+    c.env("HOME", root);
+    c
+}
+
+/// "INFO: N processes: …" from Bazel's summary.
+fn processes(out: &str) -> String {
+    out.lines()
+        .rfind(|l| l.contains(" processes"))
+        .unwrap_or("")
+        .to_owned()
+}
+
+/// Bazel 2.1.0 builds a genrule and a C binary whose compiler and libc are
+/// a composition of Debian packages (gcc, g++, libc6-dev): every action
+/// runs remotely on fhsx, the binary runs, and after `bazel clean` the
+/// rebuild is answered entirely from the engine's action cache.
+#[test]
+fn bazel_builds_remotely_on_fhsx_and_rebuilds_from_the_remote_cache() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Engine::start(t.path(), 10);
+    let w = Worker::new(t.path(), &e, "w1", 2);
+    let tc = toolchain_id(&seed().gxx);
+    let ws = t.path().join("ws");
+    workspace(&ws, "");
+    let root = t.path().join("bazel-root");
+    let o = run(
+        bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"]),
+        "bazel",
+    );
+    ok(&o, "bazel build");
+    let s = text(&o);
+    let p = processes(&s);
+    assert!(
+        p.contains("3 processes: 3 remote."),
+        "not every action ran remotely: {p}\n{s}"
+    );
+    assert_eq!(w.leases(), 3, "{}", w.log());
+    let o = Command::new(ws.join("bazel-bin/hello")).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&o.stdout), "hello from fhsx\n");
+
+    ok(
+        &run(bazel_cmd(&ws, &root, &e, &tc, &["clean"]), "bazel"),
+        "bazel clean",
+    );
+    let o = run(
+        bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"]),
+        "bazel",
+    );
+    ok(&o, "bazel rebuild");
+    let s = text(&o);
+    assert!(
+        processes(&s).contains("3 processes: 3 remote cache hit."),
+        "{s}"
+    );
+    assert_eq!(w.leases(), 3, "the rebuild ran something: {}", w.log());
+    assert!(w.mounts().is_empty(), "{:?}", w.mounts());
+}
+
+/// What a hostile build does, as a shell script: read the host's shadow
+/// file, write outside its directory, open a socket to the host.
+const HOSTILE: [(&str, &str, &str); 3] = [
+    (
+        "shadow",
+        "cat /etc/shadow",
+        "/etc/shadow: No such file or directory",
+    ),
+    ("escape", "echo pwned > /usr/pwned", "/usr/pwned: "),
+    (
+        "socket",
+        "echo hi > /dev/tcp/127.0.0.1/PORT",
+        "/dev/tcp/127.0.0.1/PORT: ",
+    ),
+];
+
+/// A hostile action sent through Bazel fails inside fhsx exactly as the
+/// same command does with `fhsx build` (the same diagnostic, nothing
+/// written on the host), and the worker keeps serving: a good action built
+/// after them succeeds.
+#[test]
+fn hostile_actions_through_bazel_fail_as_with_fhsx_build_and_the_worker_keeps_serving() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Engine::start(t.path(), 10);
+    let w = Worker::new(t.path(), &e, "w1", 2);
+    let tc = toolchain_id(&seed().gxx);
+    let port = e.port.to_string();
+    let mut rules = String::new();
+    for (name, script, _) in HOSTILE {
+        let script = script.replace("PORT", &port);
+        rules.push_str(&format!(
+            "genrule(\n    name = \"{name}\",\n    outs = [\"{name}.out\"],\n    cmd = \"{script} > $@\",\n)\n"
+        ));
+    }
+    let ws = t.path().join("ws");
+    workspace(&ws, &rules);
+    let root = t.path().join("bazel-root");
+    for (name, script, want) in HOSTILE {
+        let script = script.replace("PORT", &port);
+        let want = want.replace("PORT", &port);
+        let o = run(
+            bazel_cmd(&ws, &root, &e, &tc, &["build", &format!("//:{name}")]),
+            "bazel",
+        );
+        let s = text(&o);
+        assert!(!o.status.success(), "{name} built: {s}");
+        assert!(
+            s.contains(&want),
+            "{name}: Bazel did not show fhsx's diagnostic {want:?}: {s}"
+        );
+
+        // The same command through `fhsx build`, on the same toolchain.
+        let dir = t.path().join(format!("local-{name}"));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("a.toml"),
+            format!(
+                "[inputs]\ntoolchain = [{:?}]\n[run]\ncommand = [\"/bin/bash\", \"-c\", {:?}]\n",
+                seed().gxx.display().to_string(),
+                format!("mkdir -p $out; {script} > $out/{name}.out")
+            ),
+        )
+        .unwrap();
+        let o = fhsx(&w.store)
+            .arg("build")
+            .arg(dir.join("a.toml"))
+            .output()
+            .unwrap();
+        let local = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{name} with fhsx build: {local}");
+        let line = |s: &str| {
+            s.lines()
+                .find(|l| l.contains(&want))
+                .map(|l| l.rsplit(&want).next().unwrap_or("").to_owned())
+        };
+        assert_eq!(
+            line(&local),
+            line(&s),
+            "{name}: not the same failure remotely and locally:\n{local}\n---\n{s}"
+        );
+    }
+    assert!(!Path::new("/usr/pwned").exists());
+    let o = run(
+        bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"]),
+        "bazel",
+    );
+    ok(&o, "a good build after the hostile ones");
+    assert!(w.mounts().is_empty(), "{:?}", w.mounts());
+}
+
+/// Two workers on one engine: 20 actions complete, spread over both; a
+/// worker killed with SIGKILL mid-action loses its lease to the other when
+/// the engine stops hearing from it, the action completes there, and the
+/// killed worker, restarted, leaves nothing mounted.
+#[test]
+fn two_workers_share_the_queue_and_a_killed_workers_lease_completes_on_the_other() {
+    let t = tempfile::tempdir().unwrap();
+    two_workers(t.path(), &Engine::start(t.path(), 6));
+}
+
+/// The same two workers with the engine's CAS on an S3-compatible object
+/// store (moto on loopback): fhsx needs nothing of its own for a shared CAS.
+#[test]
+fn two_workers_on_an_engine_whose_cas_is_an_s3_object_store() {
+    let t = tempfile::tempdir().unwrap();
+    let s3 = S3::start(t.path());
+    let e = Engine::start_with(t.path(), 6, Some(&s3));
+    two_workers(t.path(), &e);
+    assert!(s3.objects() > 20, "the CAS is not in the bucket");
+}
+
+fn two_workers(dir: &Path, e: &Engine) {
+    let t = dir;
+    let mut w = [Worker::new(t, e, "wa", 1), Worker::new(t, e, "wb", 1)];
+    let tc = toolchain_id(&seed().base);
+    let input = t.join("in");
+    fs::create_dir_all(&input).unwrap();
+    fs::write(input.join("x"), "x").unwrap();
+    let mut clients = Vec::new();
+    for i in 0..20 {
+        let out = t.join(format!("got{i}"));
+        let mut c = e.execute(
+            &input,
+            &[("fhsx-toolchain", &tc)],
+            &["n"],
+            &out,
+            &["/bin/sh", "-c", &format!("sleep 0.3; echo {i} > n")],
+        );
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        clients.push((i, out, c.spawn().unwrap()));
+    }
+    for (i, out, c) in clients {
+        let o = wait_for_child(c, CLIENT_LIMIT).expect("a bgd execute did not finish");
+        ok(&o, "bgd execute");
+        assert_eq!(fs::read_to_string(out.join("n")).unwrap(), format!("{i}\n"));
+    }
+    let n = [w[0].leases(), w[1].leases()];
+    assert_eq!(n[0] + n[1], 20, "{}\n{}", w[0].log(), w[1].log());
+    assert!(n[0] > 0 && n[1] > 0, "not spread over both workers: {n:?}");
+    let done = |w: &Worker| w.log().matches("done: record").count();
+    let finished = [done(&w[0]), done(&w[1])];
+
+    // A long action; kill whichever worker takes it, mid-build.
+    let out = t.join("long");
+    let mut c = e.execute(
+        &input,
+        &[("fhsx-toolchain", &tc)],
+        &["done"],
+        &out,
+        &["/bin/sh", "-c", "sleep 4; echo ok > done"],
+    );
+    let client = c
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    wait_until(
+        "a worker to take the long action",
+        Duration::from_secs(30),
+        || w[0].leases() + w[1].leases() > 20,
+    );
+    let k = if w[0].leases() > n[0] { 0 } else { 1 };
+    wait_until(
+        "its build to mount its view",
+        Duration::from_secs(30),
+        || !w[k].mounts().is_empty(),
+    );
+    w[k].kill9();
+    assert!(
+        !w[k].mounts().is_empty(),
+        "the killed worker's build left nothing mounted?"
+    );
+    let o = wait_for_child(client, CLIENT_LIMIT).expect("the long action did not finish");
+    ok(&o, "the long action after its worker was killed");
+    assert_eq!(fs::read_to_string(out.join("done")).unwrap(), "ok\n");
+    let other = 1 - k;
+    assert_eq!(
+        done(&w[other]),
+        finished[other] + 1,
+        "the other worker did not complete it: {}",
+        w[other].log()
+    );
+    // The killed worker, restarted, cleans up what it left behind.
+    w[k].start();
+    assert!(
+        w[k].mounts().is_empty(),
+        "left mounted after restart: {:?}",
+        w[k].mounts()
+    );
+}

@@ -1,0 +1,1041 @@
+//! The engine's CAS as the local store sees it. The wire speaks SHA-256,
+//! the store BLAKE3; a persistent index between the two
+//! (`ROOT/reapi/sha256/…` and `ROOT/reapi/b3/…`, one small file per
+//! object, only ever a hint: what it names must still be in the store) lets
+//! a blob cross the wire once per worker, in either direction.
+//!
+//! Downloads: directories breadth-first in batches, skipping every subtree
+//! the index already knows; then the missing files — those that fit the
+//! engine's batch limit in `BatchReadBlobs`, each batch committed to the
+//! store as it arrives, larger ones streamed through ByteStream `Read` into
+//! the store with the SHA-256 checked on the way, never whole in memory.
+//! Uploads: `FindMissingBlobs` first, then small blobs in
+//! `BatchUpdateBlobs` and large ones streamed from the store through
+//! ByteStream `Write`. A few batches or streams are in flight at once.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::io::Read;
+use std::path::PathBuf;
+
+use castore::store::{BlobStore, DirectoryStore, LocalStore, ObjectKind};
+use castore::{Digest, Directory, Name, Node};
+use futures::StreamExt;
+use prost::Message;
+use sha2::{Digest as _, Sha256};
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+use super::mapping::{self, hex, Refusal};
+use super::proto::{bs, re, Code};
+use bazel_remote_apis::build::bazel::remote::execution::v2::content_addressable_storage_client::ContentAddressableStorageClient;
+use bazel_remote_apis::google::bytestream::byte_stream_client::ByteStreamClient;
+
+/// Batches or streams in flight at once.
+const PARALLEL: usize = 4;
+/// What one blob adds to a batch request beside its bytes (its digest,
+/// the framing): engines cap the whole message, not just the data.
+const PER_BLOB: i64 = 160;
+/// ByteStream chunk size.
+const CHUNK: usize = 1 << 20;
+
+/// What can go wrong talking to the CAS.
+#[derive(Debug, thiserror::Error)]
+pub enum CasError {
+    #[error("the engine's CAS: {0}")]
+    Rpc(#[from] tonic::Status),
+    #[error(transparent)]
+    Store(#[from] castore::Error),
+    #[error("{0}")]
+    Refused(Refusal),
+    #[error("{0}")]
+    Other(String),
+}
+
+impl CasError {
+    /// The status a lease reports for this error.
+    pub fn code(&self) -> Code {
+        match self {
+            CasError::Refused(r) => r.code,
+            // A blob the engine no longer has: the client re-uploads and retries.
+            CasError::Rpc(s) if s.code() == tonic::Code::NotFound => Code::FailedPrecondition,
+            _ => Code::Unavailable,
+        }
+    }
+}
+
+impl From<Refusal> for CasError {
+    fn from(r: Refusal) -> Self {
+        CasError::Refused(r)
+    }
+}
+
+fn blocking_err(e: tokio::task::JoinError) -> CasError {
+    CasError::Other(format!("a worker thread failed: {e}"))
+}
+
+/// The persistent SHA-256 ↔ BLAKE3 index.
+#[derive(Clone)]
+pub struct Index {
+    root: PathBuf,
+}
+
+/// What a SHA-256 digest is in the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Known {
+    Blob(Digest),
+    /// A directory: its castore digest and entry count.
+    Dir(Digest, u64),
+}
+
+impl Index {
+    pub fn open(store: &LocalStore) -> Index {
+        Index {
+            root: store.root().join("reapi"),
+        }
+    }
+
+    fn sha_path(&self, d: &re::Digest) -> PathBuf {
+        let h = &d.hash;
+        self.root
+            .join("sha256")
+            .join(&h[..2])
+            .join(format!("{h}-{}", d.size_bytes))
+    }
+
+    fn b3_path(&self, d: &Digest) -> PathBuf {
+        let h = d.hex();
+        self.root.join("b3").join(&h[..2]).join(h)
+    }
+
+    fn write(path: PathBuf, text: String) {
+        // An index entry is a hint: failing to write one costs a transfer later.
+        let Some(dir) = path.parent() else { return };
+        if std::fs::create_dir_all(dir).is_err() {
+            return;
+        }
+        let tmp = dir.join(format!(
+            ".tmp-{}-{:?}",
+            std::process::id(),
+            std::thread::current().id()
+        ));
+        if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, &path).is_err() {
+            let _ = std::fs::remove_file(&tmp);
+        }
+    }
+
+    /// What `d` is, if the index knows and the store still has it.
+    fn get(&self, store: &LocalStore, d: &re::Digest) -> Option<Known> {
+        let text = std::fs::read_to_string(self.sha_path(d)).ok()?;
+        let mut it = text.split_whitespace();
+        let known = match (it.next()?, it.next()?, it.next()) {
+            ("blob", b3, None) => Known::Blob(b3.parse().ok()?),
+            ("dir", b3, Some(size)) => Known::Dir(b3.parse().ok()?, size.parse().ok()?),
+            _ => return None,
+        };
+        let present = match known {
+            Known::Blob(b) => store.has(ObjectKind::Blob, &b),
+            Known::Dir(b, _) => store.has(ObjectKind::Directory, &b),
+        };
+        present.then_some(known)
+    }
+
+    fn put_blob(&self, sha: &re::Digest, b3: &Digest) {
+        Self::write(self.sha_path(sha), format!("blob {b3}\n"));
+        Self::write(
+            self.b3_path(b3),
+            format!("{} {}\n", sha.hash, sha.size_bytes),
+        );
+    }
+
+    fn put_dir(&self, sha: &re::Digest, b3: &Digest, size: u64) {
+        Self::write(self.sha_path(sha), format!("dir {b3} {size}\n"));
+    }
+
+    /// The SHA-256 digest of blob `b3`, from the index or by hashing the
+    /// stored blob (streamed) and remembering it.
+    fn sha_of_blob(&self, store: &LocalStore, b3: &Digest) -> Result<re::Digest, CasError> {
+        if let Ok(text) = std::fs::read_to_string(self.b3_path(b3)) {
+            let mut it = text.split_whitespace();
+            if let (Some(h), Some(s)) = (it.next(), it.next()) {
+                if let Ok(size_bytes) = s.parse() {
+                    let d = re::Digest {
+                        hash: h.to_owned(),
+                        size_bytes,
+                    };
+                    if mapping::check_digest("index entry", &d).is_ok() {
+                        return Ok(d);
+                    }
+                }
+            }
+        }
+        let mut f = store.open_blob(b3)?;
+        let mut h = Sha256::new();
+        let mut buf = vec![0u8; CHUNK];
+        let mut n = 0i64;
+        loop {
+            match f.read(&mut buf) {
+                Ok(0) => break,
+                Ok(k) => {
+                    h.update(&buf[..k]);
+                    n += k as i64;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                Err(e) => return Err(CasError::Other(format!("reading blob {b3}: {e}"))),
+            }
+        }
+        let d = re::Digest {
+            hash: hex(&h.finalize()),
+            size_bytes: n,
+        };
+        self.put_blob(&d, b3);
+        Ok(d)
+    }
+}
+
+/// The engine's CAS, for one instance.
+#[derive(Clone)]
+pub struct Cas {
+    instance: String,
+    cas: ContentAddressableStorageClient<Channel>,
+    bytestream: ByteStreamClient<Channel>,
+    store: LocalStore,
+    index: Index,
+    /// The engine's `max_batch_total_size_bytes`.
+    max_batch: i64,
+}
+
+/// What went over the wire, for the log and the bench.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct Transfer {
+    pub blobs: u64,
+    pub bytes: u64,
+}
+
+/// Something to upload.
+pub enum Upload {
+    /// A blob of the local store.
+    Stored(Digest),
+    /// Bytes in memory (a `Tree`, a record's wire form) under their digest.
+    Bytes(re::Digest, Vec<u8>),
+}
+
+impl Cas {
+    pub fn new(channel: Channel, instance: String, store: LocalStore, max_batch: i64) -> Cas {
+        let limit = crate::MAX_MESSAGE_BYTES;
+        Cas {
+            instance,
+            cas: ContentAddressableStorageClient::new(channel.clone())
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+            bytestream: ByteStreamClient::new(channel)
+                .max_decoding_message_size(limit)
+                .max_encoding_message_size(limit),
+            index: Index::open(&store),
+            store,
+            // Leave room for the request's own framing.
+            max_batch: if max_batch <= 0 {
+                4 << 20
+            } else {
+                (max_batch - (64 << 10)).max(64 << 10)
+            },
+        }
+    }
+
+    pub fn store(&self) -> &LocalStore {
+        &self.store
+    }
+
+    fn resource(&self, tail: String) -> String {
+        if self.instance.is_empty() {
+            tail
+        } else {
+            format!("{}/{tail}", self.instance)
+        }
+    }
+
+    /// Read small blobs into memory, checking each against its digest.
+    pub async fn read_small(
+        &self,
+        digests: &[re::Digest],
+    ) -> Result<HashMap<re::Digest, Vec<u8>>, CasError> {
+        let mut out = HashMap::new();
+        let mut big = Vec::new();
+        let mut small = Vec::new();
+        for d in digests {
+            if d.size_bytes + PER_BLOB > self.max_batch {
+                big.push(d.clone());
+            } else {
+                small.push(d.clone());
+            }
+        }
+        let mut batches = futures::stream::iter(self.batches(small))
+            .map(|b| self.read_batch(b))
+            .buffer_unordered(PARALLEL);
+        while let Some(got) = batches.next().await {
+            out.extend(got?);
+        }
+        for d in big {
+            if d.size_bytes as usize > crate::MAX_MESSAGE_BYTES {
+                return Err(CasError::Refused(Refusal::new(
+                    Code::InvalidArgument,
+                    format!("message {}/{} is too large", d.hash, d.size_bytes),
+                )));
+            }
+            let mut bytes = Vec::with_capacity(d.size_bytes as usize);
+            let mut stream = self.read_stream(&d).await?;
+            while let Some(m) = stream.message().await? {
+                bytes.extend_from_slice(&m.data);
+            }
+            check(&d, &bytes)?;
+            out.insert(d, bytes);
+        }
+        Ok(out)
+    }
+
+    /// Group digests into batches of at most `max_batch` bytes.
+    fn batches(&self, digests: Vec<re::Digest>) -> Vec<Vec<re::Digest>> {
+        let mut out = Vec::new();
+        let mut batch: Vec<re::Digest> = Vec::new();
+        let mut total = 0i64;
+        for d in digests {
+            let cost = d.size_bytes + PER_BLOB;
+            if total + cost > self.max_batch && !batch.is_empty() {
+                out.push(std::mem::take(&mut batch));
+                total = 0;
+            }
+            total += cost;
+            batch.push(d);
+        }
+        if !batch.is_empty() {
+            out.push(batch);
+        }
+        out
+    }
+
+    async fn read_batch(
+        &self,
+        digests: Vec<re::Digest>,
+    ) -> Result<Vec<(re::Digest, Vec<u8>)>, CasError> {
+        let mut out = Vec::with_capacity(digests.len());
+        let resp = self
+            .cas
+            .clone()
+            .batch_read_blobs(re::BatchReadBlobsRequest {
+                instance_name: self.instance.clone(),
+                digests,
+                acceptable_compressors: Vec::new(),
+                digest_function: re::digest_function::Value::Sha256 as i32,
+            })
+            .await?
+            .into_inner();
+        for r in resp.responses {
+            let d = r.digest.ok_or_else(|| {
+                CasError::Other("BatchReadBlobs answered without a digest".into())
+            })?;
+            if let Some(s) = r.status.as_ref().filter(|s| s.code != 0) {
+                return Err(CasError::Rpc(tonic::Status::new(
+                    tonic::Code::from_i32(s.code),
+                    format!("blob {}/{}: {}", d.hash, d.size_bytes, s.message),
+                )));
+            }
+            check(&d, &r.data)?;
+            out.push((d, r.data));
+        }
+        Ok(out)
+    }
+
+    /// Fetch small blobs into the store, a batch at a time (several in
+    /// flight), each batch committed as it arrives.
+    async fn fetch_small(
+        &self,
+        digests: Vec<re::Digest>,
+        xfer: &mut Transfer,
+    ) -> Result<Vec<(re::Digest, Digest)>, CasError> {
+        let mut stored = Vec::with_capacity(digests.len());
+        let mut batches = futures::stream::iter(self.batches(digests))
+            .map(|b| async move {
+                let got = self.read_batch(b).await?;
+                let store = self.store.clone();
+                let index = self.index.clone();
+                let bytes: u64 = got.iter().map(|(_, b)| b.len() as u64).sum();
+                let n = got.len() as u64;
+                let out = tokio::task::spawn_blocking(move || -> Result<_, CasError> {
+                    let txn = store.txn()?;
+                    let mut out = Vec::with_capacity(got.len());
+                    for (d, data) in &got {
+                        out.push((d.clone(), txn.put_blob(data)?));
+                    }
+                    txn.commit()?;
+                    for (d, b3) in &out {
+                        index.put_blob(d, b3);
+                    }
+                    Ok(out)
+                })
+                .await
+                .map_err(blocking_err)??;
+                Ok::<_, CasError>((out, n, bytes))
+            })
+            .buffer_unordered(PARALLEL);
+        while let Some(r) = batches.next().await {
+            let (out, n, bytes) = r?;
+            xfer.blobs += n;
+            xfer.bytes += bytes;
+            stored.extend(out);
+        }
+        Ok(stored)
+    }
+
+    async fn read_stream(
+        &self,
+        d: &re::Digest,
+    ) -> Result<tonic::Streaming<bs::ReadResponse>, CasError> {
+        Ok(self
+            .bytestream
+            .clone()
+            .read(bs::ReadRequest {
+                resource_name: self.resource(format!("blobs/{}/{}", d.hash, d.size_bytes)),
+                read_offset: 0,
+                read_limit: 0,
+            })
+            .await?
+            .into_inner())
+    }
+
+    /// Fetch one message (an Action, a Command) by digest.
+    pub async fn message<M: Message + Default>(&self, d: &re::Digest) -> Result<M, CasError> {
+        mapping::check_digest("digest", d)?;
+        let mut got = self.read_small(std::slice::from_ref(d)).await?;
+        let bytes = got
+            .remove(d)
+            .ok_or_else(|| CasError::Other(format!("blob {} did not arrive", d.hash)))?;
+        M::decode(&bytes[..]).map_err(|e| {
+            Refusal::new(
+                Code::InvalidArgument,
+                format!("blob {}/{} does not decode: {e}", d.hash, d.size_bytes),
+            )
+            .into()
+        })
+    }
+
+    /// Fetch the input root `root` into the store, every blob once; its
+    /// castore digest.
+    pub async fn fetch_tree(&self, root: &re::Digest) -> Result<(Digest, Transfer), CasError> {
+        mapping::check_digest("input root", root)?;
+        let mut xfer = Transfer::default();
+        if let Some(Known::Dir(b3, _)) = self.index.get(&self.store, root) {
+            return Ok((b3, xfer));
+        }
+        // Directories, breadth-first, skipping what the index knows.
+        let mut dirs: HashMap<re::Digest, re::Directory> = HashMap::new();
+        let mut known_dirs: HashMap<re::Digest, (Digest, u64)> = HashMap::new();
+        let mut level = vec![root.clone()];
+        while !level.is_empty() {
+            let mut want = Vec::new();
+            for d in level.drain(..) {
+                if dirs.contains_key(&d) || known_dirs.contains_key(&d) {
+                    continue;
+                }
+                mapping::check_digest("input directory", &d)?;
+                match self.index.get(&self.store, &d) {
+                    Some(Known::Dir(b3, size)) => {
+                        known_dirs.insert(d, (b3, size));
+                    }
+                    _ => want.push(d),
+                }
+            }
+            want.sort_by(|a, b| a.hash.cmp(&b.hash));
+            want.dedup();
+            let got = self.read_small(&want).await?;
+            xfer.blobs += got.len() as u64;
+            for (d, bytes) in got {
+                xfer.bytes += bytes.len() as u64;
+                let dir = re::Directory::decode(&bytes[..]).map_err(|e| {
+                    Refusal::new(
+                        Code::InvalidArgument,
+                        format!("input directory {} does not decode: {e}", d.hash),
+                    )
+                })?;
+                for c in &dir.directories {
+                    if let Some(cd) = &c.digest {
+                        level.push(cd.clone());
+                    }
+                }
+                dirs.insert(d, dir);
+            }
+        }
+        // Files the store lacks.
+        let mut blobs: HashMap<re::Digest, Digest> = HashMap::new();
+        let mut missing: Vec<re::Digest> = Vec::new();
+        let mut seen = HashSet::new();
+        for dir in dirs.values() {
+            for f in &dir.files {
+                let Some(d) = &f.digest else { continue };
+                if !seen.insert(d.clone()) {
+                    continue;
+                }
+                mapping::check_digest("input file", d)?;
+                match self.index.get(&self.store, d) {
+                    Some(Known::Blob(b3)) => {
+                        blobs.insert(d.clone(), b3);
+                    }
+                    _ if d.size_bytes == 0 => {
+                        let b3 = self.store.put_blob(b"")?;
+                        blobs.insert(d.clone(), b3);
+                    }
+                    _ => missing.push(d.clone()),
+                }
+            }
+        }
+        let (small, large): (Vec<_>, Vec<_>) = missing
+            .into_iter()
+            .partition(|d| d.size_bytes + PER_BLOB <= self.max_batch);
+        blobs.extend(self.fetch_small(small, &mut xfer).await?);
+        let mut downloads = futures::stream::iter(large)
+            .map(|d| async move {
+                let b3 = self.download_large(&d).await?;
+                Ok::<_, CasError>((d, b3))
+            })
+            .buffer_unordered(PARALLEL);
+        while let Some(r) = downloads.next().await {
+            let (d, b3) = r?;
+            xfer.blobs += 1;
+            xfer.bytes += d.size_bytes as u64;
+            blobs.insert(d, b3);
+        }
+        // The castore tree, children before parents.
+        let store = self.store.clone();
+        let index = self.index.clone();
+        let root = root.clone();
+        let b3 = tokio::task::spawn_blocking(move || -> Result<Digest, CasError> {
+            let mut done = known_dirs;
+            let txn = store.txn()?;
+            let mut stack = vec![(root.clone(), false)];
+            let mut new = Vec::new();
+            while let Some((d, expanded)) = stack.pop() {
+                if done.contains_key(&d) {
+                    continue;
+                }
+                let dir = dirs.get(&d).ok_or_else(|| {
+                    CasError::Other(format!("input directory {} was not fetched", d.hash))
+                })?;
+                if !expanded {
+                    stack.push((d.clone(), true));
+                    for c in &dir.directories {
+                        if let Some(cd) = &c.digest {
+                            if !done.contains_key(cd) {
+                                stack.push((cd.clone(), false));
+                            }
+                        }
+                    }
+                    continue;
+                }
+                let cdir = mapping::castore_directory(dir, &done, &blobs)?;
+                let b3 = txn.put_directory(&cdir)?;
+                done.insert(d.clone(), (b3, cdir.size()));
+                new.push((d, b3, cdir.size()));
+            }
+            txn.commit()?;
+            for (d, b3, size) in &new {
+                index.put_dir(d, b3, *size);
+            }
+            done.get(&root)
+                .map(|(b3, _)| *b3)
+                .ok_or_else(|| CasError::Other("the input root did not convert".into()))
+        })
+        .await
+        .map_err(blocking_err)??;
+        Ok((b3, xfer))
+    }
+
+    /// Stream one large blob into the store, checking its SHA-256.
+    async fn download_large(&self, d: &re::Digest) -> Result<Digest, CasError> {
+        let mut stream = self.read_stream(d).await?;
+        let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
+        let store = self.store.clone();
+        let index = self.index.clone();
+        let want = d.clone();
+        let writer = tokio::task::spawn_blocking(move || -> Result<Digest, CasError> {
+            let txn = store.txn()?;
+            let mut r = HashingReader {
+                inner: ChannelReader {
+                    rx,
+                    buf: Vec::new(),
+                    pos: 0,
+                },
+                sha: Sha256::new(),
+                n: 0,
+            };
+            let (b3, _) = txn.put_blob_reader(&mut r)?;
+            let got = re::Digest {
+                hash: hex(&r.sha.finalize()),
+                size_bytes: r.n,
+            };
+            if got != want {
+                // Dropping the transaction stores nothing.
+                return Err(CasError::Other(format!(
+                    "blob {}/{} arrived as {}/{}: refused",
+                    want.hash, want.size_bytes, got.hash, got.size_bytes
+                )));
+            }
+            txn.commit()?;
+            index.put_blob(&want, &b3);
+            Ok(b3)
+        });
+        let mut failed = None;
+        loop {
+            match stream.message().await {
+                Ok(Some(m)) => {
+                    if tx.send(m.data).await.is_err() {
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            }
+        }
+        drop(tx);
+        let r = writer.await.map_err(blocking_err)?;
+        if let Some(e) = failed {
+            return Err(e.into());
+        }
+        r
+    }
+
+    /// The SHA-256 digests of stored blobs (index, else hashed).
+    pub async fn sha_of_blobs(
+        &self,
+        b3s: Vec<Digest>,
+    ) -> Result<HashMap<Digest, re::Digest>, CasError> {
+        let store = self.store.clone();
+        let index = self.index.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut out = HashMap::new();
+            for b in b3s {
+                if let std::collections::hash_map::Entry::Vacant(v) = out.entry(b) {
+                    v.insert(index.sha_of_blob(&store, &b)?);
+                }
+            }
+            Ok(out)
+        })
+        .await
+        .map_err(blocking_err)?
+    }
+
+    /// Upload what the engine lacks.
+    pub async fn upload(&self, items: Vec<Upload>) -> Result<Transfer, CasError> {
+        let mut xfer = Transfer::default();
+        let stored: Vec<Digest> = items
+            .iter()
+            .filter_map(|u| match u {
+                Upload::Stored(b) => Some(*b),
+                Upload::Bytes(..) => None,
+            })
+            .collect();
+        let shas = self.sha_of_blobs(stored).await?;
+        let mut all: BTreeMap<(String, i64), Upload> = BTreeMap::new();
+        for u in items {
+            let d = match &u {
+                Upload::Stored(b) => shas[b].clone(),
+                Upload::Bytes(d, _) => d.clone(),
+            };
+            all.entry((d.hash, d.size_bytes)).or_insert(u);
+        }
+        let mut missing = HashSet::new();
+        let keys: Vec<re::Digest> = all
+            .keys()
+            .map(|(h, s)| re::Digest {
+                hash: h.clone(),
+                size_bytes: *s,
+            })
+            .collect();
+        for chunk in keys.chunks(4096) {
+            let resp = self
+                .cas
+                .clone()
+                .find_missing_blobs(re::FindMissingBlobsRequest {
+                    instance_name: self.instance.clone(),
+                    blob_digests: chunk.to_vec(),
+                    digest_function: re::digest_function::Value::Sha256 as i32,
+                })
+                .await?
+                .into_inner();
+            for d in resp.missing_blob_digests {
+                missing.insert((d.hash, d.size_bytes));
+            }
+        }
+        let mut small = Vec::new();
+        let mut large = Vec::new();
+        for ((hash, size), u) in all {
+            if !missing.contains(&(hash.clone(), size)) {
+                continue;
+            }
+            let d = re::Digest {
+                hash,
+                size_bytes: size,
+            };
+            xfer.blobs += 1;
+            xfer.bytes += size as u64;
+            if size + PER_BLOB <= self.max_batch {
+                small.push((d, u));
+            } else {
+                large.push((d, u));
+            }
+        }
+        // Small ones in batches of at most max_batch bytes, read from the
+        // store only when their batch is sent.
+        let mut batches: Vec<Vec<(re::Digest, Upload)>> = Vec::new();
+        let mut total = 0i64;
+        for (d, u) in small {
+            let cost = d.size_bytes + PER_BLOB;
+            if batches.is_empty() || total + cost > self.max_batch {
+                batches.push(Vec::new());
+                total = 0;
+            }
+            total += cost;
+            if let Some(b) = batches.last_mut() {
+                b.push((d, u));
+            }
+        }
+        let mut sends = futures::stream::iter(batches)
+            .map(|b| async move {
+                let store = self.store.clone();
+                let requests = tokio::task::spawn_blocking(move || -> Result<_, CasError> {
+                    let mut v = Vec::with_capacity(b.len());
+                    for (d, u) in b {
+                        let data = match u {
+                            Upload::Bytes(_, b) => b,
+                            Upload::Stored(b3) => store.read_blob(&b3)?,
+                        };
+                        v.push(re::batch_update_blobs_request::Request {
+                            digest: Some(d),
+                            data,
+                            compressor: 0,
+                        });
+                    }
+                    Ok(v)
+                })
+                .await
+                .map_err(blocking_err)??;
+                self.update_batch(requests).await
+            })
+            .buffer_unordered(PARALLEL);
+        while let Some(r) = sends.next().await {
+            r?;
+        }
+        let mut writes = futures::stream::iter(large)
+            .map(|(d, u)| self.write_large(d, u))
+            .buffer_unordered(PARALLEL);
+        while let Some(r) = writes.next().await {
+            r?;
+        }
+        Ok(xfer)
+    }
+
+    async fn update_batch(
+        &self,
+        requests: Vec<re::batch_update_blobs_request::Request>,
+    ) -> Result<(), CasError> {
+        let resp = self
+            .cas
+            .clone()
+            .batch_update_blobs(re::BatchUpdateBlobsRequest {
+                instance_name: self.instance.clone(),
+                requests,
+                digest_function: re::digest_function::Value::Sha256 as i32,
+            })
+            .await?
+            .into_inner();
+        for r in resp.responses {
+            if let Some(s) = r.status.filter(|s| s.code != 0) {
+                let d = r.digest.unwrap_or_default();
+                return Err(CasError::Rpc(tonic::Status::new(
+                    tonic::Code::from_i32(s.code),
+                    format!("uploading blob {}/{}: {}", d.hash, d.size_bytes, s.message),
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// Stream one large blob to the engine.
+    async fn write_large(&self, d: re::Digest, u: Upload) -> Result<(), CasError> {
+        let name = self.resource(format!(
+            "uploads/{}/blobs/{}/{}",
+            upload_id(),
+            d.hash,
+            d.size_bytes
+        ));
+        let (tx, rx) = mpsc::channel::<Result<Vec<u8>, String>>(4);
+        let store = self.store.clone();
+        let reader = tokio::task::spawn_blocking(move || match u {
+            Upload::Bytes(_, b) => {
+                for c in b.chunks(CHUNK) {
+                    if tx.blocking_send(Ok(c.to_vec())).is_err() {
+                        return;
+                    }
+                }
+            }
+            Upload::Stored(b3) => {
+                let mut f = match store.open_blob(&b3) {
+                    Ok(f) => f,
+                    Err(e) => {
+                        let _ = tx.blocking_send(Err(e.to_string()));
+                        return;
+                    }
+                };
+                loop {
+                    let mut buf = vec![0u8; CHUNK];
+                    match f.read(&mut buf) {
+                        Ok(0) => return,
+                        Ok(n) => {
+                            buf.truncate(n);
+                            if tx.blocking_send(Ok(buf)).is_err() {
+                                return;
+                            }
+                        }
+                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                        Err(e) => {
+                            let _ = tx.blocking_send(Err(format!("reading blob {b3}: {e}")));
+                            return;
+                        }
+                    }
+                }
+            }
+        });
+        let size = d.size_bytes;
+        let state = (rx, 0i64, Some(name), false);
+        let requests =
+            futures::stream::unfold(state, move |(mut rx, offset, name, done)| async move {
+                if done {
+                    return None;
+                }
+                let resource_name = name.clone().unwrap_or_default();
+                match rx.recv().await {
+                    Some(Ok(data)) => {
+                        let next = offset + data.len() as i64;
+                        let req = bs::WriteRequest {
+                            resource_name,
+                            write_offset: offset,
+                            finish_write: next >= size,
+                            data,
+                        };
+                        // Only the first request need carry the name.
+                        Some((req, (rx, next, Some(String::new()), next >= size)))
+                    }
+                    // A read error ends the stream short: the engine refuses
+                    // the incomplete blob.
+                    Some(Err(_)) | None => None,
+                }
+            });
+        let resp = self.bytestream.clone().write(requests).await;
+        let _ = reader.await;
+        let committed = resp?.into_inner().committed_size;
+        if committed != size {
+            return Err(CasError::Other(format!(
+                "uploading blob {}/{}: the engine committed {committed} bytes",
+                d.hash, size
+            )));
+        }
+        Ok(())
+    }
+}
+
+fn check(d: &re::Digest, bytes: &[u8]) -> Result<(), CasError> {
+    let got = mapping::sha256_digest(bytes);
+    if got != *d {
+        return Err(CasError::Other(format!(
+            "blob {}/{} arrived as {}/{}: refused",
+            d.hash, d.size_bytes, got.hash, got.size_bytes
+        )));
+    }
+    Ok(())
+}
+
+/// A fresh upload id, formatted as a UUID (v4 layout) from the clock, the
+/// pid and a counter: unique per upload, which is all the name needs.
+fn upload_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static N: AtomicU64 = AtomicU64::new(0);
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let seed = format!(
+        "{t}-{}-{}",
+        std::process::id(),
+        N.fetch_add(1, Ordering::SeqCst)
+    );
+    let h = blake3::hash(seed.as_bytes());
+    let b = h.as_bytes();
+    let x = hex(&b[..16]);
+    format!(
+        "{}-{}-4{}-8{}-{}",
+        &x[..8],
+        &x[8..12],
+        &x[13..16],
+        &x[17..20],
+        &x[20..32]
+    )
+}
+
+/// Reads the chunks a stream sends.
+struct ChannelReader {
+    rx: mpsc::Receiver<Vec<u8>>,
+    buf: Vec<u8>,
+    pos: usize,
+}
+
+impl Read for ChannelReader {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        while self.pos >= self.buf.len() {
+            match self.rx.blocking_recv() {
+                Some(b) => {
+                    self.buf = b;
+                    self.pos = 0;
+                }
+                None => return Ok(0),
+            }
+        }
+        let n = out.len().min(self.buf.len() - self.pos);
+        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
+        self.pos += n;
+        Ok(n)
+    }
+}
+
+/// SHA-256 and length of what passes through.
+struct HashingReader<R> {
+    inner: R,
+    sha: Sha256,
+    n: i64,
+}
+
+impl<R: Read> Read for HashingReader<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(out)?;
+        self.sha.update(&out[..n]);
+        self.n += n as i64;
+        Ok(n)
+    }
+}
+
+/// `root` with every directory in `paths` (relative, shallowest first)
+/// present, made empty where missing. A path through a file or symlink
+/// is refused: the action could not create its output there.
+pub fn with_dirs(store: &LocalStore, root: &Digest, paths: &[String]) -> Result<Digest, CasError> {
+    if paths.is_empty() {
+        return Ok(*root);
+    }
+    // A trie of the components.
+    #[derive(Default)]
+    struct Trie(BTreeMap<String, Trie>);
+    let mut trie = Trie::default();
+    for p in paths {
+        let mut t = &mut trie;
+        for c in p.split('/') {
+            t = t.0.entry(c.to_owned()).or_default();
+        }
+    }
+    let txn = store.txn()?;
+    fn ensure(
+        store: &LocalStore,
+        txn: &castore::store::Txn<'_>,
+        dir: Option<&Digest>,
+        trie: &Trie,
+        at: &str,
+    ) -> Result<(Digest, u64), CasError> {
+        let old = match dir {
+            Some(d) => store.get_directory(d)?,
+            None => Directory::new(),
+        };
+        let mut new = Directory::new();
+        let mut done = HashSet::new();
+        for (name, node) in old.entries() {
+            let key = String::from_utf8_lossy(name.as_bytes()).into_owned();
+            match (trie.0.get(&key), node) {
+                (Some(sub), Node::Directory { digest, .. }) => {
+                    let (d, size) = ensure(store, txn, Some(digest), sub, &format!("{at}{key}/"))?;
+                    new.insert(name.clone(), Node::Directory { digest: d, size })?;
+                    done.insert(key);
+                }
+                (Some(_), other) => {
+                    return Err(Refusal::new(
+                        Code::InvalidArgument,
+                        format!(
+                            "{at}{key} is {} in the input root, but an output lies below it",
+                            other.kind()
+                        ),
+                    )
+                    .into())
+                }
+                (None, n) => new.insert(name.clone(), n.clone())?,
+            }
+        }
+        for (key, sub) in &trie.0 {
+            if done.contains(key) {
+                continue;
+            }
+            let (d, size) = ensure(store, txn, None, sub, &format!("{at}{key}/"))?;
+            new.insert(
+                Name::new(key.as_bytes())
+                    .map_err(|e| Refusal::new(Code::InvalidArgument, e.to_string()))?,
+                Node::Directory { digest: d, size },
+            )?;
+        }
+        let size = new.size();
+        Ok((txn.put_directory(&new)?, size))
+    }
+    let (d, _) = ensure(store, &txn, Some(root), &trie, "")?;
+    txn.commit()?;
+    Ok(d)
+}
+
+/// What a path of the tree `root` is: a node, or nothing (a missing
+/// component, or one that is not a directory).
+pub fn find(store: &LocalStore, root: &Digest, path: &str) -> Result<Option<Node>, CasError> {
+    let mut node = Node::Directory {
+        digest: *root,
+        size: 0,
+    };
+    for c in path.split('/') {
+        let Node::Directory { digest, .. } = &node else {
+            return Ok(None);
+        };
+        let dir = store.get_directory(digest)?;
+        match dir.get(c.as_bytes()) {
+            Some(n) => node = n.clone(),
+            None => return Ok(None),
+        }
+    }
+    Ok(Some(node))
+}
+
+/// Every directory below (and including) `root`, and every blob they name.
+pub fn subtree(
+    store: &LocalStore,
+    root: &Digest,
+) -> Result<(HashMap<Digest, Directory>, Vec<Digest>), CasError> {
+    let mut dirs = HashMap::new();
+    let mut blobs = Vec::new();
+    let mut stack = vec![*root];
+    while let Some(d) = stack.pop() {
+        if dirs.contains_key(&d) {
+            continue;
+        }
+        let dir = store.get_directory(&d)?;
+        for (_, n) in dir.entries() {
+            match n {
+                Node::Directory { digest, .. } => stack.push(*digest),
+                Node::File { digest, .. } => blobs.push(*digest),
+                Node::Symlink { .. } => {}
+            }
+        }
+        dirs.insert(d, dir);
+    }
+    blobs.sort();
+    blobs.dedup();
+    Ok((dirs, blobs))
+}

@@ -1,0 +1,274 @@
+//! The job runner both front doors share: at most `jobs` builds at once
+//! (the rest queue for a slot), a cancel flag per build, the call into
+//! [`FhsExecutor`] with its action cache and limits, and a shutdown that
+//! lets running builds finish up to a deadline before cancelling them.
+//!
+//! A build holds its slot until its sandbox is torn down, so the number of
+//! live builds never exceeds `jobs`, cancelled ones included. Builds run on
+//! blocking threads; the runner itself is `Send + Sync` and may be driven
+//! from any task.
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use castore::store::LocalStore;
+use castore::Digest;
+use executor_core::{
+    Action, BuildRequest, CachePolicy, CheckReport, Executor as _, ExitClass, NetworkMode,
+    SignedRecord,
+};
+use fhs_executor::FhsExecutor;
+use tokio::sync::{mpsc, Semaphore};
+
+/// One build to run: a resolved action, its fetch lock (replay), and
+/// whether the action cache may answer it.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub action: Action,
+    pub lock: Vec<u8>,
+    pub cache: CachePolicy,
+    /// Whether the record may answer later builds (REAPI's `do_not_cache`
+    /// says no: it is signed and kept, then taken out of the cache index).
+    pub cacheable: bool,
+}
+
+/// How a job ended.
+#[derive(Debug)]
+pub enum JobResult {
+    Done {
+        digest: Digest,
+        record: Box<SignedRecord>,
+        /// The stored record's bytes.
+        bytes: Vec<u8>,
+        cached: bool,
+        check: Option<CheckReport>,
+    },
+    Failed {
+        class: ExitClass,
+        message: String,
+    },
+}
+
+/// The runner is shutting down: the job was not started.
+#[derive(Debug, Clone, Copy)]
+pub struct Closed;
+
+/// Counters the Cap'n Proto `stats` call reports.
+#[derive(Default)]
+pub struct RunnerStats {
+    pub builds_started: AtomicU64,
+    pub queued: AtomicU32,
+    pub max_running: AtomicU32,
+}
+
+pub struct Runner {
+    store: LocalStore,
+    jobs: usize,
+    slots: Arc<Semaphore>,
+    /// Cancel flags of builds whose sandbox is live (removed by the build
+    /// thread itself once everything is torn down).
+    running: Arc<Mutex<HashMap<u64, Arc<AtomicBool>>>>,
+    next: AtomicU64,
+    pub stats: RunnerStats,
+}
+
+impl Runner {
+    pub fn new(store: LocalStore, jobs: usize) -> Arc<Runner> {
+        let jobs = jobs.max(1);
+        Arc::new(Runner {
+            store,
+            jobs,
+            slots: Arc::new(Semaphore::new(jobs)),
+            running: Arc::new(Mutex::new(HashMap::new())),
+            next: AtomicU64::new(0),
+            stats: RunnerStats::default(),
+        })
+    }
+
+    pub fn jobs(&self) -> usize {
+        self.jobs
+    }
+
+    pub fn store(&self) -> &LocalStore {
+        &self.store
+    }
+
+    pub fn running_count(&self) -> usize {
+        self.running.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    /// Wait for a slot, run the job on a blocking thread with its log sent
+    /// to `log`, and return how it ended. Setting `cancel` stops the build
+    /// (it ends as a timeout would, everything cleaned up).
+    pub async fn run(
+        &self,
+        job: Job,
+        cancel: Arc<AtomicBool>,
+        log: mpsc::Sender<Vec<u8>>,
+    ) -> Result<JobResult, Closed> {
+        if job.action.network.mode == NetworkMode::Record {
+            return Ok(JobResult::Failed {
+                class: ExitClass::Usage,
+                message: "network mode \"record\" is refused on a worker: it is the one impure mode (it fetches upstream and writes the lock). Record locally with `fhsx build --record`, then build the replay remotely".into(),
+            });
+        }
+        self.stats.queued.fetch_add(1, Ordering::SeqCst);
+        let permit = self.slots.clone().acquire_owned().await;
+        self.stats.queued.fetch_sub(1, Ordering::SeqCst);
+        let permit = permit.map_err(|_| Closed)?;
+        let id = self.next.fetch_add(1, Ordering::SeqCst);
+        {
+            let mut m = self.running.lock().map_err(|_| Closed)?;
+            m.insert(id, cancel.clone());
+            self.stats
+                .max_running
+                .fetch_max(m.len() as u32, Ordering::SeqCst);
+        }
+        self.stats.builds_started.fetch_add(1, Ordering::SeqCst);
+        let store = self.store.clone();
+        let running = self.running.clone();
+        let jobs = self.jobs;
+        let handle = tokio::task::spawn_blocking(move || {
+            let now = running.lock().map(|m| m.len()).unwrap_or(0);
+            eprintln!("fhsx worker: build {id} started ({now}/{jobs} slots busy)");
+            let r = run_build(store, job, cancel, log);
+            // The slot and the registry entry go only once the sandbox is down.
+            if let Ok(mut m) = running.lock() {
+                m.remove(&id);
+            }
+            drop(permit);
+            match &r {
+                JobResult::Done { digest, cached, .. } => eprintln!(
+                    "fhsx worker: build {id} done: record {digest}{}",
+                    if *cached {
+                        " (cached: nothing ran)"
+                    } else {
+                        ""
+                    }
+                ),
+                JobResult::Failed { message, .. } => {
+                    eprintln!("fhsx worker: build {id} failed: {message}")
+                }
+            }
+            r
+        });
+        Ok(handle.await.unwrap_or_else(|e| JobResult::Failed {
+            class: ExitClass::BuildFailed,
+            message: format!("worker task failed: {e}"),
+        }))
+    }
+
+    /// Refuse queued and new jobs; let the running ones finish up to
+    /// `grace`, then cancel them and wait until they are torn down.
+    pub async fn shut_down(&self, grace: Duration) {
+        self.slots.close();
+        let n = self.running_count();
+        if n > 0 {
+            eprintln!(
+                "fhsx worker: shutting down; waiting up to {grace:?} for {n} running build(s)"
+            );
+        }
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.running_count() > 0 && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        if self.running_count() > 0 {
+            eprintln!("fhsx worker: deadline reached; cancelling the running builds");
+            if let Ok(m) = self.running.lock() {
+                for c in m.values() {
+                    c.store(true, Ordering::SeqCst);
+                }
+            }
+            while self.running_count() > 0 {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// The build's log as a `Write`, feeding an async consumer.
+struct ChannelWriter(mpsc::Sender<Vec<u8>>);
+
+impl Write for ChannelWriter {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        // A gone consumer is not the build's error: it is cancelled separately.
+        let _ = self.0.blocking_send(buf.to_vec());
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+fn run_build(
+    store: LocalStore,
+    job: Job,
+    cancel: Arc<AtomicBool>,
+    log: mpsc::Sender<Vec<u8>>,
+) -> JobResult {
+    let failed = |class, message: String| JobResult::Failed { class, message };
+    let dir = match tempfile::Builder::new().prefix("fhsx-remote-").tempdir() {
+        Ok(d) => d,
+        Err(e) => {
+            return failed(
+                ExitClass::BuildFailed,
+                format!("creating the build's lock directory: {e}"),
+            )
+        }
+    };
+    let lock_path = if job.action.network.mode == NetworkMode::None {
+        None
+    } else {
+        let p = dir.path().join("fetch.lock");
+        if let Err(e) = std::fs::write(&p, &job.lock) {
+            return failed(
+                ExitClass::BuildFailed,
+                format!("writing the fetch lock: {e}"),
+            );
+        }
+        Some(p)
+    };
+    let mut exec = match FhsExecutor::open(store.clone()) {
+        Ok(e) => e,
+        Err(e) => return failed(e.exit_class(), e.to_string()),
+    };
+    exec.cancel = Some(cancel);
+    let mut req = BuildRequest::new(job.action, lock_path);
+    req.cache = job.cache;
+    let mut w = ChannelWriter(log);
+    match exec.build(&req, &mut w) {
+        Ok(out) if !job.cacheable && !out.cached => {
+            if let Err(e) = fhs_executor::cache::unindex(
+                &store,
+                &out.record.record.action_digest,
+                &out.record_digest,
+            ) {
+                return failed(e.exit_class(), e.to_string());
+            }
+            match store.read_blob(&out.record_digest) {
+                Ok(bytes) => JobResult::Done {
+                    digest: out.record_digest,
+                    record: Box::new(out.record),
+                    bytes,
+                    cached: false,
+                    check: out.check,
+                },
+                Err(e) => failed(ExitClass::BuildFailed, e.to_string()),
+            }
+        }
+        Ok(out) => match store.read_blob(&out.record_digest) {
+            Ok(bytes) => JobResult::Done {
+                digest: out.record_digest,
+                record: Box::new(out.record),
+                bytes,
+                cached: out.cached,
+                check: out.check,
+            },
+            Err(e) => failed(ExitClass::BuildFailed, e.to_string()),
+        },
+        Err(e) => failed(e.exit_class(), e.to_string()),
+    }
+}
