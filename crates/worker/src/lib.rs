@@ -124,6 +124,43 @@ pub fn read_token_file(path: &std::path::Path) -> Result<Vec<u8>, Error> {
     Ok(token)
 }
 
+/// Send the blob `digest` of `store` down `tx` in [`CHUNK`]-sized pieces
+/// (from a blocking thread: a download's reader, on either front door).
+/// Stops quietly when the receiver goes away; a read error is the last
+/// message.
+pub(crate) fn send_blob(
+    store: &castore::LocalStore,
+    digest: &castore::Digest,
+    tx: &tokio::sync::mpsc::Sender<Result<Vec<u8>, String>>,
+) {
+    use castore::BlobStore;
+    use std::io::Read;
+    let mut f = match store.open_blob(digest) {
+        Ok(f) => f,
+        Err(e) => {
+            let _ = tx.blocking_send(Err(e.to_string()));
+            return;
+        }
+    };
+    loop {
+        let mut buf = vec![0u8; CHUNK];
+        match f.read(&mut buf) {
+            Ok(0) => return,
+            Ok(n) => {
+                buf.truncate(n);
+                if tx.blocking_send(Ok(buf)).is_err() {
+                    return;
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => {
+                let _ = tx.blocking_send(Err(format!("reading blob {digest}: {e}")));
+                return;
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -22,7 +22,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use capnp_rpc::{rpc_twoparty_capnp::Side, twoparty, RpcSystem};
-use castore::store::{BlobStore, DirectoryStore, LocalStore, ObjectKind};
+use castore::store::{DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Directory, Node};
 use executor_core::{Action, CachePolicy, ExitClass};
 use fhs_executor::FhsExecutor;
@@ -34,7 +34,7 @@ use crate::runner::{Job, JobResult, Runner};
 use crate::worker_capnp::{
     blob_upload, byte_sink, cas, executor, gate, CachePolicy as WirePolicy, ExitClass as WireClass,
 };
-use crate::{digest_from, reader_options, Error, CHUNK, PROTOCOL_VERSION};
+use crate::{digest_from, reader_options, Error, PROTOCOL_VERSION};
 
 /// How the worker is run.
 #[derive(Debug, Clone)]
@@ -954,30 +954,7 @@ impl cas::Server for CasImpl {
         let (tx, mut rx) = mpsc::channel::<Result<Vec<u8>, String>>(4);
         let store = self.shared.store.clone();
         let reader = tokio::task::spawn_blocking(move || {
-            let mut f = match store.open_blob(&digest) {
-                Ok(f) => f,
-                Err(e) => {
-                    let _ = tx.blocking_send(Err(e.to_string()));
-                    return;
-                }
-            };
-            loop {
-                let mut buf = vec![0u8; CHUNK];
-                match f.read(&mut buf) {
-                    Ok(0) => return,
-                    Ok(n) => {
-                        buf.truncate(n);
-                        if tx.blocking_send(Ok(buf)).is_err() {
-                            return;
-                        }
-                    }
-                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                    Err(e) => {
-                        let _ = tx.blocking_send(Err(format!("reading blob {digest}: {e}")));
-                        return;
-                    }
-                }
-            }
+            crate::send_blob(&store, &digest, &tx);
         });
         let mut size = 0u64;
         while let Some(chunk) = rx.recv().await {

@@ -35,8 +35,8 @@ const PARALLEL: usize = 4;
 /// What one blob adds to a batch request beside its bytes (its digest,
 /// the framing): engines cap the whole message, not just the data.
 const PER_BLOB: i64 = 160;
-/// ByteStream chunk size.
-const CHUNK: usize = 1 << 20;
+/// ByteStream chunks are the Cap'n Proto door's chunks.
+use crate::CHUNK;
 
 /// What can go wrong talking to the CAS.
 #[derive(Debug, thiserror::Error)]
@@ -779,30 +779,7 @@ impl Cas {
                 }
             }
             Upload::Stored(b3) => {
-                let mut f = match store.open_blob(&b3) {
-                    Ok(f) => f,
-                    Err(e) => {
-                        let _ = tx.blocking_send(Err(e.to_string()));
-                        return;
-                    }
-                };
-                loop {
-                    let mut buf = vec![0u8; CHUNK];
-                    match f.read(&mut buf) {
-                        Ok(0) => return,
-                        Ok(n) => {
-                            buf.truncate(n);
-                            if tx.blocking_send(Ok(buf)).is_err() {
-                                return;
-                            }
-                        }
-                        Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                        Err(e) => {
-                            let _ = tx.blocking_send(Err(format!("reading blob {b3}: {e}")));
-                            return;
-                        }
-                    }
-                }
+                crate::send_blob(&store, &b3, &tx);
             }
         });
         let size = d.size_bytes;
