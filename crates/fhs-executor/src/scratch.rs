@@ -285,10 +285,13 @@ fn remove_all(dir: &Path) -> bool {
 }
 
 /// Make `image` an empty ext4 of `bytes`: a sparse copy of a cached
-/// template of that size (a few MiB of metadata, ~2 ms), made once with
+/// template of that size (~220 KiB of metadata for 32 GiB, well under a
+/// millisecond), made once with
 /// mkfs (~10 ms). The cache is root's private runtime directory.
 fn fresh_image(cache: &Path, image: &Path, bytes: u64) -> Result<(), String> {
-    let template = cache.join(format!("scratch-{bytes}.ext4"));
+    // The name carries the mkfs options' version: a template made with other
+    // options is never taken for one of these.
+    let template = cache.join(format!("scratch-v2-{bytes}.ext4"));
     if !template.exists() {
         fs::DirBuilder::new()
             .mode(0o700)
@@ -301,7 +304,7 @@ fn fresh_image(cache: &Path, image: &Path, bytes: u64) -> Result<(), String> {
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = cache.join(format!(
-            "scratch-{bytes}.ext4.tmp{}-{n}",
+            "scratch-v2-{bytes}.ext4.tmp{}-{n}",
             std::process::id()
         ));
         let made = make_ext4(&tmp, bytes).and_then(|()| {
@@ -345,9 +348,14 @@ fn make_ext4(image: &Path, bytes: u64) -> Result<(), String> {
         .map_err(|e| format!("sizing {}: {e}", image.display()))?;
     drop(f);
     // No journal (the scratch never outlives a crash), no reserved blocks,
-    // lazy init: about 10 ms even for tens of GiB.
+    // lazy init: about 10 ms even for tens of GiB. No blocks reserved for
+    // growing it online (it is never resized) and superblock backups in two
+    // groups only: the template's data shrinks from 4.5 MiB to ~220 KiB for
+    // 32 GiB, and copying and attaching it (LOOP_CONFIGURE flushes the
+    // copy) costs a third of what it did.
     run(Command::new("mkfs.ext4")
-        .args(["-q", "-F", "-m", "0", "-O", "^has_journal"])
+        .args(["-q", "-F", "-m", "0"])
+        .args(["-O", "^has_journal,^resize_inode,sparse_super2"])
         .args(["-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
         .arg(image))
 }

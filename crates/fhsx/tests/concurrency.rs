@@ -22,8 +22,11 @@ fn loops_under(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// Per-run cgroups left in any hierarchy.
-fn run_cgroups() -> Vec<String> {
+/// Per-run cgroups (`fhsx-run-PID-N`) that the fhsx processes `pids` left
+/// in any hierarchy. Only theirs: the chaos test in this binary kill -9s
+/// builds at the same time, whose cgroups stay until a later build sweeps
+/// them (a full run caught this).
+fn run_cgroups_of(pids: &std::collections::HashSet<u32>) -> Vec<String> {
     let mounts = fs::read_to_string("/proc/self/mountinfo").unwrap_or_default();
     let mut left = Vec::new();
     for line in mounts.lines().filter(|l| l.contains(" - cgroup")) {
@@ -35,11 +38,9 @@ fn run_cgroups() -> Vec<String> {
             for e in fs::read_dir(&d).into_iter().flatten().flatten() {
                 if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
                     let name = e.file_name().to_string_lossy().into_owned();
-                    if name.starts_with("fhsx-run-") {
-                        // A live run of another test is not a leftover of ours.
-                        let procs =
-                            fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
-                        if procs.trim().is_empty() {
+                    if let Some(rest) = name.strip_prefix("fhsx-run-") {
+                        let creator = rest.split('-').next().and_then(|p| p.parse().ok());
+                        if creator.is_some_and(|p| pids.contains(&p)) {
                             left.push(e.path().display().to_string());
                         }
                     } else if stack.len() < 64 {
@@ -87,6 +88,7 @@ fn one_hundred_fifty_concurrent_builds_all_succeed() {
     )
     .unwrap();
     let children: Vec<Child> = (0..150).map(|_| start(&store, &action)).collect();
+    let pids: std::collections::HashSet<u32> = children.iter().map(Child::id).collect();
     let mut failed = Vec::new();
     let mut records = std::collections::HashSet::new();
     for c in children {
@@ -110,11 +112,8 @@ fn one_hundred_fifty_concurrent_builds_all_succeed() {
         assert!(v.status.success(), "{}", text(&v));
     }
     assert_nothing_left(t.path(), &store);
-    assert!(
-        run_cgroups().is_empty(),
-        "cgroups left: {:?}",
-        run_cgroups()
-    );
+    let left = run_cgroups_of(&pids);
+    assert!(left.is_empty(), "cgroups left: {left:?}");
 }
 
 /// 24 builds at once while a driver kill -9s a third of them at random
