@@ -6,14 +6,15 @@
 #     worker vs `cp -r` of the same store objects between two local
 #     directories (aim ≥ 0.5×). Upload time = cold remote build (uploads
 #     everything) − warm remote build (uploads nothing) of the same action.
-# Env: FHSX=/path/to/fhsx (default: build this tree in release), RUNS=10.
+# Env: FHSX=/path/to/fhsx (default: build this tree in release), RUNS=30
+# (round trips: remote and local interleaved, medians).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${FHSX:-}" ]; then
   cargo build --release -q -p fhsx
   FHSX=$PWD/target/release/fhsx
 fi
-RUNS=${RUNS:-10}
+RUNS=${RUNS:-30}
 DEBS=${FHSX_DEB_CACHE:-$PWD/target/tmp/bench-debs}
 WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-worker.XXXXXX")
 # As root builds run as build users, which must pass through $TMPDIR.
@@ -45,8 +46,9 @@ start_worker() {
   cat "$WORK/worker.err" >&2; echo "worker did not come up" >&2; exit 1
 }
 stop_worker() { kill -TERM "$WPID"; wait "$WPID" || true; WPID=; }
-# total seconds of RUNS runs of CMD…
-runs() { local a b; a=$(now); for _ in $(seq 1 "$RUNS"); do "$@" >/dev/null 2>&1; done; b=$(now); secs "$a" "$b"; }
+# milliseconds one run of CMD… takes
+ms() { local a b; a=${EPOCHREALTIME/./}; "$@" >/dev/null 2>&1; b=${EPOCHREALTIME/./}; echo $((b - a)); }
+median() { sort -n | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
 
 CS=$WORK/client
 "$FHSX" --store "$CS" toolchain apt busybox-static --deb-cache "$DEBS" -o "$WORK/bb.toolchain" 2>/dev/null
@@ -56,10 +58,14 @@ start_worker "$WORK/w1"
 "$FHSX" --store "$CS" build --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # upload once
 "$FHSX" --store "$CS" build "$WORK/true.toml" >/dev/null 2>&1                    # warm local
 # --rebuild: each one really runs (else the caches answer).
-remote=$(runs "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml")
-local_=$(runs "$FHSX" --store "$CS" build --rebuild "$WORK/true.toml")
+: >"$WORK/.remote"; : >"$WORK/.local"
+for _ in $(seq 1 "$RUNS"); do
+  ms "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >>"$WORK/.remote"
+  ms "$FHSX" --store "$CS" build --rebuild "$WORK/true.toml" >>"$WORK/.local"
+done
+remote=$(median <"$WORK/.remote"); local_=$(median <"$WORK/.local")
 stop_worker
-echo "true round trip: remote $(ratio "$remote" "$RUNS")s  local $(ratio "$local_" "$RUNS")s per build  ratio $(ratio "$remote" "$local_")x (aim <= 1.2)"
+echo "true round trip, medians of $RUNS interleaved runs: remote ${remote} ms  local ${local_} ms  ratio $(ratio "$remote" "$local_")x (aim <= 1.2)"
 
 # Upload: the hello toolchain into a fresh worker store.
 TS=$WORK/tc-client
