@@ -1075,3 +1075,86 @@ fn the_worker_stays_up_when_a_client_floods_its_log_or_read_set() {
         text(&again)
     );
 }
+
+/// Whether the worker's store holds every object of `dirs` and `blobs`.
+fn holds_all(ws: &Path, dirs: &HashSet<Digest>, blobs: &HashSet<Digest>) -> bool {
+    let s = LocalStore::open(ws).unwrap();
+    dirs.iter()
+        .all(|d| s.has(castore::store::ObjectKind::Directory, d))
+        && blobs
+            .iter()
+            .all(|d| s.has(castore::store::ObjectKind::Blob, d))
+}
+
+fn gc(store: &Path) {
+    let o = fhsx(store)
+        .args(["store", "gc", "--no-roots-ok"])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "store gc: {}", text(&o));
+}
+
+/// A gc on the worker between a client's upload and its build takes
+/// nothing the client sent or was told is there: both are rooted until the
+/// client disconnects, and then a gc takes them.
+#[test]
+fn uploads_and_what_clients_were_promised_survive_gc_until_they_disconnect() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("client-store");
+    let ws = t.path().join("worker-store");
+    let root: Digest = busybox(&cs).parse().unwrap();
+    let (dirs, blobs) = tree_objects(&cs, &[root]);
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    let client_store = LocalStore::open(&cs).unwrap();
+
+    let uploader = w.client();
+    let sent = uploader.upload(&client_store, &[root], &[]).unwrap();
+    assert!(sent.blobs > 0, "nothing was uploaded: {sent:?}");
+    gc(&ws);
+    assert!(
+        holds_all(&ws, &dirs, &blobs),
+        "a gc took what a connected client had uploaded"
+    );
+
+    // A second client is told everything is there: it stays for it too.
+    let told = w.client();
+    let dv: Vec<Digest> = dirs.iter().copied().collect();
+    let bv: Vec<Digest> = blobs.iter().copied().collect();
+    let (mb, md) = told.find_missing(&bv, &dv).unwrap();
+    assert!(mb.is_empty() && md.is_empty(), "missing {mb:?} {md:?}");
+    // The uploader's roots go when the worker sees it disconnect.
+    let holders = || fs::read_dir(ws.join("temproots")).unwrap().count();
+    let with_both = holders();
+    drop(uploader);
+    let end = Instant::now() + Duration::from_secs(20);
+    while holders() >= with_both {
+        assert!(
+            Instant::now() < end,
+            "the uploader's roots stayed after it disconnected"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    gc(&ws);
+    assert!(
+        holds_all(&ws, &dirs, &blobs),
+        "a gc took what a connected client was told the worker has"
+    );
+
+    // Once nobody holds them, gc takes them (the roots are not forever).
+    drop(told);
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        gc(&ws);
+        if !LocalStore::open(&ws)
+            .unwrap()
+            .has(castore::store::ObjectKind::Directory, &root)
+        {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "the uploads stayed rooted after both clients disconnected"
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+}

@@ -458,9 +458,11 @@ impl executor::Server for ExecutorImpl {
         _: executor::CasParams,
         mut results: executor::CasResults,
     ) -> Result<(), capnp::Error> {
+        let roots = self.shared.store.temp_roots(&[]).map_err(store_err)?;
         results.get().set_cas(capnp_rpc::new_client(CasImpl {
             shared: self.shared.clone(),
             mine: RefCell::new(HashMap::new()),
+            roots: Arc::new(roots),
         }));
         Ok(())
     }
@@ -583,6 +585,10 @@ struct CasImpl {
     shared: Rc<Shared>,
     /// Blobs this client reserved with `claimBlobs` and has not sent yet.
     mine: RefCell<HashMap<Digest, Claim>>,
+    /// Everything this client was told the worker has, and everything it
+    /// sent: a gc between its upload and its build must not take its
+    /// inputs. Held while the client holds this capability (its connection).
+    roots: Arc<castore::TempRoots>,
 }
 
 /// A blob being received in chunks, written by a blocking thread.
@@ -743,6 +749,8 @@ impl CasImpl {
             decoded.push((Digest::of(bytes), dir));
         }
         let digests: Vec<Digest> = decoded.iter().map(|(d, _)| *d).collect();
+        // Rooted before the claims look at the store (see put_blobs).
+        self.roots.add(&digests).map_err(store_err)?;
         let mut claims = Vec::new();
         let mut todo = Vec::new();
         for (d, dir) in decoded {
@@ -787,6 +795,17 @@ impl cas::Server for CasImpl {
         let blobs = data_list(p.get_blobs()?)?;
         let dirs = data_list(p.get_directories()?)?;
         let store = &self.shared.store;
+        // What is here is rooted first and looked for again after: an
+        // object a gc took in between is reported missing, never promised.
+        let present = |kind, ds: &[Digest]| -> Vec<Digest> {
+            ds.iter().copied().filter(|d| store.has(kind, d)).collect()
+        };
+        let here: Vec<Digest> = [
+            present(ObjectKind::Blob, &blobs),
+            present(ObjectKind::Directory, &dirs),
+        ]
+        .concat();
+        self.roots.add(&here).map_err(store_err)?;
         let mb: Vec<_> = blobs
             .iter()
             .filter(|d| !store.has(ObjectKind::Blob, d))
@@ -815,9 +834,19 @@ impl cas::Server for CasImpl {
         let p = params.get()?;
         let digest = digest_from(p.get_digest()?)?;
         let size = p.get_size();
-        let Some(claim) = self.claim_blob(digest).await else {
-            return Ok(()); // already there: no upload capability, send nothing
+        let claim = loop {
+            if let Some(claim) = self.claim_blob(digest).await {
+                break claim; // ours to write: rooted just before its commit
+            }
+            // Already here: rooted, then looked for again (a gc may have
+            // taken it in between). Only what the store holds is rooted, so
+            // a client naming made-up digests grows nothing.
+            self.roots.add(&[digest]).map_err(store_err)?;
+            if self.shared.store.has(ObjectKind::Blob, &digest) {
+                return Ok(()); // no upload capability: send nothing
+            }
         };
+        let roots = self.roots.clone();
         let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
         let store = self.shared.store.clone();
         let writer = tokio::task::spawn_blocking(move || -> Result<(), String> {
@@ -838,6 +867,8 @@ impl cas::Server for CasImpl {
                     "blob {digest} refused: the uploaded bytes hash to {got}; nothing was stored"
                 ));
             }
+            // The transaction holds gc off until it commits.
+            roots.add(&[digest]).map_err(|e| e.to_string())?;
             txn.commit().map_err(|e| e.to_string())
         });
         results.get().set_upload(capnp_rpc::new_client(UploadImpl {
@@ -884,6 +915,10 @@ impl cas::Server for CasImpl {
         .await
         .map_err(join_err)?
         .map_err(fail)?;
+        // Rooted before the claims look at the store: each is written
+        // below or already there, and stays for this client either way.
+        let sent: Vec<Digest> = checked.iter().map(|(d, _)| *d).collect();
+        self.roots.add(&sent).map_err(store_err)?;
         let mut claims = Vec::new();
         let mut todo = Vec::new();
         let mut seen = HashSet::new();
