@@ -550,6 +550,17 @@ async fn execute_inner(
         .ok_or_else(|| Refusal::new(Code::InvalidArgument, "the Action names no input root"))?;
 
     meta.input_fetch_start_timestamp = Some(now());
+    // gc is held off from the first object fetched until the input tree and
+    // the source made from it are rooted for this job (a gc in between
+    // would take blobs whose directories are not written yet); the roots
+    // are held until the job ends, the build roots its own from its start.
+    let store = ctx.cas.store().clone();
+    let (hold, inputs) = tokio::task::spawn_blocking(move || {
+        Ok::<_, castore::Error>((store.hold_gc()?, store.temp_roots(&[])?))
+    })
+    .await
+    .map_err(|e| Refusal::new(Code::Internal, e.to_string()))?
+    .map_err(|e| Refusal::new(Code::Internal, format!("holding off gc: {e}")))?;
     let (tree, xfer) = ctx.cas.fetch_tree(&root).await.map_err(refusal)?;
     eprintln!(
         "fhsx worker: {bot}: lease {}: input root {}/{}: fetched {} objects, {} bytes",
@@ -561,6 +572,10 @@ async fn execute_inner(
         .await
         .map_err(|e| Refusal::new(Code::Internal, e.to_string()))?
         .map_err(refusal)?;
+    inputs
+        .add(&[tree, source])
+        .map_err(|e| Refusal::new(Code::Internal, format!("rooting the inputs: {e}")))?;
+    drop(hold);
     meta.input_fetch_completed_timestamp = Some(now());
 
     let fa = mapping::fhsx_action(&plan, source, &ctx.policy.limits)?;
@@ -581,6 +596,7 @@ async fn execute_inner(
     meta.execution_start_timestamp = Some(now());
     let (r, ()) = futures::future::join(ctx.runner.run(job, cancel, tx), drain).await;
     meta.execution_completed_timestamp = Some(now());
+    drop(inputs);
     let r = r.map_err(|_| Refusal::new(Code::Unavailable, "the worker is shutting down"))?;
     let (record_digest, record) = match r {
         JobResult::Done { digest, record, .. } => (digest, *record),
