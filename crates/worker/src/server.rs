@@ -13,7 +13,6 @@
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};
-use std::io::Read;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::rc::Rc;
@@ -34,7 +33,7 @@ use crate::runner::{Job, JobResult, Runner};
 use crate::worker_capnp::{
     blob_upload, byte_sink, cas, executor, gate, CachePolicy as WirePolicy, ExitClass as WireClass,
 };
-use crate::{digest_from, reader_options, Error, PROTOCOL_VERSION};
+use crate::{digest_from, reader_options, ChannelReader, Error, PROTOCOL_VERSION};
 
 /// How the worker is run.
 #[derive(Debug, Clone)]
@@ -602,31 +601,6 @@ struct UploadImpl {
     claim: RefCell<Option<Claim>>,
 }
 
-/// Reads the chunks an upload sends.
-struct ChannelReader {
-    rx: mpsc::Receiver<Vec<u8>>,
-    buf: Vec<u8>,
-    pos: usize,
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        while self.pos == self.buf.len() {
-            match self.rx.blocking_recv() {
-                Some(b) => {
-                    self.buf = b;
-                    self.pos = 0;
-                }
-                None => return Ok(0),
-            }
-        }
-        let n = out.len().min(self.buf.len() - self.pos);
-        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
-    }
-}
-
 impl blob_upload::Server for UploadImpl {
     async fn write(self: Rc<Self>, params: blob_upload::WriteParams) -> Result<(), capnp::Error> {
         let chunk = params.get()?.get_chunk()?;
@@ -851,11 +825,7 @@ impl cas::Server for CasImpl {
         let store = self.shared.store.clone();
         let writer = tokio::task::spawn_blocking(move || -> Result<(), String> {
             let txn = store.txn().map_err(|e| e.to_string())?;
-            let mut r = ChannelReader {
-                rx,
-                buf: Vec::new(),
-                pos: 0,
-            };
+            let mut r = ChannelReader::new(rx);
             let (got, n) = txn.put_blob_reader(&mut r).map_err(|e| e.to_string())?;
             if n != size {
                 return Err(format!(

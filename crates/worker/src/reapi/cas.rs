@@ -35,8 +35,8 @@ const PARALLEL: usize = 4;
 /// What one blob adds to a batch request beside its bytes (its digest,
 /// the framing): engines cap the whole message, not just the data.
 const PER_BLOB: i64 = 160;
-/// ByteStream chunks are the Cap'n Proto door's chunks.
-use crate::CHUNK;
+// ByteStream chunks are the Cap'n Proto door's chunks, read the same way.
+use crate::{ChannelReader, CHUNK};
 
 /// What can go wrong talking to the CAS.
 #[derive(Debug, thiserror::Error)]
@@ -557,11 +557,7 @@ impl Cas {
         let writer = tokio::task::spawn_blocking(move || -> Result<Digest, CasError> {
             let txn = store.txn()?;
             let mut r = HashingReader {
-                inner: ChannelReader {
-                    rx,
-                    buf: Vec::new(),
-                    pos: 0,
-                },
+                inner: ChannelReader::new(rx),
                 sha: Sha256::new(),
                 n: 0,
             };
@@ -856,31 +852,6 @@ fn upload_id() -> String {
         &x[17..20],
         &x[20..32]
     )
-}
-
-/// Reads the chunks a stream sends.
-struct ChannelReader {
-    rx: mpsc::Receiver<Vec<u8>>,
-    buf: Vec<u8>,
-    pos: usize,
-}
-
-impl Read for ChannelReader {
-    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        while self.pos >= self.buf.len() {
-            match self.rx.blocking_recv() {
-                Some(b) => {
-                    self.buf = b;
-                    self.pos = 0;
-                }
-                None => return Ok(0),
-            }
-        }
-        let n = out.len().min(self.buf.len() - self.pos);
-        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
-    }
 }
 
 /// SHA-256 and length of what passes through.
