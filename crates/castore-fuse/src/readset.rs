@@ -60,20 +60,7 @@ pub struct ReadSetEntry {
 impl ReadSetEntry {
     /// The entry describing `node` seen at `path` with `access`.
     pub fn for_node(path: String, node: &Node, access: Access) -> Self {
-        let (kind, digest) = match node {
-            Node::Directory { digest, .. } => (EntryKind::Dir, *digest),
-            Node::File {
-                digest,
-                executable: false,
-                ..
-            } => (EntryKind::File, *digest),
-            Node::File {
-                digest,
-                executable: true,
-                ..
-            } => (EntryKind::Exe, *digest),
-            Node::Symlink { target } => (EntryKind::Symlink, Digest::of(target.as_bytes())),
-        };
+        let (kind, digest) = crate::compact::kind_digest(node);
         ReadSetEntry {
             path,
             kind,
