@@ -64,6 +64,17 @@ fn assert_nothing_left(dir: &Path, store: &Path) {
     assert!(v.status.success(), "store damaged: {}", text(&v));
 }
 
+/// `dir/a.toml`: `script` run by busybox's sh over the closure `bb`.
+fn busybox_action(dir: &Path, bb: &str, script: &str) -> std::path::PathBuf {
+    let action = dir.join("a.toml");
+    fs::write(
+        &action,
+        format!("[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {script:?}]\ntimeout = \"10m\"\n"),
+    )
+    .unwrap();
+    action
+}
+
 fn start(store: &Path, action: &Path) -> Child {
     fhsx(store)
         .args(["--json", "build", "--rebuild"])
@@ -81,12 +92,7 @@ fn one_hundred_fifty_concurrent_builds_all_succeed() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let bb = busybox(&store);
-    let action = t.path().join("a.toml");
-    fs::write(
-        &action,
-        format!("[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out && echo ok > $out/f\"]\ntimeout = \"10m\"\n"),
-    )
-    .unwrap();
+    let action = busybox_action(t.path(), &bb, "busybox mkdir $out && echo ok > $out/f");
     let children: Vec<Child> = (0..150).map(|_| start(&store, &action)).collect();
     let pids: std::collections::HashSet<u32> = children.iter().map(Child::id).collect();
     let mut failed = Vec::new();
@@ -125,12 +131,11 @@ fn chaos_builds_killed_at_random_leave_nothing_and_fail_no_other() {
     let t = tempfile::tempdir().unwrap();
     let store = t.path().join("store");
     let bb = busybox(&store);
-    let action = t.path().join("a.toml");
-    fs::write(
-        &action,
-        format!("[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out && busybox ls -R /usr > $out/ls && busybox usleep $(( $$ % 7 * 50000 )) && echo ok > $out/f\"]\ntimeout = \"10m\"\n"),
-    )
-    .unwrap();
+    let action = busybox_action(
+        t.path(),
+        &bb,
+        "busybox mkdir $out && busybox ls -R /usr > $out/ls && busybox usleep $(( $$ % 7 * 50000 )) && echo ok > $out/f",
+    );
     let key = String::from_utf8(
         fhsx(&store)
             .args(["key", "generate"])
