@@ -60,9 +60,13 @@
 //!   large build) while bounding the daemon's recording memory to roughly
 //!   200 MB and the stored read set to a few hundred MB.
 //! - **Lifecycle** ([`MountGuard`]): one fresh mount per use; dropping the
-//!   guard detaches the mount (`MNT_DETACH`) and joins every serving thread
-//!   (if a straggler still holds a file open 500 ms later, the connection is
-//!   aborted through fusectl, so neither drop nor finish can hang).
+//!   guard detaches the mount (`MNT_DETACH`), aborts its connection through
+//!   fusectl (so a straggler holding a file open cannot make drop or finish
+//!   hang) and joins every serving thread. The guard holds an `O_PATH`
+//!   descriptor of the root until the abort is done: connection numbers are
+//!   device minors the kernel reuses at once, and only a live superblock
+//!   keeps the number ours — an abort by number after it died ended another
+//!   build's view.
 //!   Each live mount is registered with its owner's pid and start time;
 //!   [`cleanup_stale_mounts`] (run by every [`mount`]) detaches those whose
 //!   owner died.

@@ -216,7 +216,13 @@ pub struct MountGuard {
     shared: Arc<Shared>,
     session: Option<fuser::BackgroundSession>,
     record: Option<PathBuf>,
-    conn: u64,
+    /// An `O_PATH` descriptor of the mount's root, held until the
+    /// connection has been ended: while it is open the superblock lives,
+    /// so the connection number `conn` names this mount and no other
+    /// (see [`MountGuard::unmount`]).
+    pin: Option<std::os::fd::OwnedFd>,
+    /// The FUSE connection number (fusectl's directory name), when known.
+    conn: Option<u64>,
 }
 
 impl std::fmt::Debug for MountGuard {
@@ -301,12 +307,14 @@ pub fn mount(
         source,
     })?;
     // Only now is anyone serving: a stat before this would wait forever.
-    let conn = mount_dev(&mountpoint).unwrap_or(0);
+    let pin = pin_root(&mountpoint);
+    let conn = pin.as_ref().and_then(connection_of);
     Ok(MountGuard {
         mountpoint,
         shared,
         session: Some(session),
         record,
+        pin,
         conn,
     })
 }
@@ -403,24 +411,31 @@ impl MountGuard {
             return Ok(());
         };
         let r = detach(&self.mountpoint);
-        // With nothing open below it, the detach ends the connection and the
-        // threads see ENODEV at once. Something still holding a file keeps it
-        // alive: give it a moment, then abort the connection outright.
-        let r = if wait_finished(&session.guard, Duration::from_millis(500)) {
+        // The connection is ended by its number while the pin keeps the
+        // superblock alive: the number is ours until the pin is dropped.
+        // Once the superblock is gone the kernel hands the number to the
+        // next mount, and an abort by number would end some other build's
+        // view (seen with 150 builds at once: a view read ENOTCONN).
+        let aborted = self.conn.is_some_and(abort_connection);
+        self.pin = None;
+        // Without fusectl, the detach ends the connection once nothing below
+        // it is open; something still holding a file keeps it alive.
+        let limit = if aborted {
+            Duration::from_secs(5)
+        } else {
+            Duration::from_secs(2)
+        };
+        let r = if wait_finished(&session.guard, limit) {
             let _ = session.join();
             r
         } else {
-            abort_connection(self.conn);
-            if wait_finished(&session.guard, Duration::from_secs(5)) {
-                let _ = session.join();
-                r
+            // Leave the threads to the kernel rather than hang the caller.
+            drop(session);
+            Err(std::io::Error::other(if aborted {
+                "the FUSE connection was aborted but its serving threads did not end; they are left running"
             } else {
-                // Leave the threads to the kernel rather than hang the caller.
-                drop(session);
-                Err(std::io::Error::other(
-                    "the FUSE connection could not be aborted (is fusectl mountable?); its serving threads are left running",
-                ))
-            }
+                "a file in the view is still open and the FUSE connection could not be aborted (is fusectl mountable?); its serving threads are left running"
+            }))
         };
         if let Some(rec) = self.record.take() {
             let _ = fs::remove_file(rec);
@@ -488,25 +503,58 @@ fn fusermount_detach(path: &Path) -> std::io::Result<()> {
     )))
 }
 
-/// The FUSE connection number of the mount at `path`: its device minor.
-fn mount_dev(path: &Path) -> Option<u64> {
-    use std::os::unix::fs::MetadataExt;
-    let dev = fs::metadata(path).ok()?.dev();
-    // SAFETY: minor() is a pure computation.
-    Some(u64::from(libc::minor(dev)))
+/// An `O_PATH` descriptor of the root of the mount at `path` (no request
+/// reaches the daemon for it).
+fn pin_root(path: &Path) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::FromRawFd;
+    let c = CString::new(path.as_os_str().as_bytes()).ok()?;
+    // SAFETY: `c` is NUL-terminated; the fd returned is ours alone.
+    let fd = unsafe {
+        libc::open(
+            c.as_ptr(),
+            libc::O_PATH | libc::O_DIRECTORY | libc::O_NOFOLLOW | libc::O_CLOEXEC,
+        )
+    };
+    // SAFETY: a non-negative fd from open is owned by no one else.
+    (fd >= 0).then(|| unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) })
 }
 
-/// Abort a FUSE connection through fusectl, mounting it if needed.
-fn abort_connection(conn: u64) {
+/// The FUSE connection number of the file system `fd` is on: its device
+/// minor, which is fusectl's name for the connection.
+fn connection_of(fd: &std::os::fd::OwnedFd) -> Option<u64> {
+    use std::os::fd::AsRawFd;
+    // SAFETY: an all-zero stat is a valid out-buffer; fd is open.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above.
+    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
+        return None;
+    }
+    Some(u64::from(libc::minor(st.st_dev)))
+}
+
+/// Abort FUSE connection `conn` through fusectl, mounting fusectl (once
+/// per process, as root) if it is not. The caller must hold the
+/// connection's superblock (a pin), or the number may already be another
+/// mount's.
+fn abort_connection(conn: u64) -> bool {
+    static MOUNT_FUSECTL: std::sync::Once = std::sync::Once::new();
     let base = Path::new("/sys/fs/fuse/connections");
     let abort = base.join(conn.to_string()).join("abort");
-    if !abort.exists() {
-        let _ = std::process::Command::new("mount")
-            .args(["-t", "fusectl", "fusectl"])
-            .arg(base)
-            .status();
+    // SAFETY: geteuid has no preconditions.
+    if !abort.exists() && unsafe { libc::geteuid() } == 0 {
+        MOUNT_FUSECTL.call_once(|| mount_fusectl(base));
     }
-    let _ = fs::write(abort, b"1");
+    fs::write(abort, b"1").is_ok()
+}
+
+fn mount_fusectl(base: &Path) {
+    let _ = std::process::Command::new("mount")
+        .args(["-t", "fusectl", "fusectl"])
+        .arg(base)
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .status();
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
