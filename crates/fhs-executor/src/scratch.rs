@@ -403,19 +403,27 @@ fn mount_ext4(dev: &Path, at: &Path) -> Result<(), String> {
     let (Some(src), Some(dst)) = (c(dev), c(at)) else {
         return Err("a path holds a NUL byte".into());
     };
-    // SAFETY: every pointer is a NUL-terminated string or null.
-    let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            dst.as_ptr(),
-            c"ext4".as_ptr(),
-            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME,
-            // Never zero the inode tables in the background: a scratch of
-            // tens of GiB would otherwise write hundreds of MiB of zeros
-            // to the host's disk during every build.
-            c"noinit_itable".as_ptr().cast(),
-        )
-    };
+    // Never zero the inode tables in the background: a scratch of tens of
+    // GiB would otherwise write hundreds of MiB of zeros to the host's disk
+    // during every build. Nor prefetch the block bitmaps: that starts a
+    // kernel thread per mount reading every group's bitmap while the build
+    // runs. Kernels before 5.8 know only the first option.
+    let mut r = -1;
+    for opts in [c"noinit_itable,no_prefetch_block_bitmaps", c"noinit_itable"] {
+        // SAFETY: every pointer is a NUL-terminated string or null.
+        r = unsafe {
+            libc::mount(
+                src.as_ptr(),
+                dst.as_ptr(),
+                c"ext4".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME,
+                opts.as_ptr().cast(),
+            )
+        };
+        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+            break;
+        }
+    }
     if r != 0 {
         return Err(format!(
             "mounting {} at {}: {}",
