@@ -825,6 +825,79 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
 }
 
+/// A gc on the worker's store, run again and again while the worker
+/// fetches a large input tree (1,500 files of their own) from the engine's
+/// CAS and builds on it: nothing the job fetched is taken before its
+/// directories are written and rooted, the build sees every file, and the
+/// store verifies. (The fetch holds gc off; the tree stays rooted until the
+/// job ends.)
+#[test]
+fn gc_during_an_input_fetch_takes_nothing_the_job_needs() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Engine::start(t.path(), 10);
+    let w = Worker::new(t.path(), &e, "w1", 1);
+    let o = fhsx(&w.store)
+        .args(["store", "root", "add"])
+        .arg(&seed().base)
+        .output()
+        .unwrap();
+    ok(&o, "fhsx store root add (the toolchain)");
+    let tc = toolchain_id(&seed().base);
+    let input = t.path().join("in");
+    for d in 0..30 {
+        let dir = input.join(format!("d{d:02}"));
+        fs::create_dir_all(&dir).unwrap();
+        for f in 0..50 {
+            fs::write(dir.join(format!("f{f:02}")), format!("file {d} {f}\n")).unwrap();
+        }
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let collector = std::thread::spawn({
+        let stop = stop.clone();
+        let store = w.store.clone();
+        move || {
+            let mut runs = 0;
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) {
+                let o = fhsx(&store).args(["store", "gc"]).output().unwrap();
+                assert!(o.status.success(), "store gc: {}", text(&o));
+                runs += 1;
+            }
+            runs
+        }
+    });
+    let got = t.path().join("got");
+    let o = run(
+        e.execute(
+            &input,
+            &[("fhsx-toolchain", &tc)],
+            &["out/n"],
+            &got,
+            &[
+                "/bin/sh",
+                "-c",
+                "cat d*/f* | wc -l > out/n && sort -c -k2n -k3n d00/f00 >/dev/null",
+            ],
+        ),
+        "bgd execute",
+    );
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let runs = collector.join().unwrap();
+    ok(&o, "bgd execute");
+    assert_eq!(
+        fs::read_to_string(got.join("out/n"))
+            .map(|n| n.trim().to_owned())
+            .map_err(|e| e.to_string()),
+        Ok("1500".to_owned()),
+        "the job did not see its 1,500 input files; bgd said: {}\nthe worker said: {}",
+        text(&o),
+        w.log()
+    );
+    assert!(w.log().contains("fetched 1531 objects"), "{}", w.log());
+    assert!(runs >= 3, "only {runs} gc runs overlapped the job");
+    let v = fhsx(&w.store).args(["store", "verify"]).output().unwrap();
+    ok(&v, "fhsx store verify after the gcs");
+}
+
 /// `Action.timeout`, `do_not_cache` and cancellation, sent by a Python
 /// gRPC client (bgd cannot set the first two): a build past its timeout is
 /// stopped and reported `DEADLINE_EXCEEDED`; a `do_not_cache` action runs
