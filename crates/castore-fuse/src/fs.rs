@@ -94,6 +94,8 @@ pub(crate) struct Shared {
     absent: Mutex<Absences>,
     budget: Budget,
     verified: Mutex<HashMap<Digest, Arc<OnceLock<Verdict>>>>,
+    /// Files hashed before, by this mount or another sharing the table.
+    known: Arc<crate::verified::VerifiedBlobs>,
     failures: Mutex<Vec<IntegrityFailure>>,
     /// Open files served by the daemon (not passthrough), by file handle.
     handles: Mutex<HashMap<u64, Arc<File>>>,
@@ -153,14 +155,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Shared {
+    /// The state of a mount of the directory `root` (its size `root_size`)
+    /// served as `opts` says.
     pub(crate) fn new(
         store: LocalStore,
         root: Digest,
         root_size: u64,
-        want_passthrough: bool,
-        max_entries: u64,
-        order: ReaddirOrder,
-        mtime_secs: u64,
+        opts: &crate::MountOptions,
     ) -> Self {
         let root_inode = Inode::new(
             ROOT_INO,
@@ -175,16 +176,17 @@ impl Shared {
             root,
             inodes: RwLock::new(vec![Arc::new(root_inode)]),
             absent: Mutex::new(Absences::default()),
-            budget: Budget::new(max_entries),
+            budget: Budget::new(opts.max_read_set_entries),
             verified: Mutex::new(HashMap::new()),
+            known: opts.verified.clone(),
             failures: Mutex::new(Vec::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            want_passthrough,
+            want_passthrough: opts.passthrough,
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(HashMap::new()),
-            time: SystemTime::UNIX_EPOCH + Duration::from_secs(mtime_secs),
-            order,
+            time: SystemTime::UNIX_EPOCH + Duration::from_secs(opts.mtime_secs),
+            order: opts.readdir_order,
         }
     }
 
@@ -359,7 +361,9 @@ impl Shared {
 
     /// Open a blob's file, checked against its digest once per mount. The
     /// first open hashes the very file it returns, so what the kernel is then
-    /// handed (or what the daemon serves) is the inode that was verified.
+    /// handed (or what the daemon serves) is the inode that was verified —
+    /// unless that very file, unchanged, was hashed before by a mount
+    /// sharing the `known` table (see `verified.rs`).
     /// `None` (with the failure recorded) if it is missing or corrupt.
     fn verified_file(&self, ino: u64, digest: &Digest) -> Option<File> {
         let file = match self.open_blob_file(digest) {
@@ -370,10 +374,18 @@ impl Shared {
             }
         };
         let cell = lock(&self.verified).entry(*digest).or_default().clone();
-        let verdict = cell.get_or_init(|| match hash_file(&file) {
-            Ok(actual) if actual == *digest => Ok(()),
-            Ok(actual) => Err(Some(actual)),
-            Err(_) => Err(None),
+        let verdict = cell.get_or_init(|| {
+            if self.known.holds(digest, &file) {
+                return Ok(());
+            }
+            match hash_file(&file) {
+                Ok(actual) if actual == *digest => {
+                    self.known.insert(*digest, &file);
+                    Ok(())
+                }
+                Ok(actual) => Err(Some(actual)),
+                Err(_) => Err(None),
+            }
         });
         match verdict {
             Ok(()) => Some(file),

@@ -26,7 +26,10 @@
 //!   open with `EIO`, prints the path and digests on stderr, and is listed in
 //!   [`MountOutcome::integrity_failures`]; [`MountOutcome::check`] turns it
 //!   into [`Error::Integrity`] (exit code 3). No corrupt byte is ever served;
-//!   every other file stays readable.
+//!   every other file stays readable. A store file this process hashed
+//!   before and that is unchanged since (same device, inode, size, `mtime`,
+//!   `ctime`) is not hashed again ([`VerifiedBlobs`]): a worker's jobs and a
+//!   graph's actions open the same toolchain files over and over.
 //! - **Read-set capture** ([`ReadSet`]): every lookup (a failed one records
 //!   the absence), open-for-read (which `mmap` and `execve` go through),
 //!   readdir and readlink. [`MountGuard::finish`] unmounts, de-duplicates and
@@ -112,6 +115,7 @@ mod fs;
 mod mount;
 pub mod readset;
 mod signals;
+pub mod verified;
 
 pub use bloat::{closure_bloat, AtomUsage, BloatReport};
 pub use compact::CompactReadSet;
@@ -124,3 +128,4 @@ pub use mount::{
 };
 pub use readset::{Access, EntryKind, ReadSet, ReadSetEntry};
 pub use signals::TerminationSignals;
+pub use verified::VerifiedBlobs;

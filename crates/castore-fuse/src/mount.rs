@@ -60,6 +60,10 @@ pub struct MountOptions {
     /// The constant time every file and directory is served with, in
     /// seconds since the epoch (default 1: 1970-01-01T00:00:01Z).
     pub mtime_secs: u64,
+    /// Store files already hashed and found right: a mount does not hash
+    /// such a file again (default: the table the whole process shares;
+    /// give a fresh one to hash every blob at its first open in this mount).
+    pub verified: Arc<crate::verified::VerifiedBlobs>,
 }
 
 impl Default for MountOptions {
@@ -76,6 +80,7 @@ impl Default for MountOptions {
             max_read_set_entries: DEFAULT_MAX_READ_SET_ENTRIES,
             readdir_order: crate::fs::ReaddirOrder::Sorted,
             mtime_secs: 1,
+            verified: crate::verified::VerifiedBlobs::process(),
         }
     }
 }
@@ -258,15 +263,7 @@ pub fn mount(
     // The root must be a directory the store holds, verified, before the
     // kernel ever asks for it.
     let root_dir = store.get_directory(root)?;
-    let shared = Arc::new(Shared::new(
-        store.clone(),
-        *root,
-        root_dir.size(),
-        opts.passthrough,
-        opts.max_read_set_entries,
-        opts.readdir_order,
-        opts.mtime_secs,
-    ));
+    let shared = Arc::new(Shared::new(store.clone(), *root, root_dir.size(), opts));
 
     let mut config = Config::default();
     config.mount_options = vec![

@@ -286,6 +286,63 @@ fn corrupt_blob_is_refused_and_named() {
     assert!(out.read_set.get("/share/doc/b.txt").is_some());
 }
 
+/// Mounts sharing a [`castore_fuse::VerifiedBlobs`] table hash a blob once:
+/// a later mount trusts the very file an earlier one hashed, and only while
+/// it is unchanged. A blob rewritten in place after that (same size, so
+/// only its times tell) is hashed again and refused.
+#[test]
+fn a_blob_hashed_by_an_earlier_mount_is_trusted_only_while_unchanged() {
+    let fx = Fixture::new(sample_tree);
+    let table = std::sync::Arc::new(castore_fuse::VerifiedBlobs::default());
+    let opts = castore_fuse::MountOptions {
+        verified: table.clone(),
+        ..fx.opts()
+    };
+    let mount =
+        |name: &str| castore_fuse::mount(&fx.store, &fx.root, &fx.mountpoint(name), &opts).unwrap();
+    let a = mount("a");
+    assert_eq!(
+        fs::read(a.mountpoint().join("share/doc/b.txt")).unwrap(),
+        b"b\n"
+    );
+    assert_eq!(
+        fs::read(a.mountpoint().join("share/doc/a.txt")).unwrap(),
+        b"a\n"
+    );
+    a.finish(&fx.store).unwrap().check().unwrap();
+    assert_eq!(
+        table.hits(),
+        0,
+        "the first mount hashed nothing it was told of"
+    );
+
+    let b = mount("b");
+    assert_eq!(
+        fs::read(b.mountpoint().join("share/doc/a.txt")).unwrap(),
+        b"a\n"
+    );
+    assert_eq!(
+        table.hits(),
+        1,
+        "the second mount hashed a file already known"
+    );
+    b.finish(&fx.store).unwrap().check().unwrap();
+
+    std::thread::sleep(std::time::Duration::from_millis(20));
+    let digest = Digest::of(b"b\n");
+    let blob = fx.store.object_path(ObjectKind::Blob, &digest);
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(&blob, b"X\n").unwrap();
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o444)).unwrap();
+    let c = mount("c");
+    let e = fs::read(c.mountpoint().join("share/doc/b.txt")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let out = c.finish(&fx.store).unwrap();
+    assert_eq!(out.integrity_failures.len(), 1);
+    assert_eq!(out.integrity_failures[0].actual, Some(Digest::of(b"X\n")));
+    assert_eq!(table.hits(), 1, "a rewritten blob was trusted");
+}
+
 /// Many readers at once, through both serving paths: every byte right, and
 /// the read set the same as one reader's.
 #[test]

@@ -53,6 +53,10 @@ pub struct FhsExecutor {
     /// Keep the scratch directory of a failed build for debugging (its path
     /// is written to the log).
     pub keep_failed: bool,
+    /// Store files already hashed and found right, shared by this
+    /// executor's builds (default: the process's table; a fresh table per
+    /// build hashes every blob at its first open in each build).
+    pub verified: Arc<castore_fuse::VerifiedBlobs>,
 }
 
 /// The fixed environment every build starts from (the action's `env`
@@ -122,6 +126,7 @@ impl FhsExecutor {
             grace: executor_sandbox::GRACE_PERIOD,
             cancel: None,
             keep_failed: false,
+            verified: castore_fuse::VerifiedBlobs::process(),
         })
     }
 
@@ -456,6 +461,7 @@ impl FhsExecutor {
             max_read_set_entries: action.limits.reads,
             readdir_order: plan.world.readdir,
             mtime_secs: plan.world.mtime_secs,
+            verified: self.verified.clone(),
             ..MountOptions::default()
         };
         let guard = castore_fuse::mount(&self.store, &view.root, &mnt, &options)

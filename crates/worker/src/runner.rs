@@ -67,6 +67,9 @@ pub struct RunnerStats {
 pub struct Runner {
     store: LocalStore,
     jobs: usize,
+    /// Hash every store file at its first open in each build, trusting
+    /// nothing an earlier build of this worker hashed.
+    hash_every_build: bool,
     slots: Arc<Semaphore>,
     /// Cancel flags of builds whose sandbox is live (removed by the build
     /// thread itself once everything is torn down).
@@ -76,11 +79,12 @@ pub struct Runner {
 }
 
 impl Runner {
-    pub fn new(store: LocalStore, jobs: usize) -> Arc<Runner> {
+    pub fn new(store: LocalStore, jobs: usize, hash_every_build: bool) -> Arc<Runner> {
         let jobs = jobs.max(1);
         Arc::new(Runner {
             store,
             jobs,
+            hash_every_build,
             slots: Arc::new(Semaphore::new(jobs)),
             running: Arc::new(Mutex::new(HashMap::new())),
             next: AtomicU64::new(0),
@@ -131,10 +135,11 @@ impl Runner {
         let store = self.store.clone();
         let running = self.running.clone();
         let jobs = self.jobs;
+        let hash_every_build = self.hash_every_build;
         let handle = tokio::task::spawn_blocking(move || {
             let now = running.lock().map(|m| m.len()).unwrap_or(0);
             eprintln!("fhsx worker: build {id} started ({now}/{jobs} slots busy)");
-            let r = run_build(store, job, cancel, log);
+            let r = run_build(store, job, cancel, log, hash_every_build);
             // The slot and the registry entry go only once the sandbox is down.
             if let Ok(mut m) = running.lock() {
                 m.remove(&id);
@@ -208,6 +213,7 @@ fn run_build(
     job: Job,
     cancel: Arc<AtomicBool>,
     log: mpsc::Sender<Vec<u8>>,
+    hash_every_build: bool,
 ) -> JobResult {
     let failed = |class, message: String| JobResult::Failed { class, message };
     let dir = match tempfile::Builder::new().prefix("fhsx-remote-").tempdir() {
@@ -236,6 +242,9 @@ fn run_build(
         Err(e) => return failed(e.exit_class(), e.to_string()),
     };
     exec.cancel = Some(cancel);
+    if hash_every_build {
+        exec.verified = Arc::default();
+    }
     let mut req = BuildRequest::new(job.action, lock_path);
     req.cache = job.cache;
     let mut w = ChannelWriter(log);

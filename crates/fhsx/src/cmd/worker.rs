@@ -34,6 +34,12 @@ pub struct WorkerArgs {
     /// On SIGTERM, how long running builds may go on before they are cancelled ("90s", "5m").
     #[arg(long, value_name = "DURATION", default_value = "60s")]
     pub shutdown_grace: String,
+    /// Hash every store file a build opens at its first open in that build.
+    /// By default a file an earlier build of this worker hashed, and that
+    /// is unchanged since (same inode, size, mtime and ctime), is trusted:
+    /// a toolchain's compiler is then hashed once, not once per action.
+    #[arg(long)]
+    pub hash_every_build: bool,
     /// Serve only clients presenting this access token (a file of at least
     /// 16 random bytes; clients pass the same file). Required to listen on
     /// anything but loopback or a UNIX socket.
@@ -152,6 +158,7 @@ fn run_reapi(
         properties,
         policy,
         shutdown_grace: grace,
+        hash_every_build: a.hash_every_build,
     };
     let json = g.json;
     ::worker::reapi::run(config, |url| {
@@ -205,6 +212,7 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
         jobs,
         shutdown_grace: grace,
         token,
+        hash_every_build: a.hash_every_build,
     };
     ::worker::server::serve(config, listen, |addr| {
         if json {

@@ -52,6 +52,9 @@ pub struct BotConfig {
     /// On SIGTERM/SIGINT, how long running builds may go on before they are
     /// cancelled.
     pub shutdown_grace: Duration,
+    /// Hash every store file at its first open in each build (default: a
+    /// file an earlier build hashed, unchanged since, is trusted).
+    pub hash_every_build: bool,
 }
 
 fn grpc_url(u: &str) -> String {
@@ -191,7 +194,7 @@ async fn run_async(config: BotConfig, ready: impl FnOnce(&str)) -> Result<(), Er
         config.store.clone(),
         max_batch,
     );
-    let runner = Runner::new(config.store.clone(), config.jobs);
+    let runner = Runner::new(config.store.clone(), config.jobs, config.hash_every_build);
     let ctx = Arc::new(Ctx {
         runner: runner.clone(),
         cas,
