@@ -29,15 +29,15 @@ cleanup() {
 trap cleanup EXIT
 ms() { local a b; a=${EPOCHREALTIME/./}; "$@" >/dev/null 2>&1; b=${EPOCHREALTIME/./}; echo $((b - a)); }
 median() { sort -n | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
-# start_worker NAME FLAGS… → prints the worker's address
+# start_worker NAME FLAGS… → sets ADDR (its address); the worker joins PIDS
 start_worker() {
-  local name=$1 addr i
+  local name=$1 i
   shift
   "$FHSX" --store "$WORK/w" worker --unix "$WORK/$name.sock" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
   PIDS+=($!)
   for i in $(seq 1 200); do
-    addr=$(sed -n 's/.*listening on \([^ ]*\) .*/\1/p' "$WORK/$name.out")
-    if [ -n "$addr" ]; then echo "$addr"; return 0; fi
+    ADDR=$(sed -n 's/.*listening on \([^ ]*\) .*/\1/p' "$WORK/$name.out")
+    if [ -n "$ADDR" ]; then return 0; fi
     sleep 0.05
   done
   cat "$WORK/$name.err" >&2; echo "worker $name did not come up" >&2; exit 1
@@ -73,8 +73,8 @@ source = "src"
 command = ["/bin/sh", "-c", "mkdir $out && gcc -O2 -c /build/src/unit.c -o $out/unit.o"]
 A
 
-shared=$(start_worker shared)
-every=$(start_worker every --hash-every-build)
+start_worker shared; shared=$ADDR
+start_worker every --hash-every-build; every=$ADDR
 # Upload once (both workers share the store), and warm the page cache.
 "$FHSX" --store "$CS" build --remote "$shared" "$WORK/cc.toml" >/dev/null
 "$FHSX" --store "$CS" build --rebuild --remote "$every" "$WORK/cc.toml" >/dev/null

@@ -30,12 +30,14 @@ trap cleanup EXIT
 now() { date +%s%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", (b-a)/1e9}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
-# start_worker STORE [unix] → sets ADDR, WPID (TCP carries TLS; unix: plain)
+# start_worker STORE [tcp|unix [FLAGS…]] → sets ADDR, WPID (TCP carries TLS; unix: plain)
 start_worker() {
-  if [ "${2:-}" = unix ]; then
-    "$FHSX" --store "$1" worker --unix "$1.sock" > "$WORK/worker.out" 2> "$WORK/worker.err" &
+  local store=$1 how=${2:-tcp}
+  shift; shift || true
+  if [ "$how" = unix ]; then
+    "$FHSX" --store "$store" worker --unix "$store.sock" "$@" > "$WORK/worker.out" 2> "$WORK/worker.err" &
   else
-    "$FHSX" --store "$1" worker --listen 127.0.0.1:0 > "$WORK/worker.out" 2> "$WORK/worker.err" &
+    "$FHSX" --store "$store" worker --listen 127.0.0.1:0 "$@" > "$WORK/worker.out" 2> "$WORK/worker.err" &
   fi
   WPID=$!
   local i
@@ -67,6 +69,20 @@ done
 remote=$(median <"$WORK/.remote"); local_=$(median <"$WORK/.local")
 stop_worker
 echo "true round trip, medians of $RUNS interleaved runs: remote ${remote} ms  local ${local_} ms  ratio $(ratio "$remote" "$local_")x (aim <= 1.2)"
+
+# The same with a worker that keeps emptied scratch file systems mounted
+# between builds (--scratch-pool): no loop device, mount or teardown.
+start_worker "$WORK/w1" tcp --scratch-pool 2
+"$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # park one
+: >"$WORK/.pooled"; : >"$WORK/.local"
+for _ in $(seq 1 "$RUNS"); do
+  ms "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >>"$WORK/.pooled"
+  ms "$FHSX" --store "$CS" build --rebuild "$WORK/true.toml" >>"$WORK/.local"
+done
+pooled=$(median <"$WORK/.pooled"); local_=$(median <"$WORK/.local")
+recycled=$(grep -c "ran on a recycled scratch" "$WORK/worker.err" || true)
+stop_worker
+echo "with --scratch-pool 2: remote ${pooled} ms  local ${local_} ms  ratio $(ratio "$pooled" "$local_")x ($recycled of $((RUNS + 1)) builds on a recycled scratch)"
 
 # Upload: the hello toolchain into a fresh worker store.
 TS=$WORK/tc-client

@@ -57,6 +57,9 @@ pub struct FhsExecutor {
     /// executor's builds (default: the process's table; a fresh table per
     /// build hashes every blob at its first open in each build).
     pub verified: Arc<castore_fuse::VerifiedBlobs>,
+    /// Where emptied scratch file systems wait for the next build (a
+    /// worker's); `None`: each build mounts its own and unmounts it.
+    pub scratch_pool: Option<Arc<crate::pool::ScratchPool>>,
 }
 
 /// The fixed environment every build starts from (the action's `env`
@@ -127,6 +130,7 @@ impl FhsExecutor {
             cancel: None,
             keep_failed: false,
             verified: castore_fuse::VerifiedBlobs::process(),
+            scratch_pool: None,
         })
     }
 
@@ -421,7 +425,10 @@ impl FhsExecutor {
         log: &mut BuildLog,
         live: &mut (dyn Write + Send),
     ) -> Result<WorkArea, Error> {
-        let work = WorkArea::create(plan.action.limits.disk)?;
+        let work = match &self.scratch_pool {
+            Some(pool) => WorkArea::create_pooled(plan.action.limits.disk, pool)?,
+            None => WorkArea::create(plan.action.limits.disk)?,
+        };
         if let DiskLimit::NotEnforced(why) = &work.disk {
             log.note(
                 &format!("fhsx: [limits] disk is not enforced here: {why}"),

@@ -5,7 +5,8 @@
 //! creates) and its stages' pieces: composing the declared closure and
 //! toolchain into the view and proving the read set inside it ([`view`]),
 //! the fetch proxy session (`fetch`), the build's size-capped working area
-//! ([`scratch`]), ingesting each declared output as an atom ([`ingest`]),
+//! ([`scratch`]) and the pool a worker keeps such areas in between builds
+//! ([`pool`]), ingesting each declared output as an atom ([`ingest`]),
 //! the interface manifest ([`manifest`]), signing and checking BuildRecords
 //! ([`sign`], [`keys`]), the action cache ([`cache`]: exact hits, and hits
 //! of the same command whose read set holds in the new view, [`validate`]),
@@ -25,6 +26,7 @@ pub mod ingest;
 pub mod keys;
 mod log;
 pub mod manifest;
+pub mod pool;
 pub mod prune;
 pub mod scratch;
 pub mod sign;

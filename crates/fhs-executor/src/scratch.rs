@@ -38,7 +38,7 @@ use executor_sandbox::{BuildUser, BuildUsers};
 use crate::Error;
 
 const PREFIX: &str = "fhsx-build-";
-const LOCK: &str = ".lock";
+pub(crate) const LOCK: &str = ".lock";
 
 /// Whether the disk limit holds for this build.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -59,8 +59,16 @@ pub struct WorkArea {
     /// The scratch mount in the mount registry, so that it does not outlive
     /// a killed fhsx (see `castore_fuse::register_mount`).
     registration: Option<castore_fuse::Registration>,
-    _lock: fs::File,
+    /// Held while the area is in use or parked; `None` only once moved out.
+    lock: Option<fs::File>,
     pub disk: DiskLimit,
+    /// The `[limits] disk` asked for: the pool's key for this area.
+    requested: u64,
+    /// The scratch file system as it was when freshly mounted: what a
+    /// recycled one must again look like (see `pool.rs`).
+    fresh: Option<crate::pool::FreshScratch>,
+    /// Where the area goes back when dropped, if it can be made as new.
+    pool: Option<std::sync::Arc<crate::pool::ScratchPool>>,
     /// As root: the build user the build runs as, held while the area
     /// lives (declared last: released only once the area is gone).
     user: Option<BuildUser>,
@@ -79,11 +87,7 @@ impl WorkArea {
     /// a fresh area for a dead one, nor hold the lock its owner is about to
     /// take.
     pub fn create(disk_bytes: u64) -> Result<WorkArea, Error> {
-        // SAFETY: geteuid has no preconditions.
-        let user = match unsafe { libc::geteuid() } {
-            0 => Some(BuildUsers::from_env()?.allocate()?),
-            _ => None,
-        };
+        let user = build_user_for_caller()?;
         let tmp = std::env::temp_dir();
         sweep_abandoned(&tmp);
         let staging = tempfile::Builder::new()
@@ -116,25 +120,81 @@ impl WorkArea {
             scratch,
             mounted: false,
             registration: None,
-            _lock: lock,
+            lock: Some(lock),
             disk: DiskLimit::NotEnforced(String::new()),
+            requested: disk_bytes,
+            fresh: None,
+            pool: None,
             user,
         };
-        if let Some(u) = &area.user {
-            // Root's, passable by the build user's group alone: it reaches
-            // its scratch, the view and the proxy's socket and CA here.
-            let dir = area.path().to_path_buf();
-            std::os::unix::fs::lchown(&dir, Some(0), Some(u.gid()))
-                .map_err(|e| Error::io("chown", &dir, e))?;
-            fs::set_permissions(&dir, fs::Permissions::from_mode(0o710))
-                .map_err(|e| Error::io("chmod", &dir, e))?;
-        }
+        area.admit_user()?;
         fs::create_dir(&area.scratch).map_err(|e| Error::io("create", &area.scratch, e))?;
         area.disk = match area.mount_quota(disk_bytes) {
             Ok(bytes) => DiskLimit::Enforced(bytes),
             Err(why) => DiskLimit::NotEnforced(why),
         };
         Ok(area)
+    }
+
+    /// As [`create`](Self::create), but taking an area `pool` holds for
+    /// this disk size when it has one; dropped, the area goes back to the
+    /// pool if it can be made exactly as new (else it is removed as usual).
+    pub fn create_pooled(
+        disk_bytes: u64,
+        pool: &std::sync::Arc<crate::pool::ScratchPool>,
+    ) -> Result<WorkArea, Error> {
+        let mut area = match pool.take(disk_bytes) {
+            Some(mut parked) => {
+                parked.user = build_user_for_caller()?;
+                parked.admit_user()?;
+                parked
+            }
+            None => WorkArea::create(disk_bytes)?,
+        };
+        area.pool = Some(pool.clone());
+        Ok(area)
+    }
+
+    /// As root, make the area root's and passable by the build user's
+    /// group alone: it reaches its scratch, the view and the proxy's socket
+    /// and CA here, but lists or creates nothing.
+    fn admit_user(&self) -> Result<(), Error> {
+        if let Some(u) = &self.user {
+            let dir = self.path().to_path_buf();
+            std::os::unix::fs::lchown(&dir, Some(0), Some(u.gid()))
+                .map_err(|e| Error::io("chown", &dir, e))?;
+            fs::set_permissions(&dir, fs::Permissions::from_mode(0o710))
+                .map_err(|e| Error::io("chmod", &dir, e))?;
+        }
+        Ok(())
+    }
+
+    /// This area, emptied and checked to be as new, as a parked area with
+    /// no build user (the caller's is released with it); `None` if it
+    /// cannot be (then the caller removes it as usual).
+    fn recycled(&mut self) -> Option<WorkArea> {
+        let fresh = self.fresh.as_ref()?;
+        let dir = self.dir.as_deref()?;
+        if !self.mounted || !crate::pool::reset(dir, &self.scratch, fresh) {
+            return None;
+        }
+        Some(WorkArea {
+            dir: self.dir.take(),
+            scratch: std::mem::take(&mut self.scratch),
+            mounted: std::mem::replace(&mut self.mounted, false),
+            registration: self.registration.take(),
+            lock: self.lock.take(),
+            disk: self.disk.clone(),
+            requested: self.requested,
+            fresh: self.fresh.take(),
+            pool: None,
+            user: None,
+        })
+    }
+
+    /// The `[limits] disk` this area was made for.
+    pub(crate) fn requested(&self) -> u64 {
+        self.requested
     }
 
     pub fn path(&self) -> &Path {
@@ -239,12 +299,18 @@ impl WorkArea {
         // gone from the directory once mounted (the loop device holds it).
         let _ = fs::remove_file(&image);
         let _ = fs::remove_dir(self.scratch.join("lost+found"));
+        self.fresh = crate::pool::FreshScratch::read(&self.scratch, &dev);
         Ok(bytes)
     }
 }
 
 impl Drop for WorkArea {
     fn drop(&mut self) {
+        if let Some(pool) = self.pool.take() {
+            if let Some(parked) = self.recycled() {
+                return pool.park(parked);
+            }
+        }
         if self.mounted {
             let _ = castore_fuse::detach(&self.scratch);
         }
@@ -259,11 +325,21 @@ impl Drop for WorkArea {
     }
 }
 
+/// As root, a build user of its own for the next build; else none (the
+/// build runs as the caller).
+fn build_user_for_caller() -> Result<Option<BuildUser>, Error> {
+    // SAFETY: geteuid has no preconditions.
+    Ok(match unsafe { libc::geteuid() } {
+        0 => Some(BuildUsers::from_env()?.allocate()?),
+        _ => None,
+    })
+}
+
 /// Remove `dir` and everything below it, also what the build made
 /// unreadable to its owner (a directory of mode 000 stops an unprivileged
 /// caller's `remove_dir_all`): on failure, every directory below gets
 /// `u+rwx` (no symlink followed) and the removal is tried once more.
-fn remove_all(dir: &Path) -> bool {
+pub(crate) fn remove_all(dir: &Path) -> bool {
     if fs::remove_dir_all(dir).is_ok() {
         return true;
     }
@@ -529,16 +605,16 @@ fn run(cmd: &mut Command) -> Result<(), String> {
 
 /// Bytes an unprivileged writer may still use on the file system of `p`.
 fn free_bytes(p: &Path) -> u64 {
-    let Ok(c) = std::ffi::CString::new(p.as_os_str().as_bytes()) else {
-        return 0;
-    };
+    statvfs(p).map_or(0, |s| s.f_bavail.saturating_mul(s.f_frsize))
+}
+
+/// `statvfs(2)` of the file system holding `p`.
+pub(crate) fn statvfs(p: &Path) -> Option<libc::statvfs> {
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
     // SAFETY: an all-zero statvfs is a valid out-buffer; c is NUL-terminated.
     unsafe {
         let mut s: libc::statvfs = std::mem::zeroed();
-        if libc::statvfs(c.as_ptr(), &mut s) != 0 {
-            return 0;
-        }
-        (s.f_bavail as u64).saturating_mul(s.f_frsize as u64)
+        (libc::statvfs(c.as_ptr(), &mut s) == 0).then_some(s)
     }
 }
 
@@ -596,7 +672,7 @@ pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
 }
 
 /// Mount points at or below `dir`, from this process's mount table.
-fn still_mounted_below(dir: &Path) -> Vec<PathBuf> {
+pub(crate) fn still_mounted_below(dir: &Path) -> Vec<PathBuf> {
     let Ok(info) = fs::read_to_string("/proc/self/mountinfo") else {
         // Without a mount table nothing can be proven safe to delete.
         return vec![dir.to_path_buf()];

@@ -1158,3 +1158,135 @@ fn uploads_and_what_clients_were_promised_survive_gc_until_they_disconnect() {
         std::thread::sleep(Duration::from_millis(200));
     }
 }
+
+/// The scratch file systems under `dir` that are still mounted (a worker's
+/// parked ones, between builds).
+fn scratch_mounts(dir: &Path) -> Vec<String> {
+    let d = dir.to_string_lossy();
+    fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|m| m.starts_with(d.as_ref()) && m.ends_with("/build"))
+        .map(str::to_owned)
+        .collect()
+}
+
+/// `tests/probes/scratch_probe.c`, built static, as an atom at
+/// `/usr/bin/scratch-probe`.
+fn scratch_probe(store: &Path, dir: &Path) -> String {
+    let tree = dir.join("probe-tree");
+    fs::create_dir_all(tree.join("usr/bin")).unwrap();
+    let o = Command::new("gcc")
+        .args(["-static", "-O1", "-Wall", "-o"])
+        .arg(tree.join("usr/bin/scratch-probe"))
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/probes/scratch_probe.c"
+        ))
+        .output()
+        .expect("gcc is needed to build the scratch probe: `apt-get install gcc libc6-dev`");
+    assert!(
+        o.status.success(),
+        "gcc -static failed (needs `apt-get install gcc libc6-dev`): {}",
+        text(&o)
+    );
+    import(store, &tree)
+}
+
+/// With `--scratch-pool`, a build runs on the scratch file system the
+/// build before it used, emptied — and sees nothing of that build. One
+/// action litters its scratch (a hidden directory, one locked to mode
+/// 000, a FIFO, a symlink, an xattr and a default ACL on `/build`, inode
+/// flags new files inherit, mode 1777): the probe run after it on the
+/// recycled scratch sees exactly what it saw on a fresh one (same output
+/// digest: mode, size, links, flags, xattrs, free blocks and inodes,
+/// entries, what a new file inherits). One that grows `/build` past a
+/// block cannot be made as new: its scratch is removed, not parked.
+#[test]
+fn a_recycled_scratch_shows_nothing_of_the_build_before() {
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "scratch file systems (and so their pool) need root: run the tests as root"
+    );
+    let t = tempfile::tempdir().unwrap();
+    let (cs, ws) = (t.path().join("client"), t.path().join("worker"));
+    let bb = busybox(&cs);
+    let probe = scratch_probe(&cs, t.path());
+    let w = Worker::start(&ws, t.path(), 1, &["--scratch-pool", "1"]);
+    let action = |name: &str, mode: &str| {
+        let p = t.path().join(format!("{name}.toml"));
+        fs::write(
+            &p,
+            format!(
+                "[inputs]\nclosure = [\"{bb}\", \"{probe}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out && /usr/bin/scratch-probe {mode} > $out/state\"]\n"
+            ),
+        )
+        .unwrap();
+        p
+    };
+    let build = |a: &Path| {
+        let o = remote(&cs, &w, a, true).arg("--rebuild").output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        v["outputs"]["out"].as_str().unwrap().to_owned()
+    };
+    let state = |out: &str| {
+        let o = fhsx(&cs)
+            .args(["store", "cat", out, "state"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    let (probe_a, litter_a, grow_a) = (
+        action("probe", "probe"),
+        action("litter", "litter"),
+        action("grow", "grow"),
+    );
+
+    let fresh = build(&probe_a);
+    let parked = scratch_mounts(t.path());
+    assert_eq!(
+        parked.len(),
+        1,
+        "the probe's scratch was not parked: {parked:?}"
+    );
+    let littered = state(&build(&litter_a));
+    assert!(
+        !littered.contains("refused"),
+        "a trace could not even be left, so this proves less: {littered}"
+    );
+    assert_eq!(
+        scratch_mounts(t.path()),
+        parked,
+        "the littered scratch was not made as new"
+    );
+    let again = build(&probe_a);
+    assert_eq!(
+        scratch_mounts(t.path()),
+        parked,
+        "the probe did not run on the recycled scratch"
+    );
+    assert_eq!(
+        again,
+        fresh,
+        "the recycled scratch differs from a fresh one:\nfresh:\n{}\nrecycled:\n{}",
+        state(&fresh),
+        state(&again)
+    );
+
+    build(&grow_a);
+    assert!(
+        scratch_mounts(t.path()).is_empty(),
+        "a scratch whose /build outgrew its block was parked: {:?}",
+        scratch_mounts(t.path())
+    );
+    assert_eq!(
+        build(&probe_a),
+        fresh,
+        "a fresh scratch after the removed one differs"
+    );
+    drop(w);
+}

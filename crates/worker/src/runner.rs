@@ -64,12 +64,25 @@ pub struct RunnerStats {
     pub max_running: AtomicU32,
 }
 
+/// How a worker's builds run, beyond what each action says.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct BuildOptions {
+    /// Hash every store file at its first open in each build (default: a
+    /// file an earlier build hashed, unchanged since, is trusted).
+    pub hash_every_build: bool,
+    /// Keep up to this many emptied scratch file systems mounted for the
+    /// next builds (0: none; see `fhs_executor::pool`).
+    pub scratch_pool: usize,
+}
+
 pub struct Runner {
     store: LocalStore,
     jobs: usize,
     /// Hash every store file at its first open in each build, trusting
     /// nothing an earlier build of this worker hashed.
     hash_every_build: bool,
+    /// Emptied scratch file systems kept for the next builds, if asked for.
+    scratch_pool: Option<Arc<fhs_executor::pool::ScratchPool>>,
     slots: Arc<Semaphore>,
     /// Cancel flags of builds whose sandbox is live (removed by the build
     /// thread itself once everything is torn down).
@@ -79,12 +92,14 @@ pub struct Runner {
 }
 
 impl Runner {
-    pub fn new(store: LocalStore, jobs: usize, hash_every_build: bool) -> Arc<Runner> {
+    pub fn new(store: LocalStore, jobs: usize, builds: BuildOptions) -> Arc<Runner> {
         let jobs = jobs.max(1);
         Arc::new(Runner {
             store,
             jobs,
-            hash_every_build,
+            hash_every_build: builds.hash_every_build,
+            scratch_pool: (builds.scratch_pool > 0)
+                .then(|| fhs_executor::pool::ScratchPool::new(builds.scratch_pool)),
             slots: Arc::new(Semaphore::new(jobs)),
             running: Arc::new(Mutex::new(HashMap::new())),
             next: AtomicU64::new(0),
@@ -136,10 +151,15 @@ impl Runner {
         let running = self.running.clone();
         let jobs = self.jobs;
         let hash_every_build = self.hash_every_build;
+        let pool = self.scratch_pool.clone();
         let handle = tokio::task::spawn_blocking(move || {
             let now = running.lock().map(|m| m.len()).unwrap_or(0);
             eprintln!("fhsx worker: build {id} started ({now}/{jobs} slots busy)");
-            let r = run_build(store, job, cancel, log, hash_every_build);
+            let reused = pool.as_ref().map_or(0, |p| p.reused());
+            let r = run_build(store, job, cancel, log, hash_every_build, pool.clone());
+            if pool.as_ref().is_some_and(|p| p.reused() > reused) {
+                eprintln!("fhsx worker: build {id} ran on a recycled scratch");
+            }
             // The slot and the registry entry go only once the sandbox is down.
             if let Ok(mut m) = running.lock() {
                 m.remove(&id);
@@ -214,6 +234,7 @@ fn run_build(
     cancel: Arc<AtomicBool>,
     log: mpsc::Sender<Vec<u8>>,
     hash_every_build: bool,
+    scratch_pool: Option<Arc<fhs_executor::pool::ScratchPool>>,
 ) -> JobResult {
     let failed = |class, message: String| JobResult::Failed { class, message };
     let dir = match tempfile::Builder::new().prefix("fhsx-remote-").tempdir() {
@@ -245,6 +266,7 @@ fn run_build(
     if hash_every_build {
         exec.verified = Arc::default();
     }
+    exec.scratch_pool = scratch_pool;
     let mut req = BuildRequest::new(job.action, lock_path);
     req.cache = job.cache;
     let mut w = ChannelWriter(log);

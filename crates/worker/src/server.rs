@@ -47,9 +47,7 @@ pub struct WorkerConfig {
     /// The access token a client must present (`Gate.login`). Required to
     /// listen on anything but loopback or a UNIX socket.
     pub token: Option<Vec<u8>>,
-    /// Hash every store file at its first open in each build (default: a
-    /// file an earlier build hashed, unchanged since, is trusted).
-    pub hash_every_build: bool,
+    pub builds: crate::runner::BuildOptions,
 }
 
 /// The shortest access token accepted: guessing must not be an option.
@@ -267,7 +265,7 @@ async fn serve_async(
     };
     let shared = Rc::new(Shared {
         store: config.store.clone(),
-        runner: Runner::new(config.store.clone(), config.jobs, config.hash_every_build),
+        runner: Runner::new(config.store.clone(), config.jobs, config.builds),
         public_key: exec.public_key(),
         tls_binding: tls_cert
             .as_deref()

@@ -40,6 +40,12 @@ pub struct WorkerArgs {
     /// a toolchain's compiler is then hashed once, not once per action.
     #[arg(long)]
     pub hash_every_build: bool,
+    /// Keep up to N emptied scratch file systems mounted between builds
+    /// (as root), so a build skips its loop device and ext4 mount. A
+    /// scratch is parked only once it is exactly as new (empty, its root
+    /// reset, free blocks and inodes as fresh); else it is removed.
+    #[arg(long, value_name = "N", default_value_t = 0)]
+    pub scratch_pool: usize,
     /// Serve only clients presenting this access token (a file of at least
     /// 16 random bytes; clients pass the same file). Required to listen on
     /// anything but loopback or a UNIX socket.
@@ -117,6 +123,7 @@ fn run_reapi(
 ) -> anyhow::Result<i32> {
     use castore::store::DirectoryStore;
     let usage = |m: String| Classified(executor_core::ExitClass::Usage, m);
+    let builds = build_options(&a);
     let mut toolchains = std::collections::BTreeMap::new();
     let mut named = Vec::new();
     for f in &a.toolchain {
@@ -158,7 +165,7 @@ fn run_reapi(
         properties,
         policy,
         shutdown_grace: grace,
-        hash_every_build: a.hash_every_build,
+        builds,
     };
     let json = g.json;
     ::worker::reapi::run(config, |url| {
@@ -180,6 +187,13 @@ fn run_reapi(
     Ok(0)
 }
 
+fn build_options(a: &WorkerArgs) -> ::worker::runner::BuildOptions {
+    ::worker::runner::BuildOptions {
+        hash_every_build: a.hash_every_build,
+        scratch_pool: a.scratch_pool,
+    }
+}
+
 pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
     let store = open_store(g)?;
     let jobs = a
@@ -196,6 +210,7 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
     if let Some(engine) = a.reapi.clone() {
         return run_reapi(g, a, store, jobs, grace, engine);
     }
+    let builds = build_options(&a);
     let listen = match a.unix {
         Some(p) => Listen::Unix(p),
         None => Listen::Tcp(a.listen),
@@ -212,7 +227,7 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
         jobs,
         shutdown_grace: grace,
         token,
-        hash_every_build: a.hash_every_build,
+        builds,
     };
     ::worker::server::serve(config, listen, |addr| {
         if json {

@@ -52,9 +52,7 @@ pub struct BotConfig {
     /// On SIGTERM/SIGINT, how long running builds may go on before they are
     /// cancelled.
     pub shutdown_grace: Duration,
-    /// Hash every store file at its first open in each build (default: a
-    /// file an earlier build hashed, unchanged since, is trusted).
-    pub hash_every_build: bool,
+    pub builds: crate::runner::BuildOptions,
 }
 
 fn grpc_url(u: &str) -> String {
@@ -194,7 +192,7 @@ async fn run_async(config: BotConfig, ready: impl FnOnce(&str)) -> Result<(), Er
         config.store.clone(),
         max_batch,
     );
-    let runner = Runner::new(config.store.clone(), config.jobs, config.hash_every_build);
+    let runner = Runner::new(config.store.clone(), config.jobs, config.builds);
     let ctx = Arc::new(Ctx {
         runner: runner.clone(),
         cas,
