@@ -317,6 +317,11 @@ pub fn mount(
 }
 
 impl MountGuard {
+    /// The FUSE connection number (fusectl's name for it), when known.
+    pub fn connection(&self) -> Option<u64> {
+        self.conn
+    }
+
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
     }
@@ -501,7 +506,8 @@ fn fusermount_detach(path: &Path) -> std::io::Result<()> {
 }
 
 /// An `O_PATH` descriptor of the root of the mount at `path` (no request
-/// reaches the daemon for it).
+/// reaches the daemon for it: the root is not looked up, and `O_PATH`
+/// neither opens nor checks permissions).
 fn pin_root(path: &Path) -> Option<std::os::fd::OwnedFd> {
     use std::os::fd::FromRawFd;
     let c = CString::new(path.as_os_str().as_bytes()).ok()?;
@@ -517,16 +523,25 @@ fn pin_root(path: &Path) -> Option<std::os::fd::OwnedFd> {
 }
 
 /// The FUSE connection number of the file system `fd` is on: its device
-/// minor, which is fusectl's name for the connection.
+/// minor, which is fusectl's name for the connection. Asked with
+/// `AT_STATX_DONT_SYNC`, so no request reaches the daemon: this process
+/// serves the mount and must never wait on it itself (killed during such a
+/// wait, its serving threads die first and the wait never ends).
 fn connection_of(fd: &std::os::fd::OwnedFd) -> Option<u64> {
     use std::os::fd::AsRawFd;
-    // SAFETY: an all-zero stat is a valid out-buffer; fd is open.
-    let mut st: libc::stat = unsafe { std::mem::zeroed() };
-    // SAFETY: as above.
-    if unsafe { libc::fstat(fd.as_raw_fd(), &mut st) } != 0 {
-        return None;
-    }
-    Some(u64::from(libc::minor(st.st_dev)))
+    // SAFETY: an all-zero statx is a valid out-buffer.
+    let mut st: libc::statx = unsafe { std::mem::zeroed() };
+    // SAFETY: fd is open, the path is an empty C string, st is writable.
+    let r = unsafe {
+        libc::statx(
+            fd.as_raw_fd(),
+            c"".as_ptr(),
+            libc::AT_EMPTY_PATH | libc::AT_STATX_DONT_SYNC,
+            0,
+            &mut st,
+        )
+    };
+    (r == 0).then_some(u64::from(st.stx_dev_minor))
 }
 
 /// Abort FUSE connection `conn` through fusectl, mounting fusectl (once

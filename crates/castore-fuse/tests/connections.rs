@@ -80,6 +80,11 @@ fn a_slow_view_never_ends_the_next_views_connection() {
     let fx = Fixture::new(sample_tree);
     let a = fx.mount("a");
     let a_conn = connection(a.mountpoint());
+    assert_eq!(
+        a.connection(),
+        Some(u64::from(a_conn)),
+        "the guard knows another connection"
+    );
     let frozen = Frozen::threads(&serving_threads());
     let finishing = std::thread::spawn({
         let store = fx.store.clone();

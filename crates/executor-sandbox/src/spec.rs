@@ -355,6 +355,27 @@ impl SandboxSpec {
         if fs.kind(tree) != Some(FileKind::Dir) {
             return Err(bad_path(tree, "the view root", "it is not a directory"));
         }
+        let mut entries = Vec::new();
+        for name in fs.read_dir(tree)? {
+            if let Some(k) = fs.kind(&tree.join(&name)) {
+                entries.push((name, k));
+            }
+        }
+        Self::view_of(tree, entries, scratch, runtime, fs)
+    }
+
+    /// As [`view`](Self::view), with the entries of the view's root given
+    /// instead of listed through `tree`. The executor serves its view from
+    /// its own FUSE daemon and must never wait on it from its own process:
+    /// killed during such a wait, its serving threads die first and the
+    /// wait never ends (an unkillable process holding a mount).
+    pub fn view_of(
+        tree: &Path,
+        entries: Vec<(OsString, FileKind)>,
+        scratch: &Path,
+        runtime: RuntimePaths,
+        fs: Arc<dyn HostFs>,
+    ) -> Result<Self, SandboxError> {
         let scratch_c = fs
             .canonicalize(scratch)
             .ok_or_else(|| bad_path(scratch, "the scratch directory", "it does not exist"))?;
@@ -365,12 +386,8 @@ impl SandboxSpec {
                 "it is not a directory",
             ));
         }
-        let mut entries = Vec::new();
-        for name in fs.read_dir(tree)? {
-            if let Some(k) = fs.kind(&tree.join(&name)) {
-                entries.push((name, k));
-            }
-        }
+        let mut entries = entries;
+        entries.sort_by(|a, b| a.0.cmp(&b.0));
         Ok(Self::new(
             RootProvider::View {
                 tree: tree.to_path_buf(),

@@ -475,7 +475,16 @@ impl FhsExecutor {
             .map_err(|e| Error::Other(format!("mounting the view: {e}")))?;
 
         let runtime = Runtime::new()?;
-        let mut spec = SandboxSpec::view(&mnt, scratch, runtime.paths().clone(), Arc::new(RealFs))?;
+        // The root's entries from the store, not through the mount: this
+        // process serves the view and must never wait on it itself.
+        let entries = root_entries(&self.store, &view.root)?;
+        let mut spec = SandboxSpec::view_of(
+            &mnt,
+            entries,
+            scratch,
+            runtime.paths().clone(),
+            Arc::new(RealFs),
+        )?;
         if let Some(user) = work.build_user() {
             spec.build_user(user);
         }
@@ -738,6 +747,33 @@ impl FhsExecutor {
             );
         }
     }
+}
+
+/// The names and kinds of the entries of the stored directory `root`.
+fn root_entries(
+    store: &LocalStore,
+    root: &Digest,
+) -> Result<Vec<(OsString, executor_sandbox::FileKind)>, Error> {
+    use castore::store::DirectoryStore;
+    use executor_sandbox::FileKind;
+    use std::os::unix::ffi::OsStrExt;
+    let dir = store.get_directory(root)?;
+    Ok(dir
+        .entries()
+        .map(|(name, node)| {
+            let kind = match node {
+                castore::Node::Directory { .. } => FileKind::Dir,
+                castore::Node::File { .. } => FileKind::File,
+                castore::Node::Symlink { target } => FileKind::Symlink(std::path::PathBuf::from(
+                    std::ffi::OsStr::from_bytes(target.as_bytes()),
+                )),
+            };
+            (
+                OsString::from(std::ffi::OsStr::from_bytes(name.as_bytes())),
+                kind,
+            )
+        })
+        .collect())
 }
 
 /// Where a build's time goes, stage by stage: said on the live log when
