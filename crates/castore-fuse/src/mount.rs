@@ -317,6 +317,63 @@ pub fn mount(
 }
 
 impl MountGuard {
+    /// List the view's root once, from a child process. The sandbox's
+    /// layout depends on the root's entries (one bind each), so that
+    /// listing belongs in the read set; and the kernel learns every root
+    /// entry from it (readdirplus), so the sandbox set-up's own lookups of
+    /// them never reach the daemon. A child, never this process: the
+    /// process serving a mount must not wait on it itself (killed during
+    /// the wait, its serving threads die first and the wait never ends).
+    /// The child holds no descriptor of the connection, so if this process
+    /// dies the connection is aborted and the child's listing fails.
+    pub fn list_root_from_child(&self) -> std::io::Result<()> {
+        let path = CString::new(self.mountpoint.as_os_str().as_bytes())?;
+        // SAFETY: between fork and _exit the child makes raw system calls
+        // only (no allocation, no lock): safe in a multi-threaded process.
+        let pid = unsafe { libc::fork() };
+        if pid < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        if pid == 0 {
+            // SAFETY: the child's own descriptors; path is NUL-terminated;
+            // buf is valid for its length; _exit never returns.
+            unsafe {
+                libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
+                let fd = libc::open(path.as_ptr(), libc::O_RDONLY | libc::O_DIRECTORY);
+                if fd < 0 {
+                    libc::_exit(1);
+                }
+                let mut buf = [0u8; 8192];
+                loop {
+                    let n = libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len());
+                    if n <= 0 {
+                        libc::_exit(if n == 0 { 0 } else { 1 });
+                    }
+                }
+            }
+        }
+        let mut status = 0;
+        loop {
+            // SAFETY: pid is our own child; status is a valid out-pointer.
+            let r = unsafe { libc::waitpid(pid, &mut status, 0) };
+            if r == pid {
+                break;
+            }
+            let e = std::io::Error::last_os_error();
+            if e.kind() != std::io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!(
+                "listing the view at {} failed (child status {status})",
+                self.mountpoint.display()
+            )))
+        }
+    }
+
     /// The FUSE connection number (fusectl's name for it), when known.
     pub fn connection(&self) -> Option<u64> {
         self.conn

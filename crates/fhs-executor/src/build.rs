@@ -476,7 +476,11 @@ impl FhsExecutor {
 
         let runtime = Runtime::new()?;
         // The root's entries from the store, not through the mount: this
-        // process serves the view and must never wait on it itself.
+        // process serves the view and must never wait on it itself. The
+        // listing the layout depends on is made by a child.
+        guard
+            .list_root_from_child()
+            .map_err(|e| Error::Other(format!("listing the view's root: {e}")))?;
         let entries = root_entries(&self.store, &view.root)?;
         let mut spec = SandboxSpec::view_of(
             &mnt,
