@@ -60,29 +60,28 @@ printf '[inputs]\nclosure = ["bb.toolchain"]\n[run]\ncommand = ["/bin/busybox", 
 start_worker "$WORK/w1"
 "$FHSX" --store "$CS" build --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # upload once
 "$FHSX" --store "$CS" build "$WORK/true.toml" >/dev/null 2>&1                    # warm local
-# --rebuild: each one really runs (else the caches answer).
-: >"$WORK/.remote"; : >"$WORK/.local"
-for _ in $(seq 1 "$RUNS"); do
-  ms "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >>"$WORK/.remote"
-  ms "$FHSX" --store "$CS" build --rebuild "$WORK/true.toml" >>"$WORK/.local"
-done
-remote=$(median <"$WORK/.remote"); local_=$(median <"$WORK/.local")
+# RUNS remote builds at $ADDR and local ones, alternating (--rebuild: each
+# one really runs, else the caches answer); sets REMOTE and LOCAL (medians).
+interleaved() {
+  : >"$WORK/.remote"; : >"$WORK/.local"
+  for _ in $(seq 1 "$RUNS"); do
+    ms "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >>"$WORK/.remote"
+    ms "$FHSX" --store "$CS" build --rebuild "$WORK/true.toml" >>"$WORK/.local"
+  done
+  REMOTE=$(median <"$WORK/.remote"); LOCAL=$(median <"$WORK/.local")
+}
+interleaved
 stop_worker
-echo "true round trip, medians of $RUNS interleaved runs: remote ${remote} ms  local ${local_} ms  ratio $(ratio "$remote" "$local_")x (aim <= 1.2)"
+echo "true round trip, medians of $RUNS interleaved runs: remote ${REMOTE} ms  local ${LOCAL} ms  ratio $(ratio "$REMOTE" "$LOCAL")x (aim <= 1.2)"
 
 # The same with a worker that keeps emptied scratch file systems mounted
 # between builds (--scratch-pool): no loop device, mount or teardown.
 start_worker "$WORK/w1" tcp --scratch-pool 2
 "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # park one
-: >"$WORK/.pooled"; : >"$WORK/.local"
-for _ in $(seq 1 "$RUNS"); do
-  ms "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >>"$WORK/.pooled"
-  ms "$FHSX" --store "$CS" build --rebuild "$WORK/true.toml" >>"$WORK/.local"
-done
-pooled=$(median <"$WORK/.pooled"); local_=$(median <"$WORK/.local")
+interleaved
 recycled=$(grep -c "ran on a recycled scratch" "$WORK/worker.err" || true)
 stop_worker
-echo "with --scratch-pool 2: remote ${pooled} ms  local ${local_} ms  ratio $(ratio "$pooled" "$local_")x ($recycled of $((RUNS + 1)) builds on a recycled scratch)"
+echo "with --scratch-pool 2: remote ${REMOTE} ms  local ${LOCAL} ms  ratio $(ratio "$REMOTE" "$LOCAL")x ($recycled of $((RUNS + 1)) builds on a recycled scratch)"
 
 # Upload: the hello toolchain into a fresh worker store.
 TS=$WORK/tc-client

@@ -45,17 +45,7 @@ fn attack_bin() -> PathBuf {
         let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/hostile/attack.c");
         let out = Path::new(env!("CARGO_TARGET_TMPDIR"))
             .join(format!("hostile-attack-{}", std::process::id()));
-        let o = Command::new("gcc")
-            .args(["-static", "-O1", "-Wall", "-o"])
-            .arg(&out)
-            .arg(&src)
-            .output()
-            .expect("gcc is needed to build the hostile probes: `apt-get install gcc libc6-dev`");
-        assert!(
-            o.status.success(),
-            "gcc -static failed (needs `apt-get install gcc libc6-dev`): {}",
-            text(&o)
-        );
+        support::gcc_static(&src, &out);
         out
     })
     .clone()

@@ -1177,19 +1177,12 @@ fn scratch_mounts(dir: &Path) -> Vec<String> {
 fn scratch_probe(store: &Path, dir: &Path) -> String {
     let tree = dir.join("probe-tree");
     fs::create_dir_all(tree.join("usr/bin")).unwrap();
-    let o = Command::new("gcc")
-        .args(["-static", "-O1", "-Wall", "-o"])
-        .arg(tree.join("usr/bin/scratch-probe"))
-        .arg(concat!(
+    support::gcc_static(
+        Path::new(concat!(
             env!("CARGO_MANIFEST_DIR"),
             "/tests/probes/scratch_probe.c"
-        ))
-        .output()
-        .expect("gcc is needed to build the scratch probe: `apt-get install gcc libc6-dev`");
-    assert!(
-        o.status.success(),
-        "gcc -static failed (needs `apt-get install gcc libc6-dev`): {}",
-        text(&o)
+        )),
+        &tree.join("usr/bin/scratch-probe"),
     );
     import(store, &tree)
 }

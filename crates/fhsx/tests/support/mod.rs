@@ -113,6 +113,22 @@ pub fn inputs() -> &'static Path {
     })
 }
 
+/// `gcc -static` of the test program `src` into `out` (the probes run
+/// inside the sandbox, whose root has no libc of the host's).
+pub fn gcc_static(src: &Path, out: &Path) {
+    let o = Command::new("gcc")
+        .args(["-static", "-O1", "-Wall", "-o"])
+        .arg(out)
+        .arg(src)
+        .output()
+        .expect("gcc is needed to build the test probes: `apt-get install gcc libc6-dev`");
+    assert!(
+        o.status.success(),
+        "gcc -static failed (needs `apt-get install gcc libc6-dev`): {}",
+        text(&o)
+    );
+}
+
 pub fn import(store: &Path, p: &Path) -> String {
     let o = fhsx(store)
         .args(["store", "import"])
