@@ -32,7 +32,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::scratch::{remove_all, statvfs, still_mounted_below, WorkArea, LOCK};
+use crate::scratch::{empty, statvfs, still_mounted_below, WorkArea, LOCK};
 
 /// A scratch whose file system has written more than this over its life
 /// (64 MiB) is removed rather than parked again.
@@ -184,25 +184,6 @@ pub(crate) fn reset(dir: &Path, scratch: &Path, fresh: &FreshScratch) -> bool {
             now.looks_like(fresh)
                 && now.written_kib.saturating_sub(fresh.written_kib) <= MAX_WRITTEN_KIB
         })
-}
-
-/// Remove every entry of `dir` but those `keep` names.
-fn empty(dir: &Path, keep: impl Fn(&Path) -> bool) -> bool {
-    let Ok(rd) = fs::read_dir(dir) else {
-        return false;
-    };
-    rd.into_iter().all(|e| {
-        let Ok(e) = e else { return false };
-        let p = e.path();
-        if keep(&p) {
-            return true;
-        }
-        match fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => remove_all(&p),
-            Ok(_) => fs::remove_file(&p).is_ok(),
-            Err(_) => false,
-        }
-    })
 }
 
 /// Owner root, mode 0755, no extended attribute, the fresh inode flags.

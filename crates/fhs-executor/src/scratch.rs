@@ -319,7 +319,7 @@ impl Drop for WorkArea {
             // Never through a mount: what is still mounted (a detach that
             // failed) keeps the area for a later sweep.
             if still_mounted_below(&dir).is_empty() {
-                remove_all(&dir);
+                remove_area(&dir);
             }
         }
     }
@@ -332,6 +332,37 @@ fn build_user_for_caller() -> Result<Option<BuildUser>, Error> {
     Ok(match unsafe { libc::geteuid() } {
         0 => Some(BuildUsers::from_env()?.allocate()?),
         _ => None,
+    })
+}
+
+/// Remove the area `dir`, its lock file last: killed half-way, the remover
+/// leaves an area that still has its (now free) lock, which the next sweep
+/// takes; only an empty directory can be left without one, and the sweep
+/// removes those too.
+fn remove_area(dir: &Path) -> bool {
+    let lock = dir.join(LOCK);
+    empty(dir, |p| p == lock) && {
+        let _ = fs::remove_file(&lock);
+        fs::remove_dir(dir).is_ok()
+    }
+}
+
+/// Remove every entry of `dir` but those `keep` names.
+pub(crate) fn empty(dir: &Path, keep: impl Fn(&Path) -> bool) -> bool {
+    let Ok(rd) = fs::read_dir(dir) else {
+        return false;
+    };
+    rd.into_iter().all(|e| {
+        let Ok(e) = e else { return false };
+        let p = e.path();
+        if keep(&p) {
+            return true;
+        }
+        match fs::symlink_metadata(&p) {
+            Ok(m) if m.is_dir() => remove_all(&p),
+            Ok(_) => fs::remove_file(&p).is_ok(),
+            Err(_) => false,
+        }
     })
 }
 
@@ -648,9 +679,11 @@ pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
             continue;
         }
         let dir = e.path();
-        // Only areas with a lock: one being created has none yet, and one
-        // kept for inspection had it removed.
+        // Only areas with a lock: one kept for inspection had it removed
+        // (an area is locked before it gets this name). An empty one
+        // without a lock is what a remover killed at the very end left.
         let Ok(lock) = fs::File::open(dir.join(LOCK)) else {
+            let _ = fs::remove_dir(&dir);
             continue;
         };
         // SAFETY: flock on an fd we own.
@@ -664,7 +697,7 @@ pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
         for m in mounts {
             let _ = castore_fuse::detach(&m);
         }
-        if still_mounted_below(&dir).is_empty() && remove_all(&dir) {
+        if still_mounted_below(&dir).is_empty() && remove_area(&dir) {
             swept.push(dir);
         }
     }
@@ -688,6 +721,43 @@ pub(crate) fn still_mounted_below(dir: &Path) -> Vec<PathBuf> {
 mod tests {
     use super::*;
     use std::io::{Read, Seek, SeekFrom, Write};
+
+    /// What a build killed while removing its own area can leave, and
+    /// what a sweep then does: an area still holding its (free) lock is
+    /// taken, whatever is left in it; an empty one without a lock (killed
+    /// between the lock and the directory) is taken; a kept area (content,
+    /// its lock removed on purpose) stays; a live area (lock held) stays.
+    #[test]
+    fn a_sweep_takes_what_a_killed_remover_left_and_nothing_else() {
+        let tmp = tempfile::tempdir().unwrap();
+        let area = |name: &str| {
+            let d = tmp.path().join(format!("{PREFIX}{name}"));
+            fs::create_dir_all(d.join("build/deep")).unwrap();
+            fs::write(d.join("build/deep/f"), b"x").unwrap();
+            d
+        };
+        let half = area("half");
+        fs::write(half.join(LOCK), b"").unwrap();
+        let bare = tmp.path().join(format!("{PREFIX}bare"));
+        fs::create_dir(&bare).unwrap();
+        let kept = area("kept");
+        let live = area("live");
+        let held = fs::File::create(live.join(LOCK)).unwrap();
+        // SAFETY: flock on an fd we own.
+        assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+        let mut swept = sweep_abandoned(tmp.path());
+        swept.sort();
+        assert_eq!(swept, vec![half.clone()]);
+        assert!(
+            !half.exists() && !bare.exists(),
+            "a killed remover's area is left"
+        );
+        assert!(kept.join("build/deep/f").exists(), "a kept area was swept");
+        assert!(live.join("build/deep/f").exists(), "a live area was swept");
+        // Removed by its owner, the lock goes last.
+        drop(held);
+        assert!(remove_area(&live) && !live.exists());
+    }
 
     /// Builds of one worker start at once and all find the template
     /// missing: every image they get is a sound ext4 (`e2fsck -fn`).
