@@ -375,12 +375,16 @@ impl Shared {
         };
         let cell = lock(&self.verified).entry(*digest).or_default().clone();
         let verdict = cell.get_or_init(|| {
-            if self.known.holds(digest, &file) {
+            // One fstat: the identity asked about is the one remembered.
+            let id = crate::verified::FileId::of(&file);
+            if id.is_some_and(|id| self.known.holds(digest, id)) {
                 return Ok(());
             }
             match hash_file(&file) {
                 Ok(actual) if actual == *digest => {
-                    self.known.insert(*digest, &file);
+                    if let Some(id) = id {
+                        self.known.insert(*digest, id);
+                    }
                     Ok(())
                 }
                 Ok(actual) => Err(Some(actual)),

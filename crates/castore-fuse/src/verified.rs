@@ -27,7 +27,7 @@ pub const MAX_VERIFIED: usize = 65_536;
 
 /// The identity of one open file, as `fstat` gives it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct FileId {
+pub(crate) struct FileId {
     dev: u64,
     ino: u64,
     size: u64,
@@ -36,7 +36,7 @@ struct FileId {
 }
 
 impl FileId {
-    fn of(f: &File) -> Option<FileId> {
+    pub(crate) fn of(f: &File) -> Option<FileId> {
         let m = f.metadata().ok()?;
         Some(FileId {
             dev: m.dev(),
@@ -63,11 +63,8 @@ impl VerifiedBlobs {
         PROCESS.get_or_init(Arc::default).clone()
     }
 
-    /// Whether `file` is the very file found to hold `digest`'s bytes.
-    pub(crate) fn holds(&self, digest: &Digest, file: &File) -> bool {
-        let Some(id) = FileId::of(file) else {
-            return false;
-        };
+    /// Whether the file `id` is the very file found to hold `digest`'s bytes.
+    pub(crate) fn holds(&self, digest: &Digest, id: FileId) -> bool {
         let held = self.lock().get(digest) == Some(&id);
         if held {
             self.hits.fetch_add(1, Ordering::Relaxed);
@@ -80,9 +77,8 @@ impl VerifiedBlobs {
         self.hits.load(Ordering::Relaxed)
     }
 
-    /// Remember that `file` was hashed and holds `digest`'s bytes.
-    pub(crate) fn insert(&self, digest: Digest, file: &File) {
-        let Some(id) = FileId::of(file) else { return };
+    /// Remember that the file `id` was hashed and holds `digest`'s bytes.
+    pub(crate) fn insert(&self, digest: Digest, id: FileId) {
         let mut files = self.lock();
         if files.len() >= MAX_VERIFIED {
             files.clear();
