@@ -79,7 +79,7 @@ echo "true round trip, medians of $RUNS interleaved runs: remote ${REMOTE} ms  l
 start_worker "$WORK/w1" tcp --scratch-pool 2
 "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # park one
 interleaved
-recycled=$(grep -c "ran on a recycled scratch" "$WORK/worker.err" || true)
+recycled=$(sed -n 's/.*scratch pool: \([0-9]*\) builds on a recycled scratch.*/\1/p' "$WORK/worker.err" | tail -1)
 stop_worker
 echo "with --scratch-pool 2: remote ${REMOTE} ms  local ${LOCAL} ms  ratio $(ratio "$REMOTE" "$LOCAL")x ($recycled of $((RUNS + 1)) builds on a recycled scratch)"
 

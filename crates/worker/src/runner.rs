@@ -155,10 +155,15 @@ impl Runner {
         let handle = tokio::task::spawn_blocking(move || {
             let now = running.lock().map(|m| m.len()).unwrap_or(0);
             eprintln!("fhsx worker: build {id} started ({now}/{jobs} slots busy)");
-            let reused = pool.as_ref().map_or(0, |p| p.reused());
             let r = run_build(store, job, cancel, log, hash_every_build, pool.clone());
-            if pool.as_ref().is_some_and(|p| p.reused() > reused) {
-                eprintln!("fhsx worker: build {id} ran on a recycled scratch");
+            // Totals, not this build's share: with several slots a counter
+            // read around one build also counts its neighbours'.
+            if let Some(p) = &pool {
+                eprintln!(
+                    "fhsx worker: scratch pool: {} builds on a recycled scratch so far, {} parked",
+                    p.reused(),
+                    p.parked()
+                );
             }
             // The slot and the registry entry go only once the sandbox is down.
             if let Ok(mut m) = running.lock() {
