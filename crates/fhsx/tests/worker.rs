@@ -1281,5 +1281,23 @@ fn a_recycled_scratch_shows_nothing_of_the_build_before() {
         fresh,
         "a fresh scratch after the removed one differs"
     );
+
+    // 80 MiB written to the device and deleted: the scratch looks as new,
+    // but the host's sparse image keeps those blocks, so it is not parked.
+    assert_eq!(scratch_mounts(t.path()).len(), 1);
+    let spill = t.path().join("spill.toml");
+    fs::write(
+        &spill,
+        format!(
+            "[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out && busybox dd if=/dev/zero of=/build/spill bs=1M count=80 && busybox sync && busybox rm /build/spill\"]\n"
+        ),
+    )
+    .unwrap();
+    build(&spill);
+    assert!(
+        scratch_mounts(t.path()).is_empty(),
+        "a scratch that wrote 80 MiB to the host was parked: {:?}",
+        scratch_mounts(t.path())
+    );
     drop(w);
 }
