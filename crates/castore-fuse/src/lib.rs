@@ -115,7 +115,7 @@ mod fs;
 mod mount;
 pub mod readset;
 mod signals;
-pub mod verified;
+mod verified;
 
 pub use bloat::{closure_bloat, AtomUsage, BloatReport};
 pub use compact::CompactReadSet;
