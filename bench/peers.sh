@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # fhsx's per-action cost beside its peers, interleaved in one run (N runs
 # each, medians): the same trivial action
-#   - in fhsx: `fhsx build --rebuild` (busybox: mkdir $out, touch a file);
+#   - in fhsx: `fhsx build --rebuild` (busybox: mkdir $out, touch a file),
+#     with the default disk scratch and with `--scratch memory`;
 #   - in Nix's sandbox: `nix-store --realise --check` of a derivation doing
 #     the same with the same static busybox, single-user as root, sandbox
 #     on, substituters off (Debian's nix-bin; this script installs it);
 #   - in bare bwrap with fhsx's own flags (`fhsx run --print-argv`, without
 #     what only fhsx adds: supervisor, RPC socket, seccomp) running true:
 #     the floor, the kernel work any sandbox must do.
-# Prints the medians and the ratios fhsx/bwrap and fhsx/nix.
+# Prints the medians and the ratios fhsx/bwrap and fhsx/nix for each.
 # Usage: bench/peers.sh [N=30]   (as root: installs nix-bin with apt)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -68,14 +69,17 @@ while (( i < ${#full[@]} )); do
 done
 (cd "$work" && "${bare[@]}") || { echo "the bare bwrap command failed" >&2; exit 1; }
 
-: >"$work/.f"; : >"$work/.n"; : >"$work/.b"
+: >"$work/.f"; : >"$work/.m"; : >"$work/.n"; : >"$work/.b"
 for ((k = 0; k < N; k++)); do
   t0=${EPOCHREALTIME/./}; (cd "$work" && "${bare[@]}") >/dev/null 2>&1; t1=${EPOCHREALTIME/./}
   "$F" build --rebuild "$work/t.toml" >/dev/null 2>&1; t2=${EPOCHREALTIME/./}
   nix-store --realise --check "$drv" >/dev/null 2>&1; t3=${EPOCHREALTIME/./}
+  "$F" build --rebuild --scratch memory "$work/t.toml" >/dev/null 2>&1; t4=${EPOCHREALTIME/./}
   echo $((t1 - t0)) >>"$work/.b"; echo $((t2 - t1)) >>"$work/.f"; echo $((t3 - t2)) >>"$work/.n"
+  echo $((t4 - t3)) >>"$work/.m"
 done
 med() { sort -n "$1" | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
-b=$(med "$work/.b"); f=$(med "$work/.f"); n=$(med "$work/.n")
-echo "trivial action, medians of $N interleaved runs: bare bwrap ${b} ms, fhsx build ${f} ms, Nix sandbox ${n} ms"
-awk -v f="$f" -v b="$b" -v n="$n" 'BEGIN { printf "fhsx/bwrap %.2fx (aim <= 2)   fhsx/nix %.2fx (aim ~0.5)\n", f/b, f/n }'
+b=$(med "$work/.b"); f=$(med "$work/.f"); m=$(med "$work/.m"); n=$(med "$work/.n")
+echo "trivial action, medians of $N interleaved runs: bare bwrap ${b} ms, fhsx build ${f} ms, fhsx build --scratch memory ${m} ms, Nix sandbox ${n} ms"
+awk -v f="$f" -v b="$b" -v n="$n" 'BEGIN { printf "disk scratch:   fhsx/bwrap %.2fx (aim <= 2)   fhsx/nix %.2fx (aim ~0.5)\n", f/b, f/n }'
+awk -v f="$m" -v b="$b" -v n="$n" 'BEGIN { printf "memory scratch: fhsx/bwrap %.2fx (aim <= 2)   fhsx/nix %.2fx (aim ~0.5)\n", f/b, f/n }'

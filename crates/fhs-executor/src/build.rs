@@ -37,7 +37,7 @@ use crate::cache::{ActionCache, Found};
 use crate::fetch::{FetchResult, FetchSession, Network};
 use crate::ingest::Ingested;
 use crate::log::BuildLog;
-use crate::scratch::{DiskLimit, WorkArea};
+use crate::scratch::{DiskLimit, ScratchMedium, WorkArea};
 use crate::world::World;
 use crate::{check, ingest, keys, manifest, sign, view, Error};
 
@@ -60,6 +60,10 @@ pub struct FhsExecutor {
     /// Where emptied scratch file systems wait for the next build (a
     /// worker's); `None`: each build mounts its own and unmounts it.
     pub scratch_pool: Option<Arc<crate::pool::ScratchPool>>,
+    /// What backs each build's scratch (default: disk). In memory, the
+    /// scratch holds at most `[limits] disk` and `[limits] memory` bytes,
+    /// and what it holds counts against the memory limit.
+    pub scratch_medium: ScratchMedium,
 }
 
 /// The fixed environment every build starts from (the action's `env`
@@ -131,6 +135,7 @@ impl FhsExecutor {
             keep_failed: false,
             verified: castore_fuse::VerifiedBlobs::process(),
             scratch_pool: None,
+            scratch_medium: ScratchMedium::Disk,
         })
     }
 
@@ -425,9 +430,14 @@ impl FhsExecutor {
         log: &mut BuildLog,
         live: &mut (dyn Write + Send),
     ) -> Result<WorkArea, Error> {
-        let work = match &self.scratch_pool {
-            Some(pool) => WorkArea::create_pooled(plan.action.limits.disk, pool)?,
-            None => WorkArea::create(plan.action.limits.disk)?,
+        let limits = &plan.action.limits;
+        // A memory scratch is never pooled: its mount costs microseconds.
+        let work = match (self.scratch_medium, &self.scratch_pool) {
+            (ScratchMedium::Memory, _) => {
+                WorkArea::create(limits.disk.min(limits.memory), ScratchMedium::Memory)?
+            }
+            (ScratchMedium::Disk, Some(pool)) => WorkArea::create_pooled(limits.disk, pool)?,
+            (ScratchMedium::Disk, None) => WorkArea::create(limits.disk, ScratchMedium::Disk)?,
         };
         if let DiskLimit::NotEnforced(why) = &work.disk {
             log.note(

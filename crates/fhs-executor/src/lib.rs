@@ -36,4 +36,5 @@ pub mod world;
 
 pub use build::FhsExecutor;
 pub use error::Error;
+pub use scratch::ScratchMedium;
 pub use view::check_read_set;

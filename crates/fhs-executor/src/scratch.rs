@@ -40,6 +40,24 @@ use crate::Error;
 const PREFIX: &str = "fhsx-build-";
 pub(crate) const LOCK: &str = ".lock";
 
+/// What backs a build's scratch, where fhsx can give it a file system of
+/// its own (as root): the operator's choice, as Bazel's `--sandbox_base`
+/// is, never the action's (it changes no output, so no digest).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ScratchMedium {
+    /// A sparse ext4 image on a loop device, in `$TMPDIR`: room for builds
+    /// that write tens of GiB; mounting and unmounting it costs several
+    /// milliseconds per build (the loop device's set-up and teardown).
+    #[default]
+    Disk,
+    /// A tmpfs of the given size: its pages are charged to whoever writes
+    /// them, the build's memory cgroup, so the scratch counts against
+    /// `[limits] memory` and the host's memory is never at risk; mounting it
+    /// costs a few microseconds. For the many small actions of a build
+    /// graph (one compile each).
+    Memory,
+}
+
 /// Whether the disk limit holds for this build.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DiskLimit {
@@ -86,7 +104,7 @@ impl WorkArea {
     /// areas that are locked while their build lives, so it can never take
     /// a fresh area for a dead one, nor hold the lock its owner is about to
     /// take.
-    pub fn create(disk_bytes: u64) -> Result<WorkArea, Error> {
+    pub fn create(disk_bytes: u64, medium: ScratchMedium) -> Result<WorkArea, Error> {
         let user = build_user_for_caller()?;
         let tmp = std::env::temp_dir();
         sweep_abandoned(&tmp);
@@ -129,7 +147,11 @@ impl WorkArea {
         };
         area.admit_user()?;
         fs::create_dir(&area.scratch).map_err(|e| Error::io("create", &area.scratch, e))?;
-        area.disk = match area.mount_quota(disk_bytes) {
+        let quota = match medium {
+            ScratchMedium::Disk => area.mount_quota(disk_bytes),
+            ScratchMedium::Memory => area.mount_memory(disk_bytes),
+        };
+        area.disk = match quota {
             Ok(bytes) => DiskLimit::Enforced(bytes),
             Err(why) => DiskLimit::NotEnforced(why),
         };
@@ -149,7 +171,7 @@ impl WorkArea {
                 parked.admit_user()?;
                 parked
             }
-            None => WorkArea::create(disk_bytes)?,
+            None => WorkArea::create(disk_bytes, ScratchMedium::Disk)?,
         };
         area.pool = Some(pool.clone());
         Ok(area)
@@ -256,6 +278,26 @@ impl WorkArea {
         // Kept on purpose: no later cleanup may take it away.
         self.registration = None;
         self.dir.take().unwrap_or_default()
+    }
+
+    /// Back the scratch with a tmpfs of `bytes` ([`ScratchMedium::Memory`]);
+    /// the bytes granted, or why not.
+    fn mount_memory(&mut self, bytes: u64) -> Result<u64, String> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return Err("only root can mount the size-capped scratch file system".into());
+        }
+        let bytes = bytes.max(1 << 20);
+        // One inode per 16 KiB of room, as mkfs.ext4 gives the disk scratch
+        // (tmpfs's own default, half the host's pages, is not the build's
+        // to take); at least 4096, so a tiny scratch still holds a tree.
+        let inodes = (bytes / (16 << 10)).max(4096);
+        mount_tmpfs(&self.scratch, bytes, inodes)?;
+        self.mounted = true;
+        let at = fs::canonicalize(&self.scratch).unwrap_or_else(|_| self.scratch.clone());
+        self.registration =
+            castore_fuse::register_mount(&castore_fuse::default_registry(), &at, TMPFS_SOURCE).ok();
+        Ok(bytes)
     }
 
     /// Back the scratch with its own size-capped file system; the bytes
@@ -535,6 +577,40 @@ fn mount_ext4(dev: &Path, at: &Path) -> Result<(), String> {
         return Err(format!(
             "mounting {} at {}: {}",
             dev.display(),
+            at.display(),
+            std::io::Error::last_os_error()
+        ));
+    }
+    Ok(())
+}
+
+/// The source of a memory scratch in the mount table: what the mount
+/// registry checks before it detaches a dead build's scratch.
+const TMPFS_SOURCE: &str = "fhsx-scratch";
+
+/// Mount a tmpfs of `bytes` and `inodes` at `at`, root's and 0755 until
+/// [`WorkArea::hand_over`] gives it to the build user.
+fn mount_tmpfs(at: &Path, bytes: u64, inodes: u64) -> Result<(), String> {
+    let dst = std::ffi::CString::new(at.as_os_str().as_bytes())
+        .map_err(|_| "a path holds a NUL byte".to_string())?;
+    let opts = std::ffi::CString::new(format!(
+        "size={bytes},nr_inodes={inodes},mode=0755,uid=0,gid=0,huge=never"
+    ))
+    .map_err(|_| "a mount option holds a NUL byte".to_string())?;
+    let src = std::ffi::CString::new(TMPFS_SOURCE).map_err(|e| e.to_string())?;
+    // SAFETY: every pointer is a NUL-terminated string.
+    let r = unsafe {
+        libc::mount(
+            src.as_ptr(),
+            dst.as_ptr(),
+            c"tmpfs".as_ptr(),
+            libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME,
+            opts.as_ptr().cast(),
+        )
+    };
+    if r != 0 {
+        return Err(format!(
+            "mounting a tmpfs at {}: {}",
             at.display(),
             std::io::Error::last_os_error()
         ));

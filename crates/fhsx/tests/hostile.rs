@@ -104,10 +104,20 @@ impl World {
     /// [`build`](Self::build), and the PID the `fhsx` process had (its
     /// per-run cgroups are named after it).
     fn build_pid(&self, action: &Path) -> (Output, Option<serde_json::Value>, u32) {
+        self.build_pid_with(action, &[])
+    }
+
+    /// [`build_pid`](Self::build_pid) with more `fhsx build` flags.
+    fn build_pid_with(
+        &self,
+        action: &Path,
+        flags: &[&str],
+    ) -> (Output, Option<serde_json::Value>, u32) {
         // --rebuild: a hostile action must really run every time, never be
         // answered from the cache.
         let child = fhsx(&self.store)
             .args(["--json", "build", "--rebuild"])
+            .args(flags)
             .arg(action)
             .stdout(Stdio::piped())
             .stderr(Stdio::piped())
@@ -641,13 +651,18 @@ fn host_isolation_no_fd_passing_between_concurrent_builds_via_abstract_socket() 
 /// A resource exhaustion attempt ends as a clean build failure (exit 1, no
 /// leftovers, no process left) and the host can still start processes.
 fn exhaust(probe: &str, limits: &str, what: &str) -> String {
+    exhaust_with(probe, limits, what, &[])
+}
+
+/// [`exhaust`] with more `fhsx build` flags.
+fn exhaust_with(probe: &str, limits: &str, what: &str, flags: &[&str]) -> String {
     let w = World::new();
     let a = w.action(
         "exhaust.toml",
         &format!("exec $A {probe}"),
         &format!("[limits]\n{limits}\n"),
     );
-    let (o, v) = w.build(&a);
+    let (o, v, _) = w.build_pid_with(&a, flags);
     assert_eq!(o.status.code(), Some(1), "{what}: {}", text(&o));
     let v = v.expect("a JSON result");
     assert!(
@@ -853,6 +868,86 @@ fn host_isolation_many_file_disk_filler_is_stopped_by_limits_disk() {
     assert!(
         log.contains("[limits] disk is not enforced here: only root"),
         "an unenforced disk limit went unmentioned:\n{log}"
+    );
+    no_leftovers(w.path());
+}
+
+/// In memory (`--scratch memory`, a tmpfs) the scratch holds no more than
+/// `[limits] disk` either: the many-file filler gets `ENOSPC` at 32 MiB,
+/// the scratch is the tmpfs fhsx mounted (`nosuid`, `nodev`, of that size),
+/// and nothing is left mounted.
+#[test]
+fn host_isolation_many_file_disk_filler_is_stopped_by_a_memory_scratch() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        // Without root the scratch is a plain directory, whatever the medium.
+        return host_isolation_many_file_disk_filler_is_stopped_by_limits_disk();
+    }
+    let log = exhaust_with(
+        "diskfiles=256",
+        "disk = 33554432\nfile_size = 1048576",
+        "a many-file filler of a memory scratch",
+        &["--scratch", "memory"],
+    );
+    assert!(log.contains("No space left on device"), "{log}");
+    let w = World::new();
+    let a = w.action(
+        "mounts.toml",
+        "busybox grep ' /build ' /proc/self/mounts",
+        "[limits]\ndisk = 33554432\n",
+    );
+    let (o, v, _) = w.build_pid_with(&a, &["--scratch", "memory"]);
+    let log = w.log(&o, &v);
+    assert!(o.status.success(), "{log}");
+    let mount = log
+        .lines()
+        .find(|l| l.contains(" /build tmpfs "))
+        .unwrap_or_else(|| panic!("/build is not a tmpfs:\n{log}"));
+    for opt in ["nosuid", "nodev", "size=32768k"] {
+        assert!(mount.contains(opt), "{opt} missing: {mount}");
+    }
+    no_leftovers(w.path());
+}
+
+/// What a memory scratch holds is the build's memory: 96 MiB written to
+/// `/build` and then 64 MiB allocated exceed `[limits] memory` (128 MiB),
+/// and the run is OOM-killed, where with the disk scratch the same build
+/// allocates (its written pages are page cache, reclaimable). A build can
+/// therefore not take the host's memory through its scratch.
+#[test]
+fn host_isolation_a_memory_scratch_counts_against_limits_memory() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return host_isolation_memory_hog_is_stopped_by_limits_memory();
+    }
+    let w = World::new();
+    let a = w.action(
+        "fill-then-hog.toml",
+        "busybox dd if=/dev/zero of=/build/fill bs=1M count=96 2>&1 && busybox sync && exec $A memory=64",
+        "[limits]\nmemory = 134217728\n",
+    );
+    let (o, v, _) = w.build_pid_with(&a, &["--scratch", "memory"]);
+    let log = w.log(&o, &v);
+    assert_eq!(o.status.code(), Some(1), "{log}");
+    assert!(
+        log.contains("96+0 records out"),
+        "the fill did not fit:\n{log}"
+    );
+    assert!(
+        !log.contains("ALLOCATED"),
+        "64 MiB fit beside 96 MiB of scratch in 128 MiB:\n{log}"
+    );
+    if memory_was_a_cgroup(&log) {
+        assert!(
+            log.contains("fhsx: the run reached its [limits] memory (128 MiB)"),
+            "the OOM kill is not reported:\n{log}"
+        );
+    }
+    let (o, v, _) = w.build_pid(&a);
+    let log = w.log(&o, &v);
+    assert!(
+        o.status.success() && log.contains("ALLOCATED"),
+        "with the disk scratch the same build should allocate:\n{log}"
     );
     no_leftovers(w.path());
 }

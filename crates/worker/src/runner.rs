@@ -73,14 +73,14 @@ pub struct BuildOptions {
     /// Keep up to this many emptied scratch file systems mounted for the
     /// next builds (0: none; see `fhs_executor::pool`).
     pub scratch_pool: usize,
+    /// What backs each build's scratch (see `fhs_executor::ScratchMedium`).
+    pub scratch: fhs_executor::ScratchMedium,
 }
 
 pub struct Runner {
     store: LocalStore,
     jobs: usize,
-    /// Hash every store file at its first open in each build, trusting
-    /// nothing an earlier build of this worker hashed.
-    hash_every_build: bool,
+    builds: BuildOptions,
     /// Emptied scratch file systems kept for the next builds, if asked for.
     scratch_pool: Option<Arc<fhs_executor::pool::ScratchPool>>,
     slots: Arc<Semaphore>,
@@ -97,7 +97,7 @@ impl Runner {
         Arc::new(Runner {
             store,
             jobs,
-            hash_every_build: builds.hash_every_build,
+            builds,
             scratch_pool: (builds.scratch_pool > 0)
                 .then(|| fhs_executor::pool::ScratchPool::new(builds.scratch_pool)),
             slots: Arc::new(Semaphore::new(jobs)),
@@ -150,12 +150,12 @@ impl Runner {
         let store = self.store.clone();
         let running = self.running.clone();
         let jobs = self.jobs;
-        let hash_every_build = self.hash_every_build;
+        let builds = self.builds;
         let pool = self.scratch_pool.clone();
         let handle = tokio::task::spawn_blocking(move || {
             let now = running.lock().map(|m| m.len()).unwrap_or(0);
             eprintln!("fhsx worker: build {id} started ({now}/{jobs} slots busy)");
-            let r = run_build(store, job, cancel, log, hash_every_build, pool.clone());
+            let r = run_build(store, job, cancel, log, builds, pool.clone());
             // Totals, not this build's share: with several slots a counter
             // read around one build also counts its neighbours'.
             if let Some(p) = &pool {
@@ -238,7 +238,7 @@ fn run_build(
     job: Job,
     cancel: Arc<AtomicBool>,
     log: mpsc::Sender<Vec<u8>>,
-    hash_every_build: bool,
+    builds: BuildOptions,
     scratch_pool: Option<Arc<fhs_executor::pool::ScratchPool>>,
 ) -> JobResult {
     let failed = |class, message: String| JobResult::Failed { class, message };
@@ -268,10 +268,11 @@ fn run_build(
         Err(e) => return failed(e.exit_class(), e.to_string()),
     };
     exec.cancel = Some(cancel);
-    if hash_every_build {
+    if builds.hash_every_build {
         exec.verified = Arc::default();
     }
     exec.scratch_pool = scratch_pool;
+    exec.scratch_medium = builds.scratch;
     let mut req = BuildRequest::new(job.action, lock_path);
     req.cache = job.cache;
     let mut w = ChannelWriter(log);

@@ -46,6 +46,9 @@ pub struct WorkerArgs {
     /// reset, free blocks and inodes as fresh); else it is removed.
     #[arg(long, value_name = "N", default_value_t = 0)]
     pub scratch_pool: usize,
+    /// What backs each build's scratch: `disk` or `memory` (see `fhsx build --scratch`).
+    #[arg(long, value_name = "MEDIUM", value_enum, default_value_t = super::build::ScratchArg::Disk)]
+    pub scratch: super::build::ScratchArg,
     /// Serve only clients presenting this access token (a file of at least
     /// 16 random bytes; clients pass the same file). Required to listen on
     /// anything but loopback or a UNIX socket.
@@ -191,6 +194,7 @@ fn build_options(a: &WorkerArgs) -> ::worker::runner::BuildOptions {
     ::worker::runner::BuildOptions {
         hash_every_build: a.hash_every_build,
         scratch_pool: a.scratch_pool,
+        scratch: a.scratch.into(),
     }
 }
 
