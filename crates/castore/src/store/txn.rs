@@ -1,9 +1,14 @@
 //! All-or-nothing writes into a [`LocalStore`].
 //!
-//! A transaction owns a private staging directory under `ROOT/tmp`, holds an
-//! exclusive `flock` on it while alive (which is how a later writer tells a
-//! live transaction from a killed one) and a shared lock on the store (so
-//! `gc` never sweeps objects a writer assumed present). `commit` makes every
+//! A transaction holds a shared lock on the store from its start (so `gc`
+//! never sweeps objects a writer assumed present) and, from its first write
+//! on, a private staging directory under `ROOT/tmp`, with an exclusive
+//! `flock` on it while alive (which is how a later writer tells a
+//! live transaction from a killed one). A transaction that finds everything
+//! already in the store — most of a cached or rebuilt action's — makes no
+//! directory at all: creating and removing one (and its lock file) is a
+//! few journalled metadata updates, a large share of a trivial build's
+//! cost. `commit` makes every
 //! staged object durable with one `syncfs`, renames blobs and then
 //! directories into place, and syncs again so the renames are durable too:
 //! temp file, fsync, rename — batched, because one `fsync` per small file
@@ -15,7 +20,7 @@ use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Mutex;
+use std::sync::{Mutex, OnceLock};
 
 use rustix::fs::{flock, FlockOperation};
 
@@ -27,8 +32,8 @@ static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 pub struct Txn<'s> {
     store: &'s LocalStore,
-    staging: PathBuf,
-    _staging: Staging,
+    /// Made at the first write (see the module's doc).
+    staging: OnceLock<Staging>,
     _store_lock: File,
     staged: Mutex<Staged>,
 }
@@ -90,22 +95,31 @@ struct Staged {
 impl<'s> Txn<'s> {
     pub(super) fn begin(store: &'s LocalStore) -> Result<Self> {
         let store_lock = lock_file(&store.lock_path(), FlockOperation::LockShared)?;
-        let staging = Staging::create(store)?;
         Ok(Txn {
             store,
-            staging: staging.dir.clone(),
-            _staging: staging,
+            staging: OnceLock::new(),
             _store_lock: store_lock,
             staged: Mutex::new(Staged::default()),
         })
     }
 
-    fn staged_path(&self, kind: ObjectKind, d: &Digest) -> PathBuf {
+    /// The staging directory, made now if this is the first write.
+    fn staging(&self) -> Result<&Path> {
+        if let Some(s) = self.staging.get() {
+            return Ok(&s.dir);
+        }
+        let fresh = Staging::create(self.store)?;
+        // Two threads writing their first object at once: the loser's
+        // directory is dropped, and so removed, unused.
+        Ok(&self.staging.get_or_init(|| fresh).dir)
+    }
+
+    fn staged_path(staging: &Path, kind: ObjectKind, d: &Digest) -> PathBuf {
         let tag = match kind {
             ObjectKind::Blob => "b",
             ObjectKind::Directory => "d",
         };
-        self.staging.join(format!("{tag}-{}", d.hex()))
+        staging.join(format!("{tag}-{}", d.hex()))
     }
 
     /// Claim `d` for staging. False if the store or this txn already has it.
@@ -150,7 +164,10 @@ impl<'s> Txn<'s> {
     pub fn put_blob(&self, bytes: &[u8]) -> Result<Digest> {
         let d = Digest::of(bytes);
         if self.claim(ObjectKind::Blob, &d) {
-            self.write_new(&self.staged_path(ObjectKind::Blob, &d), bytes)?;
+            self.write_new(
+                &Self::staged_path(self.staging()?, ObjectKind::Blob, &d),
+                bytes,
+            )?;
             self.record(ObjectKind::Blob, d);
         }
         Ok(d)
@@ -159,7 +176,8 @@ impl<'s> Txn<'s> {
     /// Stage a blob streamed from `r`, hashing as it is written: bounded
     /// memory for any size. Returns the digest and the byte count.
     pub fn put_blob_reader(&self, r: &mut dyn Read) -> Result<(Digest, u64)> {
-        let tmp = self.staging.join(format!(
+        let staging = self.staging()?;
+        let tmp = staging.join(format!(
             "stream-{}",
             COUNTER.fetch_add(1, Ordering::Relaxed)
         ));
@@ -193,7 +211,7 @@ impl<'s> Txn<'s> {
         drop(f);
         let d: Digest = h.finalize().into();
         if self.claim(ObjectKind::Blob, &d) {
-            let dst = self.staged_path(ObjectKind::Blob, &d);
+            let dst = Self::staged_path(staging, ObjectKind::Blob, &d);
             fs::rename(&tmp, &dst).map_err(io("rename", &tmp))?;
             self.record(ObjectKind::Blob, d);
         } else {
@@ -207,7 +225,11 @@ impl<'s> Txn<'s> {
         let bytes = dir.encode();
         let d = Digest::of(&bytes);
         if self.claim(ObjectKind::Directory, &d) {
-            self.write_new(&self.staged_path(ObjectKind::Directory, &d), &bytes)?;
+            let staging = self.staging()?;
+            self.write_new(
+                &Self::staged_path(staging, ObjectKind::Directory, &d),
+                &bytes,
+            )?;
             self.record(ObjectKind::Directory, d);
         }
         Ok(d)
@@ -218,7 +240,7 @@ impl<'s> Txn<'s> {
     /// compositions.
     pub fn put_record(&self, dest: &Path, bytes: &[u8]) -> Result<()> {
         let tmp = self
-            .staging
+            .staging()?
             .join(format!("rec-{}", COUNTER.fetch_add(1, Ordering::Relaxed)));
         self.write_new(&tmp, bytes)?;
         let mut s = self.staged.lock().unwrap_or_else(|p| p.into_inner());
@@ -232,13 +254,15 @@ impl<'s> Txn<'s> {
         if staged.blobs.is_empty() && staged.dirs.is_empty() && staged.records.is_empty() {
             // Everything was already in the store: nothing to make durable,
             // and a syncfs would flush every other writer's dirty data too.
-            let _ = fs::remove_dir_all(&self.staging);
+            // (A staging directory, if a streamed blob made one, goes when
+            // the transaction is dropped.)
             return Ok(());
         }
-        let dir = File::open(&self.staging).map_err(io("open", &self.staging))?;
+        let staging = self.staging()?;
+        let dir = File::open(staging).map_err(io("open", staging))?;
         rustix::fs::syncfs(&dir).map_err(|e| Error::Io {
             op: "syncfs",
-            path: self.staging.clone(),
+            path: staging.to_path_buf(),
             source: e.into(),
         })?;
         // Blobs before the directories that name them, records last: a reader
@@ -248,7 +272,7 @@ impl<'s> Txn<'s> {
             (ObjectKind::Directory, &staged.dirs),
         ] {
             for d in list {
-                let from = self.staged_path(kind, d);
+                let from = Self::staged_path(staging, kind, d);
                 let to = self.store.object_path(kind, d);
                 fs::rename(&from, &to).map_err(io("rename into store", &to))?;
             }
@@ -258,10 +282,9 @@ impl<'s> Txn<'s> {
         }
         rustix::fs::syncfs(&dir).map_err(|e| Error::Io {
             op: "syncfs",
-            path: self.staging.clone(),
+            path: staging.to_path_buf(),
             source: e.into(),
         })?;
-        let _ = fs::remove_dir_all(&self.staging);
         Ok(())
     }
 }
@@ -324,4 +347,37 @@ pub(crate) fn lock_exclusive(store: &LocalStore) -> Result<File> {
 /// is held.
 pub(crate) fn lock_shared(store: &LocalStore) -> Result<File> {
     lock_file(&store.lock_path(), FlockOperation::LockShared)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_transaction_makes_its_staging_directory_only_when_it_writes() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("store")).unwrap();
+        let staging_dirs = || fs::read_dir(store.tmp_dir()).unwrap().count();
+        let txn = store.txn().unwrap();
+        let old = txn.put_blob(b"old").unwrap();
+        assert_eq!(staging_dirs(), 1);
+        txn.commit().unwrap();
+        assert_eq!(staging_dirs(), 0);
+
+        let txn = store.txn().unwrap();
+        assert_eq!(txn.put_blob(b"old").unwrap(), old);
+        assert_eq!(staging_dirs(), 0, "nothing new, yet a staging directory");
+        let new = txn.put_blob(b"new").unwrap();
+        assert_eq!(staging_dirs(), 1);
+        txn.commit().unwrap();
+        assert_eq!(staging_dirs(), 0);
+        assert!(store.has(ObjectKind::Blob, &new));
+
+        // Dropped uncommitted: what it staged goes, nothing lands.
+        let txn = store.txn().unwrap();
+        let lost = txn.put_blob(b"lost").unwrap();
+        drop(txn);
+        assert_eq!(staging_dirs(), 0);
+        assert!(!store.has(ObjectKind::Blob, &lost));
+    }
 }
