@@ -2,13 +2,15 @@
 # Download GNU hello's pristine upstream tarball (from Debian's source
 # package `hello`, through a private apt configuration: the system's
 # sources are not touched) into DIR (default: examples/hello/inputs) and
-# print its path. Idempotent.
+# print its path. Idempotent. `fetch-source.sh DIR PACKAGE` does the same
+# for another source package of bookworm (bench/big_build.sh: busybox).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 dir=${1:-$here/inputs}/src
+pkg=${2:-hello}
 mkdir -p "$dir"
 cd "$dir"
-if ! compgen -G "hello_2.10.orig.tar.gz" >/dev/null; then
+if ! compgen -G "${pkg}_*.orig.tar.*" >/dev/null; then
   apt_dir=$(mktemp -d)
   trap 'rm -rf "$apt_dir"' EXIT
   mkdir -p "$apt_dir/lists/partial"
@@ -22,7 +24,7 @@ SRC
   opts=(-o "Dir::Etc::SourceList=/dev/null" -o "Dir::Etc::SourceParts=$apt_dir"
         -o "Dir::State::Lists=$apt_dir/lists" -o "APT::Sandbox::User=root")
   apt-get "${opts[@]}" update -qq
-  apt-get "${opts[@]}" source --download-only hello >/dev/null
-  rm -f hello_*.dsc hello_*.debian.tar.* hello_*.asc
+  apt-get "${opts[@]}" source --download-only "$pkg" >/dev/null
+  rm -f "${pkg}"_*.dsc "${pkg}"_*.debian.tar.* "${pkg}"_*.asc
 fi
-echo "$dir/hello_2.10.orig.tar.gz"
+compgen -G "$dir/${pkg}_*.orig.tar.*" | head -n 1

@@ -101,6 +101,8 @@ pub(crate) struct Shared {
     handles: Mutex<HashMap<u64, Arc<File>>>,
     next_fh: AtomicU64,
     want_passthrough: bool,
+    /// See [`crate::MountOptions::zero_message_open`].
+    zero_message_open: bool,
     passthrough: AtomicBool,
     /// Passthrough backing files by inode, kept until unmount.
     backing: Mutex<HashMap<u64, Arc<BackingId>>>,
@@ -182,7 +184,8 @@ impl Shared {
             failures: Mutex::new(Vec::new()),
             handles: Mutex::new(HashMap::new()),
             next_fh: AtomicU64::new(1),
-            want_passthrough: opts.passthrough,
+            want_passthrough: opts.passthrough && !opts.zero_message_open,
+            zero_message_open: opts.zero_message_open,
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(HashMap::new()),
             time: SystemTime::UNIX_EPOCH + Duration::from_secs(opts.mtime_secs),
@@ -530,6 +533,24 @@ impl ViewFs {
     }
 }
 
+impl ViewFs {
+    /// The store file behind `ino` for a `READ` that came without an open
+    /// ([`crate::MountOptions::zero_message_open`]): what an open would do,
+    /// done at the first byte wanted — recorded as read (`ENOMEM` past the
+    /// read-set cap) and verified (`EIO` if the store's bytes are wrong).
+    fn unopened_file(&self, ino: INodeNo) -> Result<File, Errno> {
+        let s = &self.shared;
+        let inode = s.inode(ino).ok_or(Errno::ENOENT)?;
+        let Node::File { digest, .. } = &inode.node else {
+            return Err(Errno::EISDIR);
+        };
+        if !s.mark(&inode, MARK_READ) {
+            return Err(Errno::ENOMEM);
+        }
+        s.verified_file(ino.0, digest).ok_or(Errno::EIO)
+    }
+}
+
 impl Filesystem for ViewFs {
     fn init(&mut self, _req: &Request, config: &mut KernelConfig) -> std::io::Result<()> {
         for flag in [
@@ -576,7 +597,15 @@ impl Filesystem for ViewFs {
                 let ino = kids.first + i as u64;
                 let node = &kids.entries[i].1;
                 if let Some(child) = s.inode(INodeNo(ino)) {
-                    if !s.mark(&child, MARK_LOOKUP) {
+                    // Without opens, an empty file is never read: what its
+                    // attributes show is all of it.
+                    let empty_file = matches!(node, Node::File { size: 0, .. });
+                    let mark = if s.zero_message_open && empty_file {
+                        MARK_READ
+                    } else {
+                        MARK_LOOKUP
+                    };
+                    if !s.mark(&child, mark) {
                         return reply.error(Errno::ENOMEM);
                     }
                 }
@@ -627,6 +656,11 @@ impl Filesystem for ViewFs {
         if flags.acc_mode() != OpenAccMode::O_RDONLY || flags.0 & libc::O_TRUNC != 0 {
             return reply.error(Errno::EROFS);
         }
+        if s.zero_message_open {
+            // The kernel takes this open as done and asks no more (see
+            // `read` for what the open would have done).
+            return reply.error(Errno::ENOSYS);
+        }
         let Some(inode) = s.inode(ino) else {
             return reply.error(Errno::ENOENT);
         };
@@ -674,7 +708,7 @@ impl Filesystem for ViewFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -682,8 +716,14 @@ impl Filesystem for ViewFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
-        let Some(file) = lock(&self.shared.handles).get(&fh.0).cloned() else {
-            return reply.error(Errno::EBADF);
+        let handle = lock(&self.shared.handles).get(&fh.0).cloned();
+        let file = match handle {
+            Some(f) => f,
+            None if self.shared.zero_message_open => match self.unopened_file(ino) {
+                Ok(f) => Arc::new(f),
+                Err(e) => return reply.error(e),
+            },
+            None => return reply.error(Errno::EBADF),
         };
         let mut buf = vec![0u8; size as usize];
         let mut n = 0;

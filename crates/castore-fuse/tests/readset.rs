@@ -120,23 +120,24 @@ fn kernel_at_least(major: u32, minor: u32) -> bool {
     (it.next().unwrap_or(0), it.next().unwrap_or(0)) >= (major, minor)
 }
 
-fn mmap_captured(passthrough: bool) {
+fn mmap_captured(passthrough: bool, zero_message_open: bool) {
     let fx = Fixture::new(dynamic_root);
     let mp = fx.mountpoint(if passthrough { "pt" } else { "daemon" });
     let opts = MountOptions {
         passthrough,
+        zero_message_open,
         ..fx.opts()
     };
     let g = castore_fuse::mount(&fx.store, &fx.root, &mp, &opts).unwrap();
     let out = sh_ok(&format!("chroot {} /usr/bin/cat /etc/motd", mp.display()));
     assert_eq!(out, "from the view\n");
-    if passthrough && kernel_at_least(6, 9) {
+    if passthrough && !zero_message_open && kernel_at_least(6, 9) {
         assert!(
             g.passthrough_active(),
             "the kernel should have taken passthrough"
         );
     }
-    if !passthrough {
+    if !passthrough || zero_message_open {
         assert!(!g.passthrough_active());
     }
     let outcome = g.finish(&fx.store).unwrap();
@@ -168,12 +169,79 @@ fn mmap_captured(passthrough: bool) {
 /// the kernel serves reads by passthrough or the daemon serves them.
 #[test]
 fn mmapped_libraries_are_captured_with_passthrough() {
-    mmap_captured(true);
+    mmap_captured(true, false);
 }
 
 #[test]
 fn mmapped_libraries_are_captured_without_passthrough() {
-    mmap_captured(false);
+    mmap_captured(false, false);
+}
+
+/// The same with opens that send no message (the kernel's `no_open`, as
+/// builds mount their view): a mapping's first page fault is what records
+/// the library as read.
+#[test]
+fn mmapped_libraries_are_captured_with_zero_message_opens() {
+    mmap_captured(true, true);
+}
+
+/// With opens that send no message, a file is read when its bytes are
+/// first wanted: A and B (read twice, through two opens) are read, C only
+/// stat'ed and D opened but never read are looked up, and the empty file,
+/// opened and read, is read — no `READ` ever comes for it, so its lookup
+/// counts (its attributes show all of it). The store's wrong bytes still
+/// fail: a rewritten blob reads as `EIO` and is an integrity failure.
+#[test]
+fn zero_message_opens_record_reads_at_the_first_byte_wanted() {
+    let fx = Fixture::new(sample_tree);
+    let opts = MountOptions {
+        zero_message_open: true,
+        ..fx.opts()
+    };
+    let g = castore_fuse::mount(&fx.store, &fx.root, &fx.mountpoint("zmo"), &opts).unwrap();
+    let m = g.mountpoint().display().to_string();
+    sh_ok(&format!(
+        "{} && cat {m}/share/doc/a.txt > /dev/null && : < {m}/share/doc/d.txt && cat {m}/empty",
+        reads_a_b_stats_c(&m)
+    ));
+    let out = g.finish(&fx.store).unwrap();
+    assert!(out.integrity_failures.is_empty());
+    let got: BTreeSet<(String, EntryKind, Access)> = out
+        .read_set
+        .entries
+        .iter()
+        .map(|e| (e.path.clone(), e.kind, e.access))
+        .collect();
+    let want: BTreeSet<(String, EntryKind, Access)> = [
+        ("/empty", EntryKind::File, Access::Read),
+        ("/share", EntryKind::Dir, Access::Lookup),
+        ("/share/doc", EntryKind::Dir, Access::Lookup),
+        ("/share/doc/a.txt", EntryKind::File, Access::Read),
+        ("/share/doc/b.txt", EntryKind::File, Access::Read),
+        ("/share/doc/c.txt", EntryKind::File, Access::Lookup),
+        ("/share/doc/d.txt", EntryKind::File, Access::Lookup),
+        ("/share/doc/missing.h", EntryKind::Absent, Access::Lookup),
+    ]
+    .into_iter()
+    .map(|(p, k, a)| (p.to_owned(), k, a))
+    .collect();
+    assert_eq!(got, want);
+
+    let blob = fx
+        .store
+        .object_path(castore::store::ObjectKind::Blob, &Digest::of(b"unicode\n"));
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(&blob, b"UNICODE\n").unwrap();
+    let opts = MountOptions {
+        verified: std::sync::Arc::default(),
+        ..opts
+    };
+    let g = castore_fuse::mount(&fx.store, &fx.root, &fx.mountpoint("zmo2"), &opts).unwrap();
+    let e = fs::read(g.mountpoint().join("share/data/name with spaces ü")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let out = g.finish(&fx.store).unwrap();
+    assert_eq!(out.integrity_failures.len(), 1);
 }
 
 /// Past `max_read_set_entries`, a stat of a new path (absent or present)

@@ -479,6 +479,8 @@ impl FhsExecutor {
             readdir_order: plan.world.readdir,
             mtime_secs: plan.world.mtime_secs,
             verified: self.verified.clone(),
+            // A build opens the same headers and tools thousands of times.
+            zero_message_open: true,
             ..MountOptions::default()
         };
         let guard = castore_fuse::mount(&self.store, &view.root, &mnt, &options)
