@@ -64,6 +64,14 @@ pub struct FhsExecutor {
     /// scratch holds at most `[limits] disk` and `[limits] memory` bytes,
     /// and what it holds counts against the memory limit.
     pub scratch_medium: ScratchMedium,
+    /// Open the view's files without a message to its daemon (the
+    /// kernel's `no_open`, see `castore_fuse::MountOptions`): faster for a
+    /// build that opens the same headers and tools thousands of times
+    /// (default, as in `fhsx build`); off, each open hands the kernel the
+    /// store file (passthrough), whose page cache every build shares —
+    /// faster for many small actions that each read a large compiler once
+    /// (`fhsx worker`'s default).
+    pub zero_message_open: bool,
 }
 
 /// The fixed environment every build starts from (the action's `env`
@@ -136,6 +144,7 @@ impl FhsExecutor {
             verified: castore_fuse::VerifiedBlobs::process(),
             scratch_pool: None,
             scratch_medium: ScratchMedium::Disk,
+            zero_message_open: true,
         })
     }
 
@@ -479,8 +488,7 @@ impl FhsExecutor {
             readdir_order: plan.world.readdir,
             mtime_secs: plan.world.mtime_secs,
             verified: self.verified.clone(),
-            // A build opens the same headers and tools thousands of times.
-            zero_message_open: true,
+            zero_message_open: self.zero_message_open,
             ..MountOptions::default()
         };
         let guard = castore_fuse::mount(&self.store, &view.root, &mnt, &options)

@@ -740,3 +740,62 @@ fn scratch_is_a_file_system_of_the_declared_disk_size() {
     }
     no_leftovers(t.path());
 }
+
+/// `--opens`: by default (`kernel`, no message per open) a file the build
+/// opens but never reads is only looked up in the read set, one it reads
+/// is read, and the build's output is the same as with `--opens daemon`
+/// (each open a message to the view's daemon, which hands the kernel the
+/// store file), where the open alone counts as a read.
+#[test]
+fn opens_without_a_message_record_what_was_read_and_with_one_what_was_opened() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let doc = "/usr/share/doc/busybox-static";
+    let action = write_action(
+        t.path(),
+        "opens.toml",
+        &sh_action(
+            &bb,
+            &format!(
+                ": < {doc}/copyright && busybox cat {doc}/examples/mdev.conf > $out/mdev.conf"
+            ),
+            "",
+        ),
+    );
+    let access = |opens: &str| {
+        let o = fhsx(&store)
+            .args(["--json", "build", "--rebuild", "--opens", opens])
+            .arg(&action)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        let rs = fhsx(&store)
+            .args(["store", "blob", v["read_set"].as_str().unwrap()])
+            .output()
+            .unwrap();
+        let rs: serde_json::Value = serde_json::from_slice(&rs.stdout).unwrap();
+        let of = |path: &str| {
+            rs["entries"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["path"] == path)
+                .map(|e| e["access"].as_str().unwrap().to_owned())
+        };
+        (
+            of(&format!("{doc}/copyright")),
+            of(&format!("{doc}/examples/mdev.conf")),
+            v["outputs"]["out"].clone(),
+        )
+    };
+    let (opened, read, out_kernel) = access("kernel");
+    assert_eq!(opened.as_deref(), Some("lookup"), "opened, never read");
+    assert_eq!(read.as_deref(), Some("read"));
+    let (opened, read, out_daemon) = access("daemon");
+    assert_eq!(opened.as_deref(), Some("read"), "an open is a read here");
+    assert_eq!(read.as_deref(), Some("read"));
+    assert_eq!(out_kernel, out_daemon);
+    no_leftovers(t.path());
+}

@@ -75,6 +75,9 @@ pub struct BuildOptions {
     pub scratch_pool: usize,
     /// What backs each build's scratch (see `fhs_executor::ScratchMedium`).
     pub scratch: fhs_executor::ScratchMedium,
+    /// Open the view's files without a message to its daemon (see
+    /// `FhsExecutor::zero_message_open`; a worker's default is off).
+    pub zero_message_open: bool,
 }
 
 pub struct Runner {
@@ -273,6 +276,7 @@ fn run_build(
     }
     exec.scratch_pool = scratch_pool;
     exec.scratch_medium = builds.scratch;
+    exec.zero_message_open = builds.zero_message_open;
     let mut req = BuildRequest::new(job.action, lock_path);
     req.cache = job.cache;
     let mut w = ChannelWriter(log);

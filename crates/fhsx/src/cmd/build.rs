@@ -59,6 +59,13 @@ pub struct BuildArgs {
     /// memory limit — a few ms faster per build, for small actions.
     #[arg(long, value_name = "MEDIUM", value_enum, default_value_t = ScratchArg::Disk)]
     pub scratch: ScratchArg,
+    /// How the sandbox opens the view's files: `kernel`, without a message
+    /// to the view's daemon (for builds that open the same files thousands
+    /// of times, like `make -j` of a package); `daemon`, each open a
+    /// message that hands the kernel the store file (for a small action
+    /// that reads a large compiler once).
+    #[arg(long, value_name = "WHO", value_enum, default_value_t = OpensArg::Kernel)]
+    pub opens: OpensArg,
     /// Trust this CA (PEM) for upstream TLS while recording, besides the host's. Repeatable.
     #[arg(long, value_name = "FILE")]
     pub upstream_ca: Vec<PathBuf>,
@@ -104,6 +111,13 @@ impl From<ScratchArg> for fhs_executor::ScratchMedium {
     }
 }
 
+/// `--opens`' values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OpensArg {
+    Kernel,
+    Daemon,
+}
+
 /// A built action: the outcome, plus what the remote path adds.
 struct Built {
     outcome: BuildOutcome,
@@ -126,6 +140,7 @@ pub fn outputs_of(
         diffoscope: false,
         keep_failed: false,
         scratch: ScratchArg::Disk,
+        opens: OpensArg::Kernel,
         upstream_ca: Vec::new(),
         remote: None,
         trust: Vec::new(),
@@ -173,6 +188,7 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     exec.cancel = Some(cancel);
     exec.keep_failed = a.keep_failed;
     exec.scratch_medium = a.scratch.into();
+    exec.zero_message_open = a.opens == OpensArg::Kernel;
     // The build's own output goes to stderr, so stdout stays the result.
     let mut sink = std::io::stderr();
     let store = exec.store().clone();

@@ -49,6 +49,11 @@ pub struct WorkerArgs {
     /// What backs each build's scratch: `disk` or `memory` (see `fhsx build --scratch`).
     #[arg(long, value_name = "MEDIUM", value_enum, default_value_t = super::build::ScratchArg::Disk)]
     pub scratch: super::build::ScratchArg,
+    /// How builds open the view's files: `daemon` (default: passthrough,
+    /// the store's page cache shared by every build — a worker's actions
+    /// are mostly one compile each) or `kernel` (see `fhsx build --opens`).
+    #[arg(long, value_name = "WHO", value_enum, default_value_t = super::build::OpensArg::Daemon)]
+    pub opens: super::build::OpensArg,
     /// Serve only clients presenting this access token (a file of at least
     /// 16 random bytes; clients pass the same file). Required to listen on
     /// anything but loopback or a UNIX socket.
@@ -195,6 +200,7 @@ fn build_options(a: &WorkerArgs) -> ::worker::runner::BuildOptions {
         hash_every_build: a.hash_every_build,
         scratch_pool: a.scratch_pool,
         scratch: a.scratch.into(),
+        zero_message_open: a.opens == super::build::OpensArg::Kernel,
     }
 }
 
