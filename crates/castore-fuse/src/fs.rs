@@ -493,6 +493,22 @@ pub(crate) struct ViewFs {
 }
 
 impl ViewFs {
+    /// The store file behind `ino` for a `READ` that came without an open
+    /// ([`crate::MountOptions::zero_message_open`]): what an open would do,
+    /// done at the first byte wanted — recorded as read (`ENOMEM` past the
+    /// read-set cap) and verified (`EIO` if the store's bytes are wrong).
+    fn unopened_file(&self, ino: INodeNo) -> Result<File, Errno> {
+        let s = &self.shared;
+        let inode = s.inode(ino).ok_or(Errno::ENOENT)?;
+        let Node::File { digest, .. } = &inode.node else {
+            return Err(Errno::EISDIR);
+        };
+        if !s.mark(&inode, MARK_READ) {
+            return Err(Errno::ENOMEM);
+        }
+        s.verified_file(ino.0, digest).ok_or(Errno::EIO)
+    }
+
     /// Directory entries from `offset` on: `.`, `..`, then the children.
     fn list(
         &self,
@@ -530,24 +546,6 @@ impl ViewFs {
             }
         }
         Ok(())
-    }
-}
-
-impl ViewFs {
-    /// The store file behind `ino` for a `READ` that came without an open
-    /// ([`crate::MountOptions::zero_message_open`]): what an open would do,
-    /// done at the first byte wanted — recorded as read (`ENOMEM` past the
-    /// read-set cap) and verified (`EIO` if the store's bytes are wrong).
-    fn unopened_file(&self, ino: INodeNo) -> Result<File, Errno> {
-        let s = &self.shared;
-        let inode = s.inode(ino).ok_or(Errno::ENOENT)?;
-        let Node::File { digest, .. } = &inode.node else {
-            return Err(Errno::EISDIR);
-        };
-        if !s.mark(&inode, MARK_READ) {
-            return Err(Errno::ENOMEM);
-        }
-        s.verified_file(ino.0, digest).ok_or(Errno::EIO)
     }
 }
 

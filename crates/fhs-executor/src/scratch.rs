@@ -280,6 +280,14 @@ impl WorkArea {
         self.dir.take().unwrap_or_default()
     }
 
+    /// Put the scratch, mounted from `source`, in the mount registry.
+    fn register(&mut self, source: &str) {
+        // The mount table names the path with symlinks resolved.
+        let at = fs::canonicalize(&self.scratch).unwrap_or_else(|_| self.scratch.clone());
+        self.registration =
+            castore_fuse::register_mount(&castore_fuse::default_registry(), &at, source).ok();
+    }
+
     /// Back the scratch with a tmpfs of `bytes` ([`ScratchMedium::Memory`]);
     /// the bytes granted, or why not.
     fn mount_memory(&mut self, bytes: u64) -> Result<u64, String> {
@@ -294,9 +302,7 @@ impl WorkArea {
         let inodes = (bytes / (16 << 10)).max(4096);
         mount_tmpfs(&self.scratch, bytes, inodes)?;
         self.mounted = true;
-        let at = fs::canonicalize(&self.scratch).unwrap_or_else(|_| self.scratch.clone());
-        self.registration =
-            castore_fuse::register_mount(&castore_fuse::default_registry(), &at, TMPFS_SOURCE).ok();
+        self.register(TMPFS_SOURCE);
         Ok(bytes)
     }
 
@@ -329,14 +335,7 @@ impl WorkArea {
         // Registered before anything else can fail or kill us: a dead
         // fhsx's scratch is then detached by the next mount anywhere, not
         // only by a build in this same $TMPDIR.
-        // The mount table names the path with symlinks resolved.
-        let at = fs::canonicalize(&self.scratch).unwrap_or_else(|_| self.scratch.clone());
-        self.registration = castore_fuse::register_mount(
-            &castore_fuse::default_registry(),
-            &at,
-            &dev.to_string_lossy(),
-        )
-        .ok();
+        self.register(&dev.to_string_lossy());
         // Space is taken from the host as the build writes; the file is
         // gone from the directory once mounted (the loop device holds it).
         let _ = fs::remove_file(&image);
