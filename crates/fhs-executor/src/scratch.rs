@@ -547,40 +547,19 @@ fn copy_sparse(from: &fs::File, to: &fs::File, len: u64) -> std::io::Result<()> 
 
 /// mount(2) the ext4 on `dev` at `at`, `nosuid,nodev,noatime,noinit_itable`.
 fn mount_ext4(dev: &Path, at: &Path) -> Result<(), String> {
-    let c = |p: &Path| std::ffi::CString::new(p.as_os_str().as_bytes()).ok();
-    let (Some(src), Some(dst)) = (c(dev), c(at)) else {
-        return Err("a path holds a NUL byte".into());
-    };
     // Never zero the inode tables in the background: a scratch of tens of
     // GiB would otherwise write hundreds of MiB of zeros to the host's disk
     // during every build. Nor prefetch the block bitmaps: that starts a
     // kernel thread per mount reading every group's bitmap while the build
     // runs. Kernels before 5.8 know only the first option.
-    let mut r = -1;
-    for opts in [c"noinit_itable,no_prefetch_block_bitmaps", c"noinit_itable"] {
-        // SAFETY: every pointer is a NUL-terminated string or null.
-        r = unsafe {
-            libc::mount(
-                src.as_ptr(),
-                dst.as_ptr(),
-                c"ext4".as_ptr(),
-                libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME,
-                opts.as_ptr().cast(),
-            )
-        };
-        if r == 0 || std::io::Error::last_os_error().raw_os_error() != Some(libc::EINVAL) {
+    let mut r = Ok(());
+    for opts in ["noinit_itable,no_prefetch_block_bitmaps", "noinit_itable"] {
+        r = mount_scratch(dev.as_os_str().as_bytes(), at, "ext4", opts);
+        if !matches!(&r, Err(e) if e.raw_os_error() == Some(libc::EINVAL)) {
             break;
         }
     }
-    if r != 0 {
-        return Err(format!(
-            "mounting {} at {}: {}",
-            dev.display(),
-            at.display(),
-            std::io::Error::last_os_error()
-        ));
-    }
-    Ok(())
+    r.map_err(|e| format!("mounting {} at {}: {e}", dev.display(), at.display()))
 }
 
 /// The source of a memory scratch in the mount table: what the mount
@@ -590,31 +569,38 @@ const TMPFS_SOURCE: &str = "fhsx-scratch";
 /// Mount a tmpfs of `bytes` and `inodes` at `at`, root's and 0755 until
 /// [`WorkArea::hand_over`] gives it to the build user.
 fn mount_tmpfs(at: &Path, bytes: u64, inodes: u64) -> Result<(), String> {
-    let dst = std::ffi::CString::new(at.as_os_str().as_bytes())
-        .map_err(|_| "a path holds a NUL byte".to_string())?;
-    let opts = std::ffi::CString::new(format!(
-        "size={bytes},nr_inodes={inodes},mode=0755,uid=0,gid=0,huge=never"
-    ))
-    .map_err(|_| "a mount option holds a NUL byte".to_string())?;
-    let src = std::ffi::CString::new(TMPFS_SOURCE).map_err(|e| e.to_string())?;
-    // SAFETY: every pointer is a NUL-terminated string.
+    let opts = format!("size={bytes},nr_inodes={inodes},mode=0755,uid=0,gid=0,huge=never");
+    mount_scratch(TMPFS_SOURCE.as_bytes(), at, "tmpfs", &opts)
+        .map_err(|e| format!("mounting a tmpfs at {}: {e}", at.display()))
+}
+
+/// `mount(2)` of a scratch file system: `nosuid`, `nodev`, `noatime`.
+fn mount_scratch(source: &[u8], at: &Path, fstype: &str, opts: &str) -> std::io::Result<()> {
+    let c = |b: &[u8]| {
+        std::ffi::CString::new(b).map_err(|_| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "a NUL byte in a mount argument",
+            )
+        })
+    };
+    let (src, dst) = (c(source)?, c(at.as_os_str().as_bytes())?);
+    let (fstype, opts) = (c(fstype.as_bytes())?, c(opts.as_bytes())?);
+    // SAFETY: every pointer is a NUL-terminated string that outlives the call.
     let r = unsafe {
         libc::mount(
             src.as_ptr(),
             dst.as_ptr(),
-            c"tmpfs".as_ptr(),
+            fstype.as_ptr(),
             libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOATIME,
             opts.as_ptr().cast(),
         )
     };
-    if r != 0 {
-        return Err(format!(
-            "mounting a tmpfs at {}: {}",
-            at.display(),
-            std::io::Error::last_os_error()
-        ));
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
-    Ok(())
 }
 
 /// Loop devices by ioctl (the `mount` binary costs more than the mount).
