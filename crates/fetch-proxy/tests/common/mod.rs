@@ -401,8 +401,23 @@ pub struct Canary {
 }
 
 impl Canary {
+    /// On `port` (0: any free one). A given port was just an upstream's:
+    /// until another process's short-lived socket that took it as its
+    /// ephemeral port lets go, the bind is tried again (for up to 10 s).
     pub fn start(port: u16) -> Canary {
-        let l = std::net::TcpListener::bind(("127.0.0.1", port)).unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let l = loop {
+            match std::net::TcpListener::bind(("127.0.0.1", port)) {
+                Ok(l) => break l,
+                Err(e)
+                    if e.kind() == std::io::ErrorKind::AddrInUse
+                        && std::time::Instant::now() < deadline =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                Err(e) => panic!("the canary cannot listen on 127.0.0.1:{port}: {e}"),
+            }
+        };
         l.set_nonblocking(true).unwrap();
         let addr = l.local_addr().unwrap();
         let conns = Arc::new(AtomicU64::new(0));
