@@ -24,6 +24,21 @@ fn run_script(fx: &Fixture, name: &str, script: impl Fn(&str) -> String) -> (Rea
     (out.read_set, out.read_set_digest)
 }
 
+/// A read set as (path, kind, access) triples.
+fn observed(rs: &ReadSet) -> BTreeSet<(String, EntryKind, Access)> {
+    rs.entries
+        .iter()
+        .map(|e| (e.path.clone(), e.kind, e.access))
+        .collect()
+}
+
+fn expected(entries: &[(&str, EntryKind, Access)]) -> BTreeSet<(String, EntryKind, Access)> {
+    entries
+        .iter()
+        .map(|(p, k, a)| (p.to_string(), *k, *a))
+        .collect()
+}
+
 fn reads_a_b_stats_c(m: &str) -> String {
     format!(
         "cat {m}/share/doc/a.txt > /dev/null && cat {m}/share/doc/b.txt > /dev/null && \
@@ -39,23 +54,15 @@ fn read_set_is_exactly_what_was_touched() {
     let fx = Fixture::new(sample_tree);
     let (rs, _) = run_script(&fx, "view", reads_a_b_stats_c);
     assert_eq!(rs.root, fx.root);
-    let got: BTreeSet<(String, EntryKind, Access)> = rs
-        .entries
-        .iter()
-        .map(|e| (e.path.clone(), e.kind, e.access))
-        .collect();
-    let want: BTreeSet<(String, EntryKind, Access)> = [
+    let want = expected(&[
         ("/share", EntryKind::Dir, Access::Lookup),
         ("/share/doc", EntryKind::Dir, Access::Lookup),
         ("/share/doc/a.txt", EntryKind::File, Access::Read),
         ("/share/doc/b.txt", EntryKind::File, Access::Read),
         ("/share/doc/c.txt", EntryKind::File, Access::Lookup),
         ("/share/doc/missing.h", EntryKind::Absent, Access::Lookup),
-    ]
-    .into_iter()
-    .map(|(p, k, a)| (p.to_owned(), k, a))
-    .collect();
-    assert_eq!(got, want);
+    ]);
+    assert_eq!(observed(&rs), want);
     for (p, content) in [("a", "a\n"), ("b", "b\n"), ("c", "c\n")] {
         let e = rs.get(&format!("/share/doc/{p}.txt")).unwrap();
         assert_eq!(e.digest, Some(Digest::of(content.as_bytes())));
@@ -206,13 +213,7 @@ fn zero_message_opens_record_reads_at_the_first_byte_wanted() {
     ));
     let out = g.finish(&fx.store).unwrap();
     assert!(out.integrity_failures.is_empty());
-    let got: BTreeSet<(String, EntryKind, Access)> = out
-        .read_set
-        .entries
-        .iter()
-        .map(|e| (e.path.clone(), e.kind, e.access))
-        .collect();
-    let want: BTreeSet<(String, EntryKind, Access)> = [
+    let want = expected(&[
         ("/empty", EntryKind::File, Access::Read),
         ("/share", EntryKind::Dir, Access::Lookup),
         ("/share/doc", EntryKind::Dir, Access::Lookup),
@@ -221,11 +222,8 @@ fn zero_message_opens_record_reads_at_the_first_byte_wanted() {
         ("/share/doc/c.txt", EntryKind::File, Access::Lookup),
         ("/share/doc/d.txt", EntryKind::File, Access::Lookup),
         ("/share/doc/missing.h", EntryKind::Absent, Access::Lookup),
-    ]
-    .into_iter()
-    .map(|(p, k, a)| (p.to_owned(), k, a))
-    .collect();
-    assert_eq!(got, want);
+    ]);
+    assert_eq!(observed(&out.read_set), want);
 
     let blob = fx
         .store
