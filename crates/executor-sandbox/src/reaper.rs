@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::probe::parse_mountinfo;
+use crate::probe::{parse_mountinfo, read_proc_text};
 use crate::sys;
 
 /// The grace period between SIGTERM and SIGKILL at a timeout.
@@ -107,7 +107,7 @@ impl V1Cgroup {
     /// The v1 hierarchy of `controller`: its mount point and our cgroup in
     /// it.
     fn base(controller: &str) -> Option<PathBuf> {
-        let mounts = fs::read_to_string("/proc/self/mountinfo").ok()?;
+        let mounts = read_proc_text(Path::new("/proc/self/mountinfo")).ok()?;
         let (root, mount) = mounts.lines().find_map(|l| {
             let f: Vec<&str> = l.split(' ').collect();
             let sep = f.iter().position(|x| *x == "-")?;
@@ -115,7 +115,7 @@ impl V1Cgroup {
             (*fs_type == "cgroup" && opts.split(',').any(|o| o == controller))
                 .then(|| (f[3].to_owned(), f[4].to_owned()))
         })?;
-        let cg = fs::read_to_string("/proc/self/cgroup").ok()?;
+        let cg = read_proc_text(Path::new("/proc/self/cgroup")).ok()?;
         let own = cg.lines().find_map(|l| {
             let mut it = l.splitn(3, ':');
             let (_, ctl, path) = (it.next()?, it.next()?, it.next()?);
@@ -187,7 +187,7 @@ fn oom_kill_count(file: &Path) -> u64 {
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
 fn cgroup2_mount() -> Option<PathBuf> {
-    let text = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let text = read_proc_text(Path::new("/proc/self/mountinfo")).ok()?;
     parse_mountinfo(&text)
         .into_iter()
         .find(|m| m.fs_type == "cgroup2")
@@ -195,7 +195,7 @@ fn cgroup2_mount() -> Option<PathBuf> {
 }
 
 fn own_cgroup_rel() -> Option<String> {
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
+    let text = read_proc_text(Path::new("/proc/self/cgroup")).ok()?;
     text.lines()
         .find_map(|l| l.strip_prefix("0::"))
         .map(|s| s.to_string())

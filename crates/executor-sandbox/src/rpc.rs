@@ -205,14 +205,16 @@ impl RpcServer {
     /// [`listener_fd`](Self::listener_fd) and calls
     /// [`accept_ready`](Self::accept_ready) when it is readable (each
     /// connection still gets its own thread). Saves a thread per run when
-    /// most runs never connect.
+    /// most runs never connect. The socket is made mode 0600: only its
+    /// owner may connect until it is handed on.
     pub fn bind_polled(
         path: &Path,
         handler: Arc<dyn RpcHandler>,
         limits: RpcLimits,
     ) -> Result<RpcServer, SandboxError> {
         let listener = Arc::new(
-            UnixListener::bind(path).map_err(|e| path_err("binding the RPC socket", path, e))?,
+            crate::sys::listen_unix_owner_only(path)
+                .map_err(|e| path_err("binding the RPC socket", path, e))?,
         );
         set_nonblocking(&listener, true, path)?;
         Ok(RpcServer {

@@ -223,6 +223,11 @@ pub struct RunReport {
     pub lingering_killed: u32,
     /// Whether the reaper found anything left in the run's cgroup at the end.
     pub cgroup_leftovers: bool,
+    /// Whether the run's PID namespace was seen to end: its PID 1 exited,
+    /// which the kernel lets happen only once every other process in it is
+    /// gone. Then no process of the run is left anywhere, and its build
+    /// user may be released as idle ([`crate::users::BuildUser::mark_idle`]).
+    pub sandbox_emptied: bool,
     pub reaper: ReaperMode,
     /// The Landlock ABI the command ran under (0: the kernel has none, so
     /// the mount layout and namespaces alone held).
@@ -244,10 +249,9 @@ pub struct RunReport {
 }
 
 /// The host side of sandboxed runs: bwrap, its features, the supervisor
-/// executable and a private directory for the RPC socket.
+/// executable and a private RPC socket per run.
 #[derive(Debug)]
 pub struct Runtime {
-    dir: PathBuf,
     paths: RuntimePaths,
     bwrap: PathBuf,
     features: BwrapFeatures,
@@ -391,13 +395,13 @@ fn sweep_old_supervisors(base: &Path, current: &Path) {
 
 impl Runtime {
     /// Find bwrap (error if missing), probe its features, install the
-    /// supervisor in the per-user cache and make a private run directory.
+    /// supervisor in the per-user cache and name the run's private RPC socket.
     pub fn new() -> Result<Runtime, SandboxError> {
         let bwrap = find_bwrap()?;
         let features = BwrapFeatures::probe(&bwrap)?;
         let base = std::env::temp_dir().join(format!("fhsx-{}", uid()));
         // As root, build users must pass through it (to the execute-only
-        // supervisor and their run's directory), without listing it.
+        // supervisor and their run's RPC socket), without listing it.
         private_dir(&base, if uid() == 0 { 0o711 } else { 0o700 })?;
         let supervisor = base.join(format!("supervisor-{SUPERVISOR_TAG}"));
         // Execute-only: the build may run it but read no byte of it (nor,
@@ -415,23 +419,23 @@ impl Runtime {
             .map(|d| d.subsec_nanos())
             .unwrap_or(0);
         sweep_stale_runs(&base);
-        let dir = base.join(format!(
-            "run-{}-{}-{nanos:x}",
+        // The socket straight in the runtime directory, not in a directory
+        // of its own: it is private by its own mode (see
+        // `listen_unix_owner_only`), and a directory made and removed per
+        // run costs a block allocated and freed — 0.14–0.5 ms where the
+        // host discards freed blocks synchronously.
+        let rpc_socket = base.join(format!(
+            "run-{}-{}-{nanos:x}.sock",
             std::process::id(),
             RUN_SEQ.fetch_add(1, Ordering::Relaxed)
         ));
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&dir)
-            .map_err(|e| path_err("creating", &dir, e))?;
         Ok(Runtime {
             paths: RuntimePaths {
                 supervisor,
-                rpc_socket: dir.join("wf.sock"),
+                rpc_socket,
                 passwd,
                 group,
             },
-            dir,
             bwrap,
             features,
         })
@@ -468,9 +472,9 @@ impl Runtime {
         &self.bwrap
     }
 
-    /// Before a run as a build user: root only; the run directory
-    /// (holding the RPC socket) passable by its group alone; the proxy
-    /// socket connectable by it; every directory above what the sandbox
+    /// Before a run as a build user: root only; the proxy socket
+    /// connectable by it (the RPC socket is shared once bound); every
+    /// directory above what the sandbox
     /// binds searchable by it (bwrap, running as it, resolves each path),
     /// or an error naming the first that is not.
     fn prepare_build_user(&self, spec: &SandboxSpec, who: RunAs) -> Result<(), SandboxError> {
@@ -479,10 +483,6 @@ impl Runtime {
                 reason: "only root can run a sandbox as a build user".into(),
             });
         }
-        std::os::unix::fs::lchown(&self.dir, None, Some(who.gid))
-            .map_err(|e| path_err("handing to the build user's group", &self.dir, e))?;
-        fs::set_permissions(&self.dir, fs::Permissions::from_mode(0o710))
-            .map_err(|e| path_err("setting the mode of", &self.dir, e))?;
         if let Some(p) = &spec.proxy {
             share_socket(&p.socket, who)?;
         }
@@ -866,9 +866,9 @@ impl Runtime {
         // PID 1 of a namespace finishes exiting only once every other
         // process in it is gone: wait for that, so nothing of the run is
         // left when we return (cgroup mode also checks its cgroup).
-        if let Some(sup) = &supervisor {
-            let _ = sys::poll_in(&[sup.as_raw_fd()], 10_000);
-        }
+        let sandbox_emptied = supervisor.as_ref().is_some_and(|sup| {
+            sys::poll_in(&[sup.as_raw_fd()], 10_000).is_ok_and(|ready| ready[0])
+        });
         // bwrap is gone, so is everything inside: read what is left.
         let _ = sys::set_nonblocking(ctl.as_raw_fd(), false);
         let until = Instant::now() + Duration::from_secs(2);
@@ -932,6 +932,7 @@ impl Runtime {
             memory,
             oom_kills,
             cgroup_leftovers,
+            sandbox_emptied,
             reaper: reaper_mode,
             elapsed: started.elapsed(),
             stdout,
@@ -940,9 +941,10 @@ impl Runtime {
     }
 }
 
-/// Remove run directories left by processes that no longer exist (killed
-/// before their `Runtime` was dropped). A live process's runs are left
-/// alone: its PID is the second field of the name.
+/// Remove run sockets (and the run directories of older versions) left by
+/// processes that no longer exist (killed before their `Runtime` was
+/// dropped). A live process's runs are left alone: its PID is the second
+/// field of the name.
 fn sweep_stale_runs(base: &Path) {
     let Ok(rd) = fs::read_dir(base) else {
         return;
@@ -956,14 +958,19 @@ fn sweep_stale_runs(base: &Path) {
             continue;
         };
         if !Path::new("/proc").join(pid.to_string()).exists() {
-            let _ = fs::remove_dir_all(e.path());
+            match e.file_type() {
+                Ok(t) if t.is_dir() => drop(fs::remove_dir_all(e.path())),
+                _ => drop(fs::remove_file(e.path())),
+            }
         }
     }
 }
 
 impl Drop for Runtime {
     fn drop(&mut self) {
-        let _ = fs::remove_dir_all(&self.dir);
+        // A run removes it when it ends; this covers a Runtime never run
+        // and a run that failed half-way.
+        let _ = fs::remove_file(&self.paths.rpc_socket);
     }
 }
 

@@ -128,7 +128,8 @@ pub fn current_host_env() -> HostEnv {
     std::env::vars_os().collect()
 }
 
-/// Host paths a run needs, inside a private per-run directory.
+/// Host paths a run needs: the runtime directory's shared files and the
+/// run's own RPC socket.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct RuntimePaths {
     /// The static supervisor executable (mode 0111: execute-only, so the

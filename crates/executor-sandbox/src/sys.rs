@@ -28,6 +28,48 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
+/// A listening UNIX socket at `path` that only its owner may connect to
+/// from the moment it exists. The mode is set on the socket before `bind`
+/// makes the file, which takes it from there (Linux), so neither the
+/// umask nor a window between `bind` and `chmod` lets anyone else in; and
+/// the socket can sit in a directory others may pass through.
+pub(crate) fn listen_unix_owner_only(path: &Path) -> io::Result<std::os::unix::net::UnixListener> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
+    let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+    let bytes = path.as_os_str().as_bytes();
+    if bytes.len() >= addr.sun_path.len() || bytes.contains(&0) {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!(
+                "a UNIX socket path must be under {} bytes with no NUL; pick a shorter $TMPDIR",
+                addr.sun_path.len()
+            ),
+        ));
+    }
+    addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+    for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
+        *dst = *src as libc::c_char;
+    }
+    // SAFETY: plain syscalls on a descriptor we own; addr is a valid
+    // sockaddr_un of the given length.
+    unsafe {
+        let fd = OwnedFd::from_raw_fd(cvt(libc::socket(
+            libc::AF_UNIX,
+            libc::SOCK_STREAM | libc::SOCK_CLOEXEC,
+            0,
+        ))?);
+        cvt(libc::fchmod(fd.as_raw_fd(), 0o600))?;
+        cvt(libc::bind(
+            fd.as_raw_fd(),
+            (&addr as *const libc::sockaddr_un).cast(),
+            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+        ))?;
+        cvt(libc::listen(fd.as_raw_fd(), 128))?;
+        Ok(std::os::unix::net::UnixListener::from(fd))
+    }
+}
+
 /// `pidfd_open(2)`: a handle on a process that cannot be confused with a
 /// later process reusing its PID.
 pub(crate) fn pidfd_open(pid: libc::pid_t) -> io::Result<OwnedFd> {

@@ -18,7 +18,13 @@
 //! dies (the kernel drops the flock), and then the uid is free again.
 //! A uid is also skipped while any process runs as it (the processes of
 //! a holder killed an instant ago are still being torn down, and no
-//! process outside fhsx should ever have such a uid).
+//! process outside fhsx should ever have such a uid). Finding that out
+//! takes reading every host process's `/proc/PID/status` (~1 ms for 70
+//! processes, more on a busy host), so a holder that saw its runs end
+//! ([`BuildUser::mark_idle`]) says so in the lock file as it lets go, and
+//! the next holder of that uid skips the scan. A holder that died, or
+//! whose runs it could not see end, leaves the file saying `held`, and
+//! the next holder scans.
 //!
 //! Allocation takes the lowest free uid, so the lock directory holds as
 //! many files as builds ever ran at once.
@@ -27,6 +33,7 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use executor_core::SandboxError;
 
@@ -61,10 +68,28 @@ pub struct BuildUsers {
 #[derive(Debug)]
 pub struct BuildUser {
     uid: u32,
-    _lock: fs::File,
+    lock: fs::File,
+    idle: AtomicBool,
 }
 
+/// What a lock file says while held, and after a holder that died.
+const HELD: &[u8] = b"held\n";
+/// What a lock file says after a holder that saw every process of its
+/// runs end.
+const RELEASED_IDLE: &[u8] = b"idle\n";
+
 impl BuildUser {
+    /// Say that no process runs as this user any more: every run that
+    /// used it was seen to end
+    /// ([`RunReport::sandbox_emptied`](crate::RunReport::sandbox_emptied)).
+    /// Released, the uid is then taken again without a scan of the
+    /// host's processes. Call it only with that proof: a uid released
+    /// idle while something still runs as it would go to the next build
+    /// with that process alive.
+    pub fn mark_idle(&self) {
+        self.idle.store(true, Ordering::SeqCst);
+    }
+
     /// The host uid the build runs as.
     pub fn uid(&self) -> u32 {
         self.uid
@@ -183,11 +208,9 @@ impl BuildUsers {
             }
         }
         lock_dir(&self.lock_dir)?;
-        let running = running_uids();
+        // Read only when a free uid's last holder did not release it idle.
+        let mut running = None;
         for uid in self.start..=last {
-            if running.contains(&uid) {
-                continue;
-            }
             let path = self.lock_dir.join(uid.to_string());
             let f = fs::OpenOptions::new()
                 .read(true)
@@ -198,13 +221,25 @@ impl BuildUsers {
                 .open(&path)
                 .map_err(|e| no_user(format!("opening {}: {e}", path.display())))?;
             // SAFETY: flock on an fd we own.
-            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
-                return Ok(BuildUser { uid, _lock: f });
+            if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+                let e = std::io::Error::last_os_error();
+                if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+                    return Err(no_user(format!("locking {}: {e}", path.display())));
+                }
+                continue;
             }
-            let e = std::io::Error::last_os_error();
-            if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
-                return Err(no_user(format!("locking {}: {e}", path.display())));
+            if !says(&f, RELEASED_IDLE) && running.get_or_insert_with(running_uids).contains(&uid) {
+                // Dropping the file lets go of the lock.
+                continue;
             }
+            // Until released idle, the next holder scans.
+            write_state(&f, HELD)
+                .map_err(|e| no_user(format!("writing {}: {e}", path.display())))?;
+            return Ok(BuildUser {
+                uid,
+                lock: f,
+                idle: AtomicBool::new(false),
+            });
         }
         Err(no_user(format!(
             "all {} uids of the range {value} are taken by builds running now; wait for one to end, or give {BUILD_UIDS_ENV}=START:COUNT a larger range",
@@ -213,10 +248,35 @@ impl BuildUsers {
     }
 }
 
+impl Drop for BuildUser {
+    fn drop(&mut self) {
+        // Before the lock goes with the file; if this fails the file still
+        // says `held`, and the next holder scans.
+        if self.idle.load(Ordering::SeqCst) {
+            let _ = write_state(&self.lock, RELEASED_IDLE);
+        }
+    }
+}
+
+/// Whether the lock file `f` says exactly `state`.
+fn says(f: &fs::File, state: &[u8]) -> bool {
+    use std::os::unix::fs::FileExt;
+    let mut buf = [0u8; 16];
+    f.read_at(&mut buf, 0)
+        .is_ok_and(|n| n == state.len() && &buf[..n] == state)
+}
+
+/// Make the lock file `f` say `state`.
+fn write_state(f: &fs::File, state: &[u8]) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    f.write_all_at(state, 0)?;
+    f.set_len(state.len() as u64)
+}
+
 /// Whether this process has every capability of `caps` in its effective
 /// set.
 fn has_caps(caps: &[u32]) -> bool {
-    fs::read_to_string("/proc/self/status")
+    crate::probe::read_proc_text(Path::new("/proc/self/status"))
         .ok()
         .and_then(|s| {
             s.lines()
@@ -272,7 +332,7 @@ fn running_uids() -> std::collections::BTreeSet<u32> {
         if !name.to_string_lossy().bytes().all(|b| b.is_ascii_digit()) {
             continue;
         }
-        let Ok(status) = fs::read_to_string(e.path().join("status")) else {
+        let Ok(status) = crate::probe::read_proc_text(&e.path().join("status")) else {
             continue;
         };
         if let Some(l) = status.lines().find_map(|l| l.strip_prefix("Uid:")) {
@@ -375,5 +435,51 @@ mod tests {
         assert!(e.to_string().contains("taken"), "{e}");
         drop(b);
         assert_eq!(users.allocate().unwrap().uid(), 3_000_000_001);
+    }
+
+    #[test]
+    fn a_uid_not_released_idle_is_skipped_while_a_process_runs_as_it() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return;
+        }
+        use std::os::unix::process::CommandExt;
+        let dir = tempfile::tempdir().unwrap();
+        let locks = dir.path().join("locks");
+        let users = BuildUsers::new(3_000_000_100, 2)
+            .unwrap()
+            .with_lock_dir(&locks);
+        let first = locks.join("3000000100");
+        // Released without the proof: the file says held.
+        drop(users.allocate().unwrap());
+        assert_eq!(fs::read(&first).unwrap(), HELD);
+        // A process of that uid (a holder's build still being torn down).
+        let mut straggler = std::process::Command::new("sleep")
+            .arg("30")
+            .uid(3_000_000_100)
+            .gid(3_000_000_100)
+            .spawn()
+            .unwrap();
+        let taken = users.allocate().unwrap();
+        assert_eq!(
+            taken.uid(),
+            3_000_000_101,
+            "a uid with a process running as it was handed out"
+        );
+        drop(taken);
+        straggler.kill().unwrap();
+        straggler.wait().unwrap();
+        // Once it is gone the uid is free; released idle, the file says so.
+        let a = users.allocate().unwrap();
+        assert_eq!(a.uid(), 3_000_000_100);
+        assert_eq!(
+            fs::read(&first).unwrap(),
+            HELD,
+            "a held uid's file says held"
+        );
+        a.mark_idle();
+        drop(a);
+        assert_eq!(fs::read(&first).unwrap(), RELEASED_IDLE);
+        assert_eq!(users.allocate().unwrap().uid(), 3_000_000_100);
     }
 }

@@ -577,8 +577,14 @@ impl FhsExecutor {
             .finish_rooted(&self.store, roots)
             .map_err(|e| Error::Other(format!("unmounting the view: {e}")))?;
         let fetch = proxy.map(|p| p.finish()).transpose()?;
+        let report = report?;
+        if report.sandbox_emptied {
+            if let Some(user) = work.build_user() {
+                user.mark_idle();
+            }
+        }
         Ok(Ran {
-            report: report?,
+            report,
             mounted,
             fetch,
         })
