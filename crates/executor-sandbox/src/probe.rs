@@ -277,9 +277,8 @@ impl BwrapFeatures {
             return Ok(*f);
         }
         if let Ok(bytes) = std::fs::read(bwrap) {
-            let needle = b"--disable-userns";
             let f = BwrapFeatures {
-                disable_userns: bytes.windows(needle.len()).any(|w| w == needle),
+                disable_userns: contains(&bytes, b"--disable-userns"),
             };
             let _ = CACHE.set(f);
             return Ok(f);
@@ -301,6 +300,17 @@ impl BwrapFeatures {
     }
 }
 
+/// Whether `needle` occurs in `hay` (a binary of ~72 KB): a candidate is
+/// compared only where its first byte matches.
+fn contains(hay: &[u8], needle: &[u8]) -> bool {
+    let Some((first, rest)) = needle.split_first() else {
+        return true;
+    };
+    hay.iter()
+        .enumerate()
+        .any(|(i, b)| b == first && hay[i + 1..].starts_with(rest))
+}
+
 /// Find `bwrap` on `PATH` (or the standard locations).
 pub fn find_bwrap() -> Result<PathBuf, SandboxError> {
     use std::os::unix::fs::PermissionsExt;
@@ -320,6 +330,15 @@ pub fn find_bwrap() -> Result<PathBuf, SandboxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn contains_finds_a_needle_anywhere_and_only_whole() {
+        assert!(contains(b"xx--disable-userns\0", b"--disable-userns"));
+        assert!(contains(b"--disable-userns", b"--disable-userns"));
+        assert!(!contains(b"--disable-user", b"--disable-userns"));
+        assert!(!contains(b"", b"-x"));
+        assert!(contains(b"a-b--x", b"--x"));
+    }
 
     #[test]
     fn mountinfo_parses_and_unescapes() {

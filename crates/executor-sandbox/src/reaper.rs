@@ -107,13 +107,10 @@ impl V1Cgroup {
     /// The v1 hierarchy of `controller`: its mount point and our cgroup in
     /// it.
     fn base(controller: &str) -> Option<PathBuf> {
-        let mounts = read_proc_text(Path::new("/proc/self/mountinfo")).ok()?;
-        let (root, mount) = mounts.lines().find_map(|l| {
-            let f: Vec<&str> = l.split(' ').collect();
-            let sep = f.iter().position(|x| *x == "-")?;
-            let (fs_type, opts) = (f.get(sep + 1)?, f.get(sep + 3)?);
-            (*fs_type == "cgroup" && opts.split(',').any(|o| o == controller))
-                .then(|| (f[3].to_owned(), f[4].to_owned()))
+        let (root, mount) = cgroup_mounts().v1.iter().find_map(|(opts, root, mount)| {
+            opts.split(',')
+                .any(|o| o == controller)
+                .then(|| (root.clone(), mount.clone()))
         })?;
         let cg = read_proc_text(Path::new("/proc/self/cgroup")).ok()?;
         let own = cg.lines().find_map(|l| {
@@ -186,12 +183,44 @@ fn oom_kill_count(file: &Path) -> u64 {
 
 static SEQ: AtomicU64 = AtomicU64::new(0);
 
+/// Where the host mounts its cgroup hierarchies.
+struct CgroupMounts {
+    /// The cgroup v2 mount point.
+    v2: Option<PathBuf>,
+    /// Each v1 hierarchy: its options (naming its controllers), the root
+    /// it mounts and where (mountinfo's fields, still escaped).
+    v1: Vec<(String, String, String)>,
+}
+
+/// Read from mountinfo once per process, not once for each of a run's
+/// (up to three) cgroups: hierarchies are mounted at boot and do not
+/// move. Which cgroup this process is in can change, and is read each
+/// time.
+fn cgroup_mounts() -> &'static CgroupMounts {
+    static MOUNTS: std::sync::OnceLock<CgroupMounts> = std::sync::OnceLock::new();
+    MOUNTS.get_or_init(|| {
+        let text = read_proc_text(Path::new("/proc/self/mountinfo")).unwrap_or_default();
+        let v2 = parse_mountinfo(&text)
+            .into_iter()
+            .find(|m| m.fs_type == "cgroup2")
+            .map(|m| m.mount_point);
+        let v1 = text
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split(' ').collect();
+                let sep = f.iter().position(|x| *x == "-")?;
+                let (fs_type, opts) = (f.get(sep + 1)?, f.get(sep + 3)?);
+                let (root, mount) = (f.get(3)?, f.get(4)?);
+                (*fs_type == "cgroup")
+                    .then(|| (opts.to_string(), root.to_string(), mount.to_string()))
+            })
+            .collect();
+        CgroupMounts { v2, v1 }
+    })
+}
+
 fn cgroup2_mount() -> Option<PathBuf> {
-    let text = read_proc_text(Path::new("/proc/self/mountinfo")).ok()?;
-    parse_mountinfo(&text)
-        .into_iter()
-        .find(|m| m.fs_type == "cgroup2")
-        .map(|m| m.mount_point)
+    cgroup_mounts().v2.clone()
 }
 
 fn own_cgroup_rel() -> Option<String> {
