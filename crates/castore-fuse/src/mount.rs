@@ -366,9 +366,8 @@ impl MountGuard {
     pub fn list_root_from_child(&self) -> std::io::Result<()> {
         let path = CString::new(self.mountpoint.as_os_str().as_bytes())?;
         // A vfork-style child (CLONE_VM | CLONE_VFORK): no copy of this
-        // process's page tables, which for a fork of fhsx cost ~0.5 ms of
-        // a trivial build. Only this thread waits for it; the serving
-        // threads go on answering the listing.
+        // process's page tables. Only this thread waits for it; the
+        // serving threads go on answering the listing.
         let mut stack = vec![0u8; 64 << 10];
         // The stack grows down from its 16-byte aligned end.
         let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
