@@ -226,7 +226,7 @@ pub struct RunReport {
     /// Whether the run's PID namespace was seen to end: its PID 1 exited,
     /// which the kernel lets happen only once every other process in it is
     /// gone. Then no process of the run is left anywhere, and its build
-    /// user may be released as idle ([`crate::users::BuildUser::mark_idle`]).
+    /// user may be released as idle ([`crate::users::BuildUser::run_ended`]).
     pub sandbox_emptied: bool,
     pub reaper: ReaperMode,
     /// The Landlock ABI the command ran under (0: the kernel has none, so

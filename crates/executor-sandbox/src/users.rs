@@ -21,7 +21,7 @@
 //! process outside fhsx should ever have such a uid). Finding that out
 //! takes reading every host process's `/proc/PID/status` (~1 ms for 70
 //! processes, more on a busy host), so a holder that saw its runs end
-//! ([`BuildUser::mark_idle`]) says so in the lock file as it lets go, and
+//! ([`BuildUser::run_ended`]) says so in the lock file as it lets go, and
 //! the next holder of that uid skips the scan. A holder that died, or
 //! whose runs it could not see end, leaves the file saying `held`, and
 //! the next holder scans.
@@ -33,7 +33,7 @@ use std::fs;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU8, Ordering};
 
 use executor_core::SandboxError;
 
@@ -69,8 +69,14 @@ pub struct BuildUsers {
 pub struct BuildUser {
     uid: u32,
     lock: fs::File,
-    idle: AtomicBool,
+    runs: AtomicU8,
 }
+
+/// [`BuildUser::runs`]: no run has ended yet, every run that ended was
+/// seen to leave nothing behind, or one was not.
+const NO_RUN: u8 = 0;
+const ALL_EMPTIED: u8 = 1;
+const ONE_NOT_SEEN: u8 = 2;
 
 /// What a lock file says while held, and after a holder that died.
 const HELD: &[u8] = b"held\n";
@@ -79,15 +85,22 @@ const HELD: &[u8] = b"held\n";
 const RELEASED_IDLE: &[u8] = b"idle\n";
 
 impl BuildUser {
-    /// Say that no process runs as this user any more: every run that
-    /// used it was seen to end
+    /// Note that a run as this user ended, and whether it was seen to
+    /// leave no process behind
     /// ([`RunReport::sandbox_emptied`](crate::RunReport::sandbox_emptied)).
-    /// Released, the uid is then taken again without a scan of the
-    /// host's processes. Call it only with that proof: a uid released
-    /// idle while something still runs as it would go to the next build
-    /// with that process alive.
-    pub fn mark_idle(&self) {
-        self.idle.store(true, Ordering::SeqCst);
+    /// Released after runs that all were, the uid is taken again without
+    /// a scan of the host's processes; one run that was not (or a run
+    /// never noted) and the next holder scans. Pass `true` only with that
+    /// proof: a uid released idle while something still runs as it would
+    /// go to the next build with that process alive.
+    pub fn run_ended(&self, emptied: bool) {
+        if emptied {
+            let _ =
+                self.runs
+                    .compare_exchange(NO_RUN, ALL_EMPTIED, Ordering::SeqCst, Ordering::SeqCst);
+        } else {
+            self.runs.store(ONE_NOT_SEEN, Ordering::SeqCst);
+        }
     }
 
     /// The host uid the build runs as.
@@ -238,7 +251,7 @@ impl BuildUsers {
             return Ok(BuildUser {
                 uid,
                 lock: f,
-                idle: AtomicBool::new(false),
+                runs: AtomicU8::new(NO_RUN),
             });
         }
         Err(no_user(format!(
@@ -252,7 +265,7 @@ impl Drop for BuildUser {
     fn drop(&mut self) {
         // Before the lock goes with the file; if this fails the file still
         // says `held`, and the next holder scans.
-        if self.idle.load(Ordering::SeqCst) {
+        if self.runs.load(Ordering::SeqCst) == ALL_EMPTIED {
             let _ = write_state(&self.lock, RELEASED_IDLE);
         }
     }
@@ -477,9 +490,15 @@ mod tests {
             HELD,
             "a held uid's file says held"
         );
-        a.mark_idle();
+        a.run_ended(true);
         drop(a);
         assert_eq!(fs::read(&first).unwrap(), RELEASED_IDLE);
-        assert_eq!(users.allocate().unwrap().uid(), 3_000_000_100);
+        // One run not seen to end is enough for the next holder to scan.
+        let b = users.allocate().unwrap();
+        assert_eq!(b.uid(), 3_000_000_100);
+        b.run_ended(false);
+        b.run_ended(true);
+        drop(b);
+        assert_eq!(fs::read(&first).unwrap(), HELD);
     }
 }

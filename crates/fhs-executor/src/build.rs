@@ -578,10 +578,8 @@ impl FhsExecutor {
             .map_err(|e| Error::Other(format!("unmounting the view: {e}")))?;
         let fetch = proxy.map(|p| p.finish()).transpose()?;
         let report = report?;
-        if report.sandbox_emptied {
-            if let Some(user) = work.build_user() {
-                user.mark_idle();
-            }
+        if let Some(user) = work.build_user() {
+            user.run_ended(report.sandbox_emptied);
         }
         Ok(Ran {
             report,
