@@ -373,3 +373,73 @@ pub(crate) fn child_pidfd(parent: libc::pid_t) -> Option<OwnedFd> {
     let after = list()?;
     (after.contains(child) && !pidfd_exited(&fd)).then_some(fd)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The run's RPC socket sits in a directory build users may pass
+    /// through: only its own mode keeps others out. Another uid tries to
+    /// connect, and must be refused.
+    #[test]
+    fn a_run_socket_refuses_every_uid_but_its_owner() {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            return; // Without root there is no other uid to try it as.
+        }
+        use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o711)).unwrap();
+        let path = dir.path().join("run-1-0-0.sock");
+        let _listener = listen_unix_owner_only(&path).unwrap();
+        let md = std::fs::symlink_metadata(&path).unwrap();
+        assert!(md.file_type().is_socket());
+        assert_eq!(
+            md.permissions().mode() & 0o777,
+            0o600,
+            "not the mode set before bind"
+        );
+        std::os::unix::net::UnixStream::connect(&path).expect("the owner connects");
+
+        // Everything the child needs is made before the fork: it only
+        // makes raw system calls.
+        // SAFETY: sockaddr_un is plain data; all zeroes is valid.
+        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
+        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
+        for (d, s) in addr
+            .sun_path
+            .iter_mut()
+            .zip(path.as_os_str().as_encoded_bytes())
+        {
+            *d = *s as libc::c_char;
+        }
+        // SAFETY: the child calls only async-signal-safe functions and
+        // _exits; the parent reaps it.
+        let pid = unsafe { libc::fork() };
+        assert!(pid >= 0, "fork failed");
+        if pid == 0 {
+            // SAFETY: raw system calls in the freshly forked child.
+            unsafe {
+                if libc::setgid(65534) != 0 || libc::setuid(65534) != 0 {
+                    libc::_exit(100);
+                }
+                let fd = libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0);
+                let r = libc::connect(
+                    fd,
+                    (&addr as *const libc::sockaddr_un).cast(),
+                    std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+                );
+                libc::_exit(if r == 0 { 0 } else { *libc::__errno_location() });
+            }
+        }
+        let mut status = 0;
+        // SAFETY: our own child; a valid out-pointer.
+        unsafe { libc::waitpid(pid, &mut status, 0) };
+        assert!(libc::WIFEXITED(status));
+        assert_eq!(
+            libc::WEXITSTATUS(status),
+            libc::EACCES,
+            "uid 65534 connected to (0) or failed otherwise than EACCES on another uid's run socket"
+        );
+    }
+}
