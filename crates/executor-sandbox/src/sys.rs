@@ -28,12 +28,8 @@ fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     }
 }
 
-/// A listening UNIX socket at `path` that only its owner may connect to
-/// from the moment it exists. The mode is set on the socket before `bind`
-/// makes the file, which takes it from there (Linux), so neither the
-/// umask nor a window between `bind` and `chmod` lets anyone else in; and
-/// the socket can sit in a directory others may pass through.
-pub(crate) fn listen_unix_owner_only(path: &Path) -> io::Result<std::os::unix::net::UnixListener> {
+/// The `sockaddr_un` of a filesystem socket at `path`.
+fn unix_addr(path: &Path) -> io::Result<libc::sockaddr_un> {
     use std::os::unix::ffi::OsStrExt;
     // SAFETY: sockaddr_un is plain data; all zeroes is a valid value.
     let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
@@ -51,6 +47,16 @@ pub(crate) fn listen_unix_owner_only(path: &Path) -> io::Result<std::os::unix::n
     for (dst, src) in addr.sun_path.iter_mut().zip(bytes) {
         *dst = *src as libc::c_char;
     }
+    Ok(addr)
+}
+
+/// A listening UNIX socket at `path` that only its owner may connect to
+/// from the moment it exists. The mode is set on the socket before `bind`
+/// makes the file, which takes it from there (Linux), so neither the
+/// umask nor a window between `bind` and `chmod` lets anyone else in; and
+/// the socket can sit in a directory others may pass through.
+pub(crate) fn listen_unix_owner_only(path: &Path) -> io::Result<std::os::unix::net::UnixListener> {
+    let addr = unix_addr(path)?;
     // SAFETY: plain syscalls on a descriptor we own; addr is a valid
     // sockaddr_un of the given length.
     unsafe {
@@ -403,16 +409,8 @@ mod tests {
 
         // Everything the child needs is made before the fork: it only
         // makes raw system calls.
-        // SAFETY: sockaddr_un is plain data; all zeroes is valid.
-        let mut addr: libc::sockaddr_un = unsafe { std::mem::zeroed() };
-        addr.sun_family = libc::AF_UNIX as libc::sa_family_t;
-        for (d, s) in addr
-            .sun_path
-            .iter_mut()
-            .zip(path.as_os_str().as_encoded_bytes())
-        {
-            *d = *s as libc::c_char;
-        }
+        let addr = unix_addr(&path).unwrap();
+
         // SAFETY: the child calls only async-signal-safe functions and
         // _exits; the parent reaps it.
         let pid = unsafe { libc::fork() };
