@@ -119,6 +119,9 @@ fn reaper_kills_a_setsid_double_forked_daemon_when_main_exits() {
     assert_eq!(r.outcome, Outcome::Exited(5), "{}", err(&r));
     assert!(r.lingering_killed >= 1, "the daemon was not counted: {r:?}");
     assert!(!r.cgroup_leftovers, "the supervisor left processes behind");
+    // The proof a build user is released idle on: it must hold when a
+    // daemon tried to outlive the run, and then nothing may be left.
+    assert!(r.sandbox_emptied, "the namespace's end was not seen: {r:?}");
     assert_none_left("987651");
 }
 
