@@ -104,6 +104,9 @@ pub struct MountInfo {
     pub mount_point: PathBuf,
     pub fs_type: String,
     pub root: PathBuf,
+    /// The file system's own options (a cgroup v1 hierarchy's name its
+    /// controllers); empty if the line has none.
+    pub super_options: String,
 }
 
 /// Parse `/proc/self/mountinfo`; malformed lines are skipped.
@@ -121,6 +124,7 @@ pub fn parse_mountinfo(text: &str) -> Vec<MountInfo> {
             root: PathBuf::from(unescape_octal(fields[3])),
             mount_point: PathBuf::from(unescape_octal(fields[4])),
             fs_type: fields[sep + 1].to_string(),
+            super_options: fields.get(sep + 3).unwrap_or(&"").to_string(),
         });
     }
     out
@@ -349,6 +353,7 @@ mod tests {
         let m = parse_mountinfo(t);
         assert_eq!(m.len(), 3);
         assert_eq!(m[1].fs_type, "cgroup2");
+        assert_eq!(m[1].super_options, "rw");
         assert_eq!(m[2].mount_point, PathBuf::from("/mnt/a b"));
         assert_eq!(m[2].root, PathBuf::from("/x"));
     }

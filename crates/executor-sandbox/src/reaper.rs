@@ -107,11 +107,10 @@ impl V1Cgroup {
     /// The v1 hierarchy of `controller`: its mount point and our cgroup in
     /// it.
     fn base(controller: &str) -> Option<PathBuf> {
-        let (root, mount) = cgroup_mounts().v1.iter().find_map(|(opts, root, mount)| {
-            opts.split(',')
-                .any(|o| o == controller)
-                .then(|| (root.clone(), mount.clone()))
-        })?;
+        let hierarchy = cgroup_mounts()
+            .v1
+            .iter()
+            .find(|m| m.super_options.split(',').any(|o| o == controller))?;
         let cg = read_proc_text(Path::new("/proc/self/cgroup")).ok()?;
         let own = cg.lines().find_map(|l| {
             let mut it = l.splitn(3, ':');
@@ -120,8 +119,11 @@ impl V1Cgroup {
                 .any(|c| c == controller)
                 .then(|| path.to_owned())
         })?;
-        let rel = own.strip_prefix(root.as_str()).unwrap_or(&own);
-        Some(Path::new(&mount).join(rel.trim_start_matches('/')))
+        let rel = Path::new(&own)
+            .strip_prefix(&hierarchy.root)
+            .unwrap_or(Path::new(&own));
+        let rel = rel.strip_prefix("/").unwrap_or(rel);
+        Some(hierarchy.mount_point.join(rel))
     }
 
     /// A fresh per-run cgroup in the `controller` hierarchy with `settings`
@@ -187,9 +189,8 @@ static SEQ: AtomicU64 = AtomicU64::new(0);
 struct CgroupMounts {
     /// The cgroup v2 mount point.
     v2: Option<PathBuf>,
-    /// Each v1 hierarchy: its options (naming its controllers), the root
-    /// it mounts and where (mountinfo's fields, still escaped).
-    v1: Vec<(String, String, String)>,
+    /// Each v1 hierarchy (its super options name its controllers).
+    v1: Vec<crate::probe::MountInfo>,
 }
 
 /// Read from mountinfo once per process, not once for each of a run's
@@ -200,21 +201,13 @@ fn cgroup_mounts() -> &'static CgroupMounts {
     static MOUNTS: std::sync::OnceLock<CgroupMounts> = std::sync::OnceLock::new();
     MOUNTS.get_or_init(|| {
         let text = read_proc_text(Path::new("/proc/self/mountinfo")).unwrap_or_default();
-        let v2 = parse_mountinfo(&text)
+        let (v1, rest): (Vec<_>, Vec<_>) = parse_mountinfo(&text)
+            .into_iter()
+            .partition(|m| m.fs_type == "cgroup");
+        let v2 = rest
             .into_iter()
             .find(|m| m.fs_type == "cgroup2")
             .map(|m| m.mount_point);
-        let v1 = text
-            .lines()
-            .filter_map(|l| {
-                let f: Vec<&str> = l.split(' ').collect();
-                let sep = f.iter().position(|x| *x == "-")?;
-                let (fs_type, opts) = (f.get(sep + 1)?, f.get(sep + 3)?);
-                let (root, mount) = (f.get(3)?, f.get(4)?);
-                (*fs_type == "cgroup")
-                    .then(|| (opts.to_string(), root.to_string(), mount.to_string()))
-            })
-            .collect();
         CgroupMounts { v2, v1 }
     })
 }
