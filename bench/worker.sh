@@ -4,8 +4,8 @@
 #     (inputs already on the worker; aim ≤ 1.2×);
 #  2. upload throughput of the hello toolchain (~all its .debs) to a fresh
 #     worker vs `cp -r` of the same store objects between two local
-#     directories (aim ≥ 0.9×; also against cp + sync, which is as durable
-#     as the worker's store). Upload time = cold remote build (uploads
+#     directories (aim ≥ 0.9×; also against cp + sync, which is durable
+#     when it ends, as the worker's store is only once it flushes). Upload time = cold remote build (uploads
 #     everything) − warm remote build (uploads nothing) of the same action.
 # Env: FHSX=/path/to/fhsx (default: build this tree in release), RUNS=30
 # (round trips: remote and local interleaved, medians).
@@ -90,9 +90,11 @@ printf '[inputs]\ntoolchain = ["gcc.toolchain"]\n[run]\ncommand = ["/bin/mkdir",
 # Both uploads below read the client store from the page cache.
 find "$TS/blobs" "$TS/dirs" -type f -print0 | xargs -0 cat > /dev/null
 # Three rounds, interleaved: an upload into a fresh worker store, a `cp -r`
-# of the same objects, and the same `cp -r` followed by `sync -f` (the
-# worker's store makes what it receives durable before it answers; plain
-# cp leaves it in the page cache). Medians: one round is noisy, cp's
+# of the same objects, and the same `cp -r` followed by `sync -f`. The
+# worker answers an upload once it is in the store, before it is durable,
+# as plain cp leaves its copy in the page cache; it syncs once uploads
+# pause (castore's `unsynced`), after the timed window, as cp's copy is
+# synced by the `sync` after it. Medians: one round is noisy, cp's
 # figure above all.
 cp_bytes=$(du -sb "$TS/blobs" | cut -f1)
 : >"$WORK/.up"; : >"$WORK/.cp"; : >"$WORK/.cps"

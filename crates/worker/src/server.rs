@@ -286,6 +286,7 @@ async fn serve_async(
     });
     ready(&bound);
     let open = Rc::new(Cell::new(0usize));
+    let flusher = tokio::task::spawn_local(flush_uploads(shared.clone()));
 
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(io("install a SIGTERM handler for", bound.clone()))?;
@@ -324,7 +325,35 @@ async fn serve_async(
     shared.runner.shut_down(config.shutdown_grace).await;
     // Let the last results reach their callers.
     tokio::time::sleep(Duration::from_millis(100)).await;
+    flusher.abort();
+    let store = shared.store.clone();
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush_unsynced()).await {
+        eprintln!("fhsx worker: could not make the last uploads durable: {e}; the next start re-checks them");
+    }
     Ok(())
+}
+
+/// Uploads are answered as soon as they are in the store, before they are
+/// durable (`Txn::commit_unsynced`): waiting for the disk halved their
+/// throughput, and a client can always send again what a crash lost. They
+/// are made durable here once uploading pauses for a second (a `syncfs`
+/// competing with the upload itself would only slow it), and at shutdown.
+async fn flush_uploads(shared: Rc<Shared>) {
+    let written = |c: &Counters| {
+        c.blobs_written.load(Ordering::SeqCst) + c.directories_written.load(Ordering::SeqCst)
+    };
+    let mut seen = written(&shared.counters);
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = written(&shared.counters);
+        if now == seen && shared.store.has_unsynced() {
+            let store = shared.store.clone();
+            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush_unsynced()).await {
+                eprintln!("fhsx worker: could not make uploads durable: {e}; retrying");
+            }
+        }
+        seen = now;
+    }
 }
 
 type Start = Box<dyn FnOnce(Rc<Cell<usize>>) + 'static>;
@@ -746,7 +775,8 @@ impl CasImpl {
             for (_, dir) in &todo {
                 txn.put_directory(dir).map_err(|e| e.to_string())?;
             }
-            txn.commit().map_err(|e| e.to_string())
+            // Answered before durable, as every upload (see `flush_uploads`).
+            txn.commit_unsynced().map_err(|e| e.to_string())
         })
         .await
         .map_err(join_err)?
@@ -840,7 +870,7 @@ impl cas::Server for CasImpl {
             }
             // The transaction holds gc off until it commits.
             roots.add(&[digest]).map_err(|e| e.to_string())?;
-            txn.commit().map_err(|e| e.to_string())
+            txn.commit_unsynced().map_err(|e| e.to_string())
         });
         results.get().set_upload(capnp_rpc::new_client(UploadImpl {
             shared: self.shared.clone(),
@@ -910,7 +940,7 @@ impl cas::Server for CasImpl {
             for b in &todo {
                 txn.put_blob(b)?;
             }
-            txn.commit()
+            txn.commit_unsynced()
         })
         .await
         .map_err(join_err)?

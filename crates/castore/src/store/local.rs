@@ -5,6 +5,7 @@
 //! ROOT/dirs/ab/ab12…    canonical Directory encodings
 //! ROOT/compositions/…   composition records (see `compose`)
 //! ROOT/tmp/txn-*        staging directories of in-flight writers
+//! ROOT/unsynced/log-*   objects visible before durable (see `unsynced`)
 //! ROOT/lock             shared by writers, exclusive for gc
 //! ```
 
@@ -13,6 +14,9 @@ use std::io::{Read, Seek, SeekFrom};
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
+use std::sync::Arc;
+
+use super::unsynced::Unsynced;
 use super::{BlobStore, DirectoryStore, Txn};
 use crate::error::io;
 use crate::{Digest, Directory, Error, Result};
@@ -36,6 +40,8 @@ impl ObjectKind {
 #[derive(Clone, Debug)]
 pub struct LocalStore {
     root: PathBuf,
+    /// Shared by clones: one log of unsynced commits per opened store.
+    unsynced: Arc<Unsynced>,
 }
 
 impl LocalStore {
@@ -70,9 +76,29 @@ impl LocalStore {
             let p = root.join(sub);
             fs::create_dir_all(&p).map_err(io("create store directory", &p))?;
         }
-        let store = LocalStore { root };
+        let store = LocalStore {
+            root,
+            unsynced: Arc::default(),
+        };
         super::txn::remove_stale_staging(&store.tmp_dir());
+        super::unsynced::recover(&store)?;
         Ok(store)
+    }
+
+    /// Make every object committed with [`Txn::commit_unsynced`] through
+    /// this store (or a clone) durable. False if there was none.
+    pub fn flush_unsynced(&self) -> Result<bool> {
+        self.unsynced.flush()
+    }
+
+    /// Whether objects committed with [`Txn::commit_unsynced`] await
+    /// [`flush_unsynced`](Self::flush_unsynced).
+    pub fn has_unsynced(&self) -> bool {
+        self.unsynced.is_pending()
+    }
+
+    pub(crate) fn unsynced(&self) -> &Unsynced {
+        &self.unsynced
     }
 
     pub fn root(&self) -> &Path {

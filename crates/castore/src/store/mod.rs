@@ -6,7 +6,10 @@
 //! through a [`Txn`]: objects are staged, made durable with one `syncfs`, and
 //! only then renamed into place. A failed or killed writer leaves at most a
 //! staging directory, which no reader ever looks at and the next writer
-//! removes. A blob that arrives as a stream of unknown length (a build log)
+//! removes. A writer whose objects can be sent again (a worker receiving an
+//! upload) may instead commit them visible before durable: `unsynced` logs
+//! them so that after a crash the store forgets what it lost rather than
+//! serving it. A blob that arrives as a stream of unknown length (a build log)
 //! goes through a [`BlobWriter`] instead: hashed as written, invisible until
 //! `finish`, removed if dropped unfinished.
 //!
@@ -16,6 +19,7 @@
 
 mod local;
 mod txn;
+mod unsynced;
 mod writer;
 
 use std::io::Read;
@@ -24,6 +28,7 @@ use std::path::PathBuf;
 pub use local::{LocalStore, ObjectKind};
 pub use txn::Txn;
 pub(crate) use txn::{lock_exclusive, lock_shared};
+pub use unsynced::Recovery;
 pub use writer::{BlobWriter, CappedWriter};
 
 use crate::{Digest, Directory, Result};

@@ -250,16 +250,66 @@ impl<'s> Txn<'s> {
 
     /// Make everything staged durable and visible.
     pub fn commit(self) -> Result<()> {
+        let Some((staging, staged_files)) = self.staged_files()? else {
+            return Ok(());
+        };
+        let durable = if staged_files.len() <= FSYNC_EACH_MAX {
+            Durability::EachFile
+        } else {
+            Durability::WholeFileSystem
+        };
+        durable.sync(staging, staged_files.iter().map(|(from, _)| from.as_path()))?;
+        Self::publish(&staged_files)?;
+        let parents: std::collections::BTreeSet<&Path> = staged_files
+            .iter()
+            .filter_map(|(_, to)| to.parent())
+            .collect();
+        durable.sync(staging, parents.into_iter())?;
+        Ok(())
+    }
+
+    /// Make everything staged visible now and durable at the store's next
+    /// [`LocalStore::flush_unsynced`]: for objects a client can send again.
+    /// A crash before then may lose them, and the next open removes what
+    /// was lost (see `unsynced`). A transaction with records (which no
+    /// recovery re-checks) is committed durably instead.
+    pub fn commit_unsynced(self) -> Result<()> {
+        let has_records = !self
+            .staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .records
+            .is_empty();
+        if has_records {
+            return self.commit();
+        }
+        let objects: Vec<(ObjectKind, Digest)> = {
+            let s = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            (s.blobs.iter().map(|d| (ObjectKind::Blob, *d)))
+                .chain(s.dirs.iter().map(|d| (ObjectKind::Directory, *d)))
+                .collect()
+        };
+        let Some((_, staged_files)) = self.staged_files()? else {
+            return Ok(());
+        };
+        self.store
+            .unsynced()
+            .commit(self.store, &objects, || Self::publish(&staged_files))
+    }
+
+    /// (staged file, place in the store) of everything staged, in the
+    /// order they must appear; `None` if nothing was.
+    fn staged_files(&self) -> Result<Option<(&Path, Vec<Move>)>> {
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
         if staged.blobs.is_empty() && staged.dirs.is_empty() && staged.records.is_empty() {
             // Everything was already in the store: nothing to make durable,
             // and a syncfs would flush every other writer's dirty data too.
             // (A staging directory, if a streamed blob made one, goes when
             // the transaction is dropped.)
-            return Ok(());
+            return Ok(None);
         }
         let staging = self.staging()?;
-        let staged_files: Vec<(PathBuf, PathBuf)> = [
+        let staged_files: Vec<Move> = [
             (ObjectKind::Blob, &staged.blobs),
             (ObjectKind::Directory, &staged.dirs),
         ]
@@ -276,23 +326,19 @@ impl<'s> Txn<'s> {
         // reader that sees a directory can always find its children.
         .chain(staged.records.iter().cloned())
         .collect();
-        let durable = if staged_files.len() <= FSYNC_EACH_MAX {
-            Durability::EachFile
-        } else {
-            Durability::WholeFileSystem
-        };
-        durable.sync(staging, staged_files.iter().map(|(from, _)| from.as_path()))?;
-        for (from, to) in &staged_files {
+        Ok(Some((staging, staged_files)))
+    }
+
+    fn publish(staged_files: &[Move]) -> Result<()> {
+        for (from, to) in staged_files {
             fs::rename(from, to).map_err(io("rename into store", to))?;
         }
-        let parents: std::collections::BTreeSet<&Path> = staged_files
-            .iter()
-            .filter_map(|(_, to)| to.parent())
-            .collect();
-        durable.sync(staging, parents.into_iter())?;
         Ok(())
     }
 }
+
+/// (staged file, its place in the store): one rename of a commit.
+type Move = (PathBuf, PathBuf);
 
 /// Up to this many files a commit `fsync`s each (and then each directory
 /// it renamed into); past it one `syncfs` is cheaper. A `syncfs` also

@@ -1,0 +1,447 @@
+//! Commits that are visible before they are durable, and what a crash
+//! leaves of them: the store may forget such an object, never lie about it.
+//!
+//! A worker receiving a client's upload answers each batch as soon as it
+//! is in the store's page cache, as `cp -r` would; making every batch
+//! durable first (one `syncfs` each) bounded an upload by the disk's write
+//! speed, about half of what the client could send. What it receives can
+//! always be sent again, so losing it in a crash costs a re-upload, while
+//! keeping a damaged object under its digest would be a lie every later
+//! reader trusts. Buildbarn's local blobstore makes the same trade with
+//! its persistent epochs.
+//!
+//! How, per [`LocalStore`] handle:
+//! - Before the first such commit, a log `ROOT/unsynced/log-*` is created,
+//!   `flock`ed for as long as the handle lives, and made durable.
+//! - Each commit appends the kind and digest of what it stages to the log
+//!   and `fdatasync`s it *before* renaming the objects into place, so the
+//!   log names every object that may be lost.
+//! - [`LocalStore::flush_unsynced`] `syncfs`es the file system and removes
+//!   the log: from then on its objects are as durable as any other.
+//! - [`recover`], on every open, takes each log whose lock is free (its
+//!   writer is gone) and re-hashes what it names. A damaged or vanished
+//!   object is removed, and then so is every directory that names a
+//!   missing object, until none does: a durable tree may have reused such
+//!   an object, and a tree with a hole is forgotten whole. If every named
+//!   object is intact (the usual case: the writer was killed but the
+//!   machine stayed up), nothing else is scanned.
+
+use std::collections::{HashMap, HashSet};
+use std::fs::{self, File};
+use std::io::{Read, Write};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
+
+use rustix::fs::{flock, FlockOperation};
+
+use super::local::{LocalStore, ObjectKind};
+use crate::error::io;
+use crate::{Digest, Directory, Error, Node, Result};
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+/// The subdirectory of the store that holds the logs.
+const DIR: &str = "unsynced";
+
+/// One handle's open log, if it has unsynced commits.
+#[derive(Debug, Default)]
+pub(crate) struct Unsynced {
+    /// Commits hold it shared from their log append to their last rename;
+    /// a flush holds it exclusive, so no rename slips past its `syncfs`.
+    gate: RwLock<()>,
+    log: Mutex<Option<Log>>,
+}
+
+#[derive(Debug)]
+struct Log {
+    /// Open and `flock`ed: how [`recover`] tells a live writer's log.
+    file: File,
+    path: PathBuf,
+}
+
+impl Unsynced {
+    /// Log `objects` durably, then run `publish` (the renames) while no
+    /// flush can run. The caller has made nothing visible yet.
+    pub(crate) fn commit(
+        &self,
+        store: &LocalStore,
+        objects: &[(ObjectKind, Digest)],
+        publish: impl FnOnce() -> Result<()>,
+    ) -> Result<()> {
+        let _gate = self.gate.read().unwrap_or_else(|p| p.into_inner());
+        {
+            let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+            if log.is_none() {
+                *log = Some(Log::create(store)?);
+            }
+            if let Some(log) = log.as_mut() {
+                log.append(objects)?;
+            }
+        }
+        publish()
+    }
+
+    pub(crate) fn is_pending(&self) -> bool {
+        self.log.lock().unwrap_or_else(|p| p.into_inner()).is_some()
+    }
+
+    /// Make every logged object durable and drop the log. False if there
+    /// was nothing to flush.
+    pub(crate) fn flush(&self) -> Result<bool> {
+        let _gate = self.gate.write().unwrap_or_else(|p| p.into_inner());
+        let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
+        let Some(l) = log.as_ref() else {
+            return Ok(false);
+        };
+        rustix::fs::syncfs(&l.file).map_err(|e| Error::Io {
+            op: "syncfs",
+            path: l.path.clone(),
+            source: e.into(),
+        })?;
+        // A removal lost in a crash only costs the next open a re-hash.
+        fs::remove_file(&l.path).map_err(io("remove", &l.path))?;
+        *log = None;
+        Ok(true)
+    }
+}
+
+impl Drop for Unsynced {
+    /// A handle that goes away cleanly leaves nothing to recover.
+    fn drop(&mut self) {
+        let _ = self.flush();
+    }
+}
+
+impl Log {
+    fn create(store: &LocalStore) -> Result<Log> {
+        let dir = store.root().join(DIR);
+        fs::create_dir_all(&dir).map_err(io("create store directory", &dir))?;
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let name = format!(
+            "log-{}-{nanos}-{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed)
+        );
+        // Visible as `log-*` only once locked: recovery must never take a
+        // live writer's log for a dead one's.
+        let fresh = dir.join(format!(".new-{name}"));
+        let path = dir.join(&name);
+        let file = File::options()
+            .create_new(true)
+            .append(true)
+            .open(&fresh)
+            .map_err(io("create", &fresh))?;
+        flock(&file, FlockOperation::LockExclusive).map_err(|e| Error::Io {
+            op: "lock",
+            path: fresh.clone(),
+            source: e.into(),
+        })?;
+        fs::rename(&fresh, &path).map_err(io("rename", &path))?;
+        // The log must outlive a crash before any object it will name does.
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io("fsync", &dir))?;
+        Ok(Log { file, path })
+    }
+
+    fn append(&mut self, objects: &[(ObjectKind, Digest)]) -> Result<()> {
+        let mut lines = String::with_capacity(objects.len() * 68);
+        for (kind, d) in objects {
+            lines.push_str(match kind {
+                ObjectKind::Blob => "b ",
+                ObjectKind::Directory => "d ",
+            });
+            lines.push_str(&d.hex());
+            lines.push('\n');
+        }
+        self.file
+            .write_all(lines.as_bytes())
+            .and_then(|()| self.file.sync_data())
+            .map_err(io("append to", &self.path))
+    }
+}
+
+/// What [`recover`] did.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Recovery {
+    /// Logs of writers that are gone.
+    pub logs: usize,
+    /// Objects they named that were re-hashed and found intact.
+    pub intact: usize,
+    /// Objects removed: damaged or vanished ones they named, then every
+    /// directory left naming a missing object.
+    pub removed: Vec<Digest>,
+}
+
+/// Take the logs of writers that are gone and make the store tell the
+/// truth about what they named (see the module's doc). Skipped, to be
+/// done by a later open, while any writer or gc holds the store lock.
+pub(crate) fn recover(store: &LocalStore) -> Result<Recovery> {
+    let dir = store.root().join(DIR);
+    let mut out = Recovery::default();
+    let Ok(rd) = fs::read_dir(&dir) else {
+        return Ok(out);
+    };
+    let mut dead: Vec<(PathBuf, File)> = Vec::new();
+    for e in rd.flatten() {
+        let name = e.file_name();
+        let name = name.as_encoded_bytes();
+        let Ok(f) = File::options().read(true).write(true).open(e.path()) else {
+            continue;
+        };
+        if flock(&f, FlockOperation::NonBlockingLockExclusive).is_err() {
+            continue; // a live writer's
+        }
+        if name.starts_with(b".new-") {
+            // Its writer died before naming anything in it.
+            let _ = fs::remove_file(e.path());
+        } else if name.starts_with(b"log-") {
+            dead.push((e.path(), f));
+        }
+    }
+    if dead.is_empty() {
+        return Ok(out);
+    }
+    // Exclusive, as gc: no writer may commit a tree over an object this
+    // is about to remove.
+    let Ok(_store_lock) =
+        super::txn::lock_file(&store.lock_path(), FlockOperation::NonBlockingLockExclusive)
+    else {
+        return Ok(out);
+    };
+    let mut lost = false;
+    for (path, f) in &mut dead {
+        let mut text = String::new();
+        f.read_to_string(&mut text)
+            .map_err(io("read", path.as_path()))?;
+        // A torn last line named an object not yet renamed into place.
+        for (kind, d) in text.lines().filter_map(parse_line) {
+            if is_intact(store, kind, &d) {
+                out.intact += 1;
+                continue;
+            }
+            let p = store.object_path(kind, &d);
+            match fs::remove_file(&p) {
+                Ok(()) => out.removed.push(d),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("remove", &p)(e)),
+            }
+            lost = true;
+        }
+        out.logs += 1;
+    }
+    if lost {
+        out.removed.extend(remove_trees_with_holes(store)?);
+    }
+    // Last: a recovery cut short is done again by the next open.
+    for (path, _) in &dead {
+        fs::remove_file(path).map_err(io("remove", path.as_path()))?;
+    }
+    Ok(out)
+}
+
+fn parse_line(line: &str) -> Option<(ObjectKind, Digest)> {
+    let (tag, hex) = line.split_once(' ')?;
+    let kind = match tag {
+        "b" => ObjectKind::Blob,
+        "d" => ObjectKind::Directory,
+        _ => return None,
+    };
+    let d = format!("b3:{hex}").parse::<Digest>().ok()?;
+    Some((kind, d))
+}
+
+fn is_intact(store: &LocalStore, kind: ObjectKind, d: &Digest) -> bool {
+    let path = store.object_path(kind, d);
+    match kind {
+        ObjectKind::Blob => LocalStore::hash_file(&path).is_ok_and(|(actual, _)| actual == *d),
+        ObjectKind::Directory => fs::read(&path)
+            .is_ok_and(|bytes| Digest::of(&bytes) == *d && Directory::decode(&bytes).is_ok()),
+    }
+}
+
+/// Remove every directory that names a missing object, until none does.
+fn remove_trees_with_holes(store: &LocalStore) -> Result<Vec<Digest>> {
+    let blobs: HashSet<Digest> = crate::verify::all_objects(store, ObjectKind::Blob)?
+        .into_iter()
+        .map(|(d, _)| d)
+        .collect();
+    let mut dirs: HashMap<Digest, Directory> = HashMap::new();
+    for (d, p) in crate::verify::all_objects(store, ObjectKind::Directory)? {
+        // An undecodable directory is `store verify`'s to report, not ours.
+        if let Ok(dir) = fs::read(&p)
+            .map_err(|_| ())
+            .and_then(|b| Directory::decode(&b).map_err(|_| ()))
+        {
+            dirs.insert(d, dir);
+        }
+    }
+    let mut removed = Vec::new();
+    loop {
+        let holed: Vec<Digest> = dirs
+            .iter()
+            .filter(|(_, dir)| {
+                dir.entries().any(|(_, n)| match n {
+                    Node::Directory { digest, .. } => !dirs.contains_key(digest),
+                    Node::File { digest, .. } => !blobs.contains(digest),
+                    Node::Symlink { .. } => false,
+                })
+            })
+            .map(|(d, _)| *d)
+            .collect();
+        if holed.is_empty() {
+            return Ok(removed);
+        }
+        for d in holed {
+            dirs.remove(&d);
+            let p = store.object_path(ObjectKind::Directory, &d);
+            match fs::remove_file(&p) {
+                Ok(()) => removed.push(d),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(io("remove", &p)(e)),
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Directory, Name, Node};
+    use std::os::unix::fs::PermissionsExt;
+
+    fn logs(store: &LocalStore) -> Vec<String> {
+        let mut v: Vec<String> = fs::read_dir(store.root().join(DIR))
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    fn dir_of(entries: &[(&str, Node)]) -> Directory {
+        let mut dir = Directory::new();
+        for (n, node) in entries {
+            dir.insert(Name::new(n.as_bytes()).unwrap(), node.clone())
+                .unwrap();
+        }
+        dir
+    }
+
+    fn file(d: Digest, size: u64) -> Node {
+        Node::File {
+            digest: d,
+            size,
+            executable: false,
+        }
+    }
+
+    #[test]
+    fn an_unsynced_commit_is_visible_at_once_logged_and_durable_after_a_flush() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let txn = store.txn().unwrap();
+        let d = txn.put_blob(b"sent by a client").unwrap();
+        txn.commit_unsynced().unwrap();
+        assert!(
+            store.has(ObjectKind::Blob, &d),
+            "not visible before the flush"
+        );
+        assert!(store.has_unsynced());
+        let names = logs(&store);
+        assert_eq!(names.len(), 1, "{names:?}");
+        let text = fs::read_to_string(store.root().join(DIR).join(&names[0])).unwrap();
+        assert_eq!(text, format!("b {}\n", d.hex()));
+
+        // Another handle on the store takes a live writer's log for none.
+        let other = LocalStore::open(store.root()).unwrap();
+        assert!(other.has(ObjectKind::Blob, &d));
+        assert_eq!(logs(&store).len(), 1);
+
+        assert!(store.flush_unsynced().unwrap());
+        assert!(!store.has_unsynced());
+        assert!(logs(&store).is_empty());
+        assert!(!store.flush_unsynced().unwrap());
+    }
+
+    #[test]
+    fn recovery_forgets_what_a_crash_lost_and_every_tree_that_names_it() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        // Committed durably: two blobs, a tree that reuses `lost` (as a
+        // build's output may reuse an uploaded blob), a tree above it, and
+        // a tree of `kept` only.
+        let txn = store.txn().unwrap();
+        let kept = txn.put_blob(b"kept").unwrap();
+        let lost = txn.put_blob(b"lost in the crash").unwrap();
+        let inner = txn
+            .put_directory(&dir_of(&[("f", file(lost, 17)), ("g", file(kept, 4))]))
+            .unwrap();
+        let outer = txn
+            .put_directory(&dir_of(&[(
+                "sub",
+                Node::Directory {
+                    digest: inner,
+                    size: 2,
+                },
+            )]))
+            .unwrap();
+        let apart = txn.put_directory(&dir_of(&[("g", file(kept, 4))])).unwrap();
+        txn.commit().unwrap();
+        // A dead writer's log named both blobs (and, last, a line torn by
+        // the crash); the crash left `lost` with other bytes.
+        let dir = store.root().join(DIR);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(
+            dir.join("log-1-2-3"),
+            format!("b {}\nb {}\nd 12ab", kept.hex(), lost.hex()),
+        )
+        .unwrap();
+        let p = store.object_path(ObjectKind::Blob, &lost);
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::write(&p, b"zeroes after a crash").unwrap();
+
+        let r = recover(&store).unwrap();
+        assert_eq!(r.logs, 1);
+        assert_eq!(r.intact, 1, "only `kept` was intact: {r:?}");
+        let mut removed = r.removed.clone();
+        removed.sort();
+        let mut want = vec![lost, inner, outer];
+        want.sort();
+        assert_eq!(removed, want);
+        assert!(store.has(ObjectKind::Blob, &kept));
+        assert!(store.has(ObjectKind::Directory, &apart));
+        assert!(logs(&store).is_empty(), "the log outlived its recovery");
+        let report = crate::verify::verify(&store, None, &()).unwrap();
+        assert!(report.is_clean(), "{:?}", report.problems);
+        assert_eq!(recover(&store).unwrap(), Recovery::default());
+    }
+
+    #[test]
+    fn recovery_of_an_intact_log_scans_nothing_else() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let txn = store.txn().unwrap();
+        let a = txn.put_blob(b"a").unwrap();
+        txn.commit().unwrap();
+        // A tree with a hole that no log names: not recovery's to touch.
+        let txn = store.txn().unwrap();
+        let holed = txn
+            .put_directory(&dir_of(&[("x", file(Digest::of(b"never stored"), 12))]))
+            .unwrap();
+        txn.commit().unwrap();
+        let dir = store.root().join(DIR);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("log-9-9-9"), format!("b {}\n", a.hex())).unwrap();
+        let r = recover(&store).unwrap();
+        assert_eq!((r.logs, r.intact, r.removed.len()), (1, 1, 0));
+        assert!(store.has(ObjectKind::Directory, &holed));
+    }
+}
