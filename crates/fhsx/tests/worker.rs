@@ -435,6 +435,75 @@ fn killed_worker_fails_the_client_and_restarts_clean() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+fn unsynced_logs(store: &Path) -> Vec<String> {
+    fs::read_dir(store.join("unsynced"))
+        .map(|rd| {
+            rd.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with("log-"))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// An upload is answered before it is durable and made durable once
+/// uploads pause: the worker's unsynced log goes away on its own. A worker
+/// killed before that leaves its log; the next open of the store re-hashes
+/// what it names, keeps what is intact, drops the log, and the store
+/// verifies. Nothing the client sent has to be sent again.
+#[test]
+fn uploads_answered_before_durable_are_synced_when_quiet_and_recovered_after_a_kill() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("cs");
+    let bb = busybox(&cs);
+    let a = sh_action(t.path(), "a.toml", &bb, "echo fine > $out/f");
+
+    // Left alone, the worker syncs what it received and drops its log.
+    let ws = t.path().join("ws");
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    let o = remote(&cs, &w, &a, true).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let end = Instant::now() + Duration::from_secs(30);
+    while !unsynced_logs(&ws).is_empty() {
+        assert!(
+            Instant::now() < end,
+            "uploads never made durable: {:?}",
+            unsynced_logs(&ws)
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    drop(w);
+
+    // Killed right after an upload: its log outlives it, and recovery
+    // keeps every intact object.
+    let ws2 = t.path().join("ws2");
+    let w = Worker::start(&ws2, t.path(), 1, &[]);
+    let o = remote(&cs, &w, &a, true).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let uploaded: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(uploaded["remote"]["uploaded"]["blobs"].as_u64().unwrap() > 0);
+    w.signal(libc::SIGKILL);
+    drop(w);
+    let left = unsynced_logs(&ws2);
+    eprintln!("unsynced logs the killed worker left: {left:?}");
+    store_verifies(&ws2);
+    assert!(
+        unsynced_logs(&ws2).is_empty(),
+        "the dead worker's log {left:?} outlived an open of the store"
+    );
+    let w = Worker::start(&ws2, t.path(), 1, &[]);
+    let o = remote(&cs, &w, &a, false)
+        .arg("--rebuild")
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("uploaded 0 blobs (0 bytes), 0 directories"),
+        "recovery dropped intact uploads (log was {left:?}): {}",
+        text(&o)
+    );
+}
+
 /// A client that goes away cancels its build: the sandbox is torn down,
 /// the view unmounted, the slot freed.
 #[test]
