@@ -133,15 +133,7 @@ impl LocalStore {
         let dir = self.temp_roots_dir();
         fs::create_dir_all(&dir).map_err(io("create", &dir))?;
         let _lock = lock_shared(self)?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let name = format!(
-            "{}-{nanos:x}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = crate::store::unique_name("");
         let path = dir.join(&name);
         let file = File::options()
             .read(true)

@@ -33,6 +33,22 @@ pub use writer::{BlobWriter, CappedWriter};
 
 use crate::{Digest, Directory, Result};
 
+/// A name no other writer of this store uses: `PREFIX` + pid, clock and a
+/// per-process counter (the clock tells a recycled pid's names apart).
+pub(crate) fn unique_name(prefix: &str) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!(
+        "{prefix}{}-{nanos}-{}",
+        std::process::id(),
+        COUNTER.fetch_add(1, Ordering::Relaxed)
+    )
+}
+
 /// File contents addressed by their BLAKE3 digest.
 pub trait BlobStore: Send + Sync {
     fn has_blob(&self, digest: &Digest) -> Result<bool>;

@@ -47,16 +47,7 @@ pub(crate) struct Staging {
 
 impl Staging {
     pub(crate) fn create(store: &LocalStore) -> Result<Self> {
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let name = format!(
-            "txn-{}-{}-{}",
-            std::process::id(),
-            nanos,
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = super::unique_name("txn-");
         let dir = store.tmp_dir().join(&name);
         // The directory becomes visible as `txn-*` only once its lock is
         // held: a cleaner must never see a live transaction without one.

@@ -30,7 +30,6 @@ use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};
 use std::io::{Read, Write};
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 
 use rustix::fs::{flock, FlockOperation};
@@ -38,8 +37,6 @@ use rustix::fs::{flock, FlockOperation};
 use super::local::{LocalStore, ObjectKind};
 use crate::error::io;
 use crate::{Digest, Directory, Error, Node, Result};
-
-static COUNTER: AtomicU64 = AtomicU64::new(0);
 
 /// The subdirectory of the store that holds the logs.
 const DIR: &str = "unsynced";
@@ -117,15 +114,7 @@ impl Log {
     fn create(store: &LocalStore) -> Result<Log> {
         let dir = store.root().join(DIR);
         fs::create_dir_all(&dir).map_err(io("create store directory", &dir))?;
-        let nanos = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos())
-            .unwrap_or(0);
-        let name = format!(
-            "log-{}-{nanos}-{}",
-            std::process::id(),
-            COUNTER.fetch_add(1, Ordering::Relaxed)
-        );
+        let name = super::unique_name("log-");
         // Visible as `log-*` only once locked: recovery must never take a
         // live writer's log for a dead one's.
         let fresh = dir.join(format!(".new-{name}"));
