@@ -265,17 +265,12 @@ impl<'s> Txn<'s> {
     /// was lost (see `unsynced`). A transaction with records (which no
     /// recovery re-checks) is committed durably instead.
     pub fn commit_unsynced(self) -> Result<()> {
-        let has_records = !self
-            .staged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .records
-            .is_empty();
-        if has_records {
-            return self.commit();
-        }
         let objects: Vec<(ObjectKind, Digest)> = {
             let s = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            if !s.records.is_empty() {
+                drop(s);
+                return self.commit();
+            }
             (s.blobs.iter().map(|d| (ObjectKind::Blob, *d)))
                 .chain(s.dirs.iter().map(|d| (ObjectKind::Directory, *d)))
                 .collect()

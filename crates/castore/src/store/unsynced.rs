@@ -69,12 +69,11 @@ impl Unsynced {
         let _gate = self.gate.read().unwrap_or_else(|p| p.into_inner());
         {
             let mut log = self.log.lock().unwrap_or_else(|p| p.into_inner());
-            if log.is_none() {
-                *log = Some(Log::create(store)?);
-            }
-            if let Some(log) = log.as_mut() {
-                log.append(objects)?;
-            }
+            let log = match &mut *log {
+                Some(l) => l,
+                None => log.insert(Log::create(store)?),
+            };
+            log.append(objects)?;
         }
         publish()
     }
@@ -119,16 +118,9 @@ impl Log {
         // live writer's log for a dead one's.
         let fresh = dir.join(format!(".new-{name}"));
         let path = dir.join(&name);
-        let file = File::options()
-            .create_new(true)
-            .append(true)
-            .open(&fresh)
-            .map_err(io("create", &fresh))?;
-        flock(&file, FlockOperation::LockExclusive).map_err(|e| Error::Io {
-            op: "lock",
-            path: fresh.clone(),
-            source: e.into(),
-        })?;
+        // Written only under `Unsynced::log`'s mutex, so each append lands
+        // at the end.
+        let file = super::txn::lock_file(&fresh, FlockOperation::LockExclusive)?;
         fs::rename(&fresh, &path).map_err(io("rename", &path))?;
         // The log must outlive a crash before any object it will name does.
         File::open(&dir)
@@ -213,11 +205,8 @@ pub(crate) fn recover(store: &LocalStore) -> Result<Recovery> {
                 out.intact += 1;
                 continue;
             }
-            let p = store.object_path(kind, &d);
-            match fs::remove_file(&p) {
-                Ok(()) => out.removed.push(d),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io("remove", &p)(e)),
+            if remove_object(store, kind, &d)? {
+                out.removed.push(d);
             }
             lost = true;
         }
@@ -287,13 +276,20 @@ fn remove_trees_with_holes(store: &LocalStore) -> Result<Vec<Digest>> {
         }
         for d in holed {
             dirs.remove(&d);
-            let p = store.object_path(ObjectKind::Directory, &d);
-            match fs::remove_file(&p) {
-                Ok(()) => removed.push(d),
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(io("remove", &p)(e)),
+            if remove_object(store, ObjectKind::Directory, &d)? {
+                removed.push(d);
             }
         }
+    }
+}
+
+/// Remove an object's file; false if it was already gone.
+fn remove_object(store: &LocalStore, kind: ObjectKind, d: &Digest) -> Result<bool> {
+    let p = store.object_path(kind, d);
+    match fs::remove_file(&p) {
+        Ok(()) => Ok(true),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(false),
+        Err(e) => Err(io("remove", &p)(e)),
     }
 }
 
@@ -313,6 +309,13 @@ mod tests {
             .unwrap_or_default();
         v.sort();
         v
+    }
+
+    /// What a writer that died left: its log, named `name`, holding `text`.
+    fn dead_log(store: &LocalStore, name: &str, text: &str) {
+        let dir = store.root().join(DIR);
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join(name), text).unwrap();
     }
 
     fn dir_of(entries: &[(&str, Node)]) -> Directory {
@@ -386,13 +389,11 @@ mod tests {
         txn.commit().unwrap();
         // A dead writer's log named both blobs (and, last, a line torn by
         // the crash); the crash left `lost` with other bytes.
-        let dir = store.root().join(DIR);
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(
-            dir.join("log-1-2-3"),
-            format!("b {}\nb {}\nd 12ab", kept.hex(), lost.hex()),
-        )
-        .unwrap();
+        dead_log(
+            &store,
+            "log-1-2-3",
+            &format!("b {}\nb {}\nd 12ab", kept.hex(), lost.hex()),
+        );
         let p = store.object_path(ObjectKind::Blob, &lost);
         fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
         fs::write(&p, b"zeroes after a crash").unwrap();
@@ -426,11 +427,49 @@ mod tests {
             .put_directory(&dir_of(&[("x", file(Digest::of(b"never stored"), 12))]))
             .unwrap();
         txn.commit().unwrap();
-        let dir = store.root().join(DIR);
-        fs::create_dir_all(&dir).unwrap();
-        fs::write(dir.join("log-9-9-9"), format!("b {}\n", a.hex())).unwrap();
+        dead_log(&store, "log-9-9-9", &format!("b {}\n", a.hex()));
         let r = recover(&store).unwrap();
         assert_eq!((r.logs, r.intact, r.removed.len()), (1, 1, 0));
         assert!(store.has(ObjectKind::Directory, &holed));
+    }
+
+    /// A handle dropped with unsynced commits flushes them: a clean exit
+    /// leaves nothing for recovery.
+    #[test]
+    fn a_dropped_handle_leaves_no_log() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let txn = store.txn().unwrap();
+        txn.put_blob(b"x").unwrap();
+        txn.commit_unsynced().unwrap();
+        let root = store.root().to_path_buf();
+        assert_eq!(logs(&store).len(), 1);
+        drop(store);
+        let again = LocalStore::open(&root).unwrap();
+        assert!(logs(&again).is_empty(), "{:?}", logs(&again));
+    }
+
+    /// While a writer holds the store lock, recovery waits (it would
+    /// remove objects a commit may be building on): the dead log stays,
+    /// and the first open after the writer is done takes it. A dead
+    /// writer's `.new-*` log, which names nothing yet, is removed at once.
+    #[test]
+    fn recovery_waits_for_writers_and_a_later_open_does_it() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let gone = Digest::of(b"vanished in the crash");
+        dead_log(&store, "log-4-5-6", &format!("b {}\n", gone.hex()));
+        dead_log(&store, ".new-log-4-5-7", "");
+        let txn = store.txn().unwrap();
+        assert_eq!(
+            recover(&store).unwrap(),
+            Recovery::default(),
+            "recovered under a live writer's lock"
+        );
+        assert_eq!(logs(&store), vec!["log-4-5-6".to_string()]);
+        drop(txn);
+        let r = recover(&store).unwrap();
+        assert_eq!((r.logs, r.intact), (1, 0), "{r:?}");
+        assert!(logs(&store).is_empty(), "{:?}", logs(&store));
     }
 }
