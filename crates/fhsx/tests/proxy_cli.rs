@@ -221,3 +221,21 @@ fn proxy_listens_on_a_unix_socket() {
     assert_eq!(code, 0, "{err}");
     assert!(!sock.exists());
 }
+
+/// `fhsx` is linked statically (tools/rustc-static-bin), yet it must still
+/// resolve an upstream by host name through the host's NSS: a recording
+/// through `localhost` reaches the loopback upstream.
+#[test]
+fn the_static_binary_resolves_upstream_host_names() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let lock = dir.path().join("fetch.lock");
+    let port = upstream();
+    let url = format!("http://localhost:{port}/named.txt");
+    let (child, addr) = start_proxy(&store, &lock, "record", &["--listen", "127.0.0.1:0"]);
+    let got = curl(&addr, &url);
+    let (code, err) = stop(child);
+    assert_eq!(got, (200, BODY.to_vec()), "proxy log: {err}");
+    assert_eq!(code, 0, "{err}");
+    assert!(err.contains("\"event\":\"recorded\""), "{err}");
+}
