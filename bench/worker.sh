@@ -102,6 +102,13 @@ for round in 1 2 3; do
   start_worker "$WORK/w2-$round"
   a=$(now); out=$("$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" 2>/dev/null); b=$(now)
   cold=$(secs "$a" "$b")
+  # The worker syncs the upload once it pauses: let that end before the
+  # warm run, so the warm baseline does not carry it (which would shrink
+  # cold - warm and overstate the upload).
+  for _ in $(seq 1 600); do
+    compgen -G "$WORK/w2-$round/unsynced/log-*" >/dev/null || break
+    sleep 0.1
+  done
   a=$(now); "$FHSX" --store "$TS" --json build --rebuild --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
   warm=$(secs "$a" "$b")
   stop_worker
