@@ -113,15 +113,25 @@ impl Log {
     fn create(store: &LocalStore) -> Result<Log> {
         let dir = store.root().join(DIR);
         fs::create_dir_all(&dir).map_err(io("create store directory", &dir))?;
-        let name = super::unique_name("log-");
         // Visible as `log-*` only once locked: recovery must never take a
-        // live writer's log for a dead one's.
-        let fresh = dir.join(format!(".new-{name}"));
-        let path = dir.join(&name);
-        // Written only under `Unsynced::log`'s mutex, so each append lands
-        // at the end.
-        let file = super::txn::lock_file(&fresh, FlockOperation::LockExclusive)?;
-        fs::rename(&fresh, &path).map_err(io("rename", &path))?;
+        // live writer's log for a dead one's. A recovery can still take the
+        // `.new-*` file in the instant between its creation and our lock
+        // (it removes unlocked ones); then the rename finds it gone and a
+        // fresh name is tried.
+        let mut attempt = 0;
+        let (file, path) = loop {
+            let name = super::unique_name("log-");
+            let fresh = dir.join(format!(".new-{name}"));
+            let path = dir.join(&name);
+            // Written only under `Unsynced::log`'s mutex, so each append
+            // lands at the end.
+            let file = super::txn::lock_file(&fresh, FlockOperation::LockExclusive)?;
+            match fs::rename(&fresh, &path) {
+                Ok(()) => break (file, path),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound && attempt < 3 => attempt += 1,
+                Err(e) => return Err(io("rename", &path)(e)),
+            }
+        };
         // The log must outlive a crash before any object it will name does.
         File::open(&dir)
             .and_then(|d| d.sync_all())
