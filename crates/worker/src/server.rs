@@ -326,10 +326,7 @@ async fn serve_async(
     // Let the last results reach their callers.
     tokio::time::sleep(Duration::from_millis(100)).await;
     flusher.abort();
-    let store = shared.store.clone();
-    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush_unsynced()).await {
-        eprintln!("fhsx worker: could not make the last uploads durable: {e}; the next start re-checks them");
-    }
+    flush_unsynced(&shared.store, "the next start re-checks them").await;
     Ok(())
 }
 
@@ -347,12 +344,18 @@ async fn flush_uploads(shared: Rc<Shared>) {
         tokio::time::sleep(Duration::from_secs(1)).await;
         let now = written(&shared.counters);
         if now == seen && shared.store.has_unsynced() {
-            let store = shared.store.clone();
-            if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush_unsynced()).await {
-                eprintln!("fhsx worker: could not make uploads durable: {e}; retrying");
-            }
+            flush_unsynced(&shared.store, "retrying in a second").await;
         }
         seen = now;
+    }
+}
+
+/// `LocalStore::flush_unsynced` off the event loop; a failure is reported
+/// with what happens next (`then`), never fatal: the uploads stay logged.
+async fn flush_unsynced(store: &LocalStore, then: &str) {
+    let store = store.clone();
+    if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush_unsynced()).await {
+        eprintln!("fhsx worker: could not make uploads durable: {e}; {then}");
     }
 }
 
