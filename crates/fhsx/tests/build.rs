@@ -694,8 +694,9 @@ fn names_with_percent_and_non_utf8_bytes_are_not_false_violations() {
 }
 
 /// As root the scratch is a file system of `[limits] disk` bytes of its
-/// own: the build sees its size, and it never zeroes inode tables behind
-/// the build's back (`noinit_itable`).
+/// own: the build sees its size, it never zeroes inode tables behind
+/// the build's back (`noinit_itable`), and it sends no cache flush to the
+/// host's disk (`nobarrier`).
 /// Without root there is no such file system, and the log says so.
 #[test]
 fn scratch_is_a_file_system_of_the_declared_disk_size() {
@@ -735,7 +736,7 @@ fn scratch_is_a_file_system_of_the_declared_disk_size() {
         .lines()
         .find(|l| l.contains(" /build ext4 "))
         .unwrap_or_else(|| panic!("/build is not its own ext4:\n{log}"));
-    for opt in ["nosuid", "nodev", "noinit_itable"] {
+    for opt in ["nosuid", "nodev", "noinit_itable", "nobarrier"] {
         assert!(mount.contains(opt), "{opt} missing: {mount}");
     }
     no_leftovers(t.path());
