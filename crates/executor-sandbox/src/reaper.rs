@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::probe::{parse_mountinfo, read_proc_text};
+use crate::probe::{parse_mountinfo, read_proc_text, take_last_mountinfo};
 use crate::sys;
 
 /// The grace period between SIGTERM and SIGKILL at a timeout.
@@ -200,10 +200,10 @@ struct CgroupMounts {
 fn cgroup_mounts() -> &'static CgroupMounts {
     static MOUNTS: std::sync::OnceLock<CgroupMounts> = std::sync::OnceLock::new();
     MOUNTS.get_or_init(|| {
-        let text = read_proc_text(Path::new("/proc/self/mountinfo")).unwrap_or_default();
-        let (v1, rest): (Vec<_>, Vec<_>) = parse_mountinfo(&text)
-            .into_iter()
-            .partition(|m| m.fs_type == "cgroup");
+        let table = take_last_mountinfo().unwrap_or_else(|| {
+            parse_mountinfo(&read_proc_text(Path::new("/proc/self/mountinfo")).unwrap_or_default())
+        });
+        let (v1, rest): (Vec<_>, Vec<_>) = table.into_iter().partition(|m| m.fs_type == "cgroup");
         let v2 = rest
             .into_iter()
             .find(|m| m.fs_type == "cgroup2")
