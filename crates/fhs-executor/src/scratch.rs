@@ -313,7 +313,6 @@ impl WorkArea {
         if unsafe { libc::geteuid() } != 0 {
             return Err("only root can mount the size-capped scratch file system".into());
         }
-        let image = self.path().join("scratch.img");
         let room = free_bytes(self.path()).saturating_mul(9) / 10;
         // Clamped sizes are rounded down to whole GiB, so a host short of
         // space reuses a few templates rather than making one per build.
@@ -326,19 +325,23 @@ impl WorkArea {
         };
         // ext4 needs a few MiB for its own metadata.
         let bytes = bytes.max(8 << 20);
-        fresh_image(&std::env::temp_dir().join("fhsx-0"), &image, bytes)?;
+        let template = template(&std::env::temp_dir().join("fhsx-0"), bytes)?;
+        let image = empty_image(self.path(), bytes)?;
         // The device's fd stays open until the mount holds the device:
         // autoclear detaches it at the last close of an unmounted device.
-        let (dev, _dev_fd) = loopdev::attach(&image)?;
+        let (dev, dev_fd) = loopdev::attach(&image)?;
+        drop(image);
+        // The template goes onto the device, not into the image: see
+        // `empty_image`.
+        copy_extents(&template, &dev_fd)
+            .map_err(|e| format!("writing the scratch template onto {}: {e}", dev.display()))?;
         mount_ext4(&dev, &self.scratch)?;
         self.mounted = true;
         // Registered before anything else can fail or kill us: a dead
         // fhsx's scratch is then detached by the next mount anywhere, not
         // only by a build in this same $TMPDIR.
         self.register(&dev.to_string_lossy());
-        // Space is taken from the host as the build writes; the file is
-        // gone from the directory once mounted (the loop device holds it).
-        let _ = fs::remove_file(&image);
+        // Space is taken from the host as the build writes.
         let _ = fs::remove_dir(self.scratch.join("lost+found"));
         self.fresh = crate::pool::FreshScratch::read(&self.scratch, &dev);
         Ok(bytes)
@@ -432,11 +435,10 @@ pub(crate) fn remove_all(dir: &Path) -> bool {
     fs::remove_dir_all(dir).is_ok()
 }
 
-/// Make `image` an empty ext4 of `bytes`: a sparse copy of a cached
-/// template of that size (~220 KiB of metadata for 32 GiB, well under a
-/// millisecond), made once with
-/// mkfs (~10 ms). The cache is root's private runtime directory.
-fn fresh_image(cache: &Path, image: &Path, bytes: u64) -> Result<(), String> {
+/// The empty ext4 of `bytes` every scratch of that size starts as (~70
+/// KiB of metadata for 32 GiB), made once with mkfs (~10 ms) into the
+/// cache, root's private runtime directory; opened for reading.
+fn template(cache: &Path, bytes: u64) -> Result<fs::File, String> {
     // The name carries the mkfs options' version: a template made with other
     // options is never taken for one of these.
     let template = cache.join(format!("scratch-v3-{bytes}.ext4"));
@@ -465,10 +467,32 @@ fn fresh_image(cache: &Path, image: &Path, bytes: u64) -> Result<(), String> {
         made?;
         sweep_templates(cache, &template);
     }
-    let from =
-        fs::File::open(&template).map_err(|e| format!("opening {}: {e}", template.display()))?;
-    let to = fs::File::create(image).map_err(|e| format!("creating {}: {e}", image.display()))?;
-    copy_sparse(&from, &to, bytes).map_err(|e| format!("copying {}: {e}", template.display()))
+    fs::File::open(&template).map_err(|e| format!("opening {}: {e}", template.display()))
+}
+
+/// A sparse file of `bytes` in `dir` with nothing written in it and no
+/// name (`O_TMPFILE`): the loop device's backing file, which the host
+/// frees as the device lets go of it, so that not even a build killed
+/// outright leaves an image behind.
+///
+/// Nothing is written into it: `LOOP_CONFIGURE` fsyncs its backing file,
+/// and on ext4 without a journal a named file's fsync also writes out its
+/// directory entry and a copy's dirty pages, a write to the host's disk
+/// and a cache flush each. The template goes onto the attached device
+/// instead, into the device's page cache, where the mount reads it; it
+/// reaches the image only as the file system is unmounted.
+fn empty_image(dir: &Path, bytes: u64) -> Result<fs::File, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let f = fs::File::options()
+        .read(true)
+        .write(true)
+        .mode(0o600)
+        .custom_flags(libc::O_TMPFILE)
+        .open(dir)
+        .map_err(|e| format!("creating an unnamed file in {}: {e}", dir.display()))?;
+    f.set_len(bytes)
+        .map_err(|e| format!("sizing the scratch image in {}: {e}", dir.display()))?;
+    Ok(f)
 }
 
 /// Templates of other sizes not used for a week go when a new one is made.
@@ -522,10 +546,13 @@ fn make_ext4(image: &Path, bytes: u64) -> Result<(), String> {
         .arg(image))
 }
 
-/// Copy the data extents of `from` (SEEK_DATA/SEEK_HOLE) and leave its
-/// holes holes, then size `to` to `len`.
-fn copy_sparse(from: &fs::File, to: &fs::File, len: u64) -> std::io::Result<()> {
-    let (src, dst) = (from.as_raw_fd(), to.as_raw_fd());
+/// Write the data extents of `from` (SEEK_DATA/SEEK_HOLE) onto `to` at
+/// the same offsets; `to` may be a block device (which `copy_file_range`
+/// does not write), and its ranges under `from`'s holes are left alone.
+fn copy_extents(from: &fs::File, to: &fs::File) -> std::io::Result<()> {
+    use std::os::unix::fs::FileExt;
+    let src = from.as_raw_fd();
+    let mut buf = Vec::new();
     let mut off: i64 = 0;
     loop {
         // SAFETY: lseek on an fd we own.
@@ -533,7 +560,7 @@ fn copy_sparse(from: &fs::File, to: &fs::File, len: u64) -> std::io::Result<()> 
         if data < 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() == Some(libc::ENXIO) {
-                break;
+                return Ok(());
             }
             return Err(e);
         }
@@ -542,21 +569,11 @@ fn copy_sparse(from: &fs::File, to: &fs::File, len: u64) -> std::io::Result<()> 
         if hole < 0 {
             return Err(std::io::Error::last_os_error());
         }
-        let (mut a, mut b) = (data, data);
-        while a < hole {
-            // SAFETY: both offsets point at live i64s; the fds are ours.
-            let n =
-                unsafe { libc::copy_file_range(src, &mut a, dst, &mut b, (hole - a) as usize, 0) };
-            if n < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            if n == 0 {
-                break;
-            }
-        }
+        buf.resize((hole - data) as usize, 0);
+        from.read_exact_at(&mut buf, data as u64)?;
+        to.write_all_at(&buf, data as u64)?;
         off = hole;
     }
-    to.set_len(len)
 }
 
 /// mount(2) the ext4 on `dev` at `at`, `nosuid,nodev,noatime,noinit_itable,nobarrier`,
@@ -678,14 +695,13 @@ mod loopdev {
         reserved: [u64; 8],
     }
 
-    /// Bind `image` to a free loop device that detaches itself once the
+    /// Bind `backing` to a free loop device that detaches itself once the
     /// file system on it is unmounted (autoclear); returns the device and
     /// its fd, to be held until the device is mounted.
-    pub(super) fn attach(image: &Path) -> Result<(PathBuf, File), String> {
+    pub(super) fn attach(backing: &File) -> Result<(PathBuf, File), String> {
         let open_rw = |p: &Path| File::options().read(true).write(true).open(p);
         let ctl = open_rw(Path::new("/dev/loop-control"))
             .map_err(|e| format!("opening /dev/loop-control (modprobe loop): {e}"))?;
-        let backing = open_rw(image).map_err(|e| format!("opening {}: {e}", image.display()))?;
         // Another process may take the device between GET_FREE and
         // CONFIGURE (EBUSY): ask again.
         for _ in 0..16 {
@@ -849,6 +865,17 @@ mod tests {
         let knob = format!("/sys/fs/ext4/{dev}/mb_prefetch");
         let value = fs::read_to_string(&knob).unwrap_or_else(|e| panic!("{knob}: {e}"));
         assert_eq!(value.trim(), "0", "{knob}");
+        // The image has no name: nothing for a killed build to leave.
+        let backing = format!("/sys/block/{dev}/loop/backing_file");
+        let backing = fs::read_to_string(&backing).unwrap_or_else(|e| panic!("{backing}: {e}"));
+        assert!(backing.trim_end().ends_with("(deleted)"), "{backing}");
+        let names: Vec<_> = (fs::read_dir(area.path()).unwrap())
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(names.iter().all(|n| n == "build" || n == LOCK), "{names:?}");
+        // The template written onto the device is what the mount found: an
+        // empty, sound ext4 (its root holds nothing once lost+found went).
+        assert_eq!(fs::read_dir(area.scratch()).unwrap().count(), 0);
     }
 
     /// What a build killed while removing its own area can leave, and
@@ -898,7 +925,12 @@ mod tests {
         std::thread::scope(|s| {
             for img in &images {
                 let cache = &cache;
-                s.spawn(move || fresh_image(cache, img, 64 << 20).unwrap());
+                s.spawn(move || {
+                    let template = template(cache, 64 << 20).unwrap();
+                    let to = fs::File::create(img).unwrap();
+                    to.set_len(64 << 20).unwrap();
+                    copy_extents(&template, &to).unwrap();
+                });
             }
         });
         for img in &images {
@@ -917,10 +949,10 @@ mod tests {
         }
     }
 
-    /// Data extents arrive byte for byte, holes stay holes (the copy of a
+    /// Data extents arrive byte for byte, holes stay holes (the copy onto a
     /// mostly empty 64 MiB file takes about as much disk as its data).
     #[test]
-    fn copy_sparse_keeps_data_and_holes() {
+    fn copy_extents_keeps_data_and_holes() {
         let d = tempfile::tempdir().unwrap();
         let (a, b) = (d.path().join("a"), d.path().join("b"));
         let mut f = fs::File::create(&a).unwrap();
@@ -932,7 +964,8 @@ mod tests {
         f.sync_all().unwrap();
         let from = fs::File::open(&a).unwrap();
         let to = fs::File::create(&b).unwrap();
-        copy_sparse(&from, &to, 64 << 20).unwrap();
+        to.set_len(64 << 20).unwrap();
+        copy_extents(&from, &to).unwrap();
         let (mut x, mut y) = (Vec::new(), Vec::new());
         fs::File::open(&a).unwrap().read_to_end(&mut x).unwrap();
         fs::File::open(&b).unwrap().read_to_end(&mut y).unwrap();
