@@ -481,15 +481,31 @@ fn template(cache: &Path, bytes: u64) -> Result<fs::File, String> {
 /// and a cache flush each. The template goes onto the attached device
 /// instead, into the device's page cache, where the mount reads it; it
 /// reaches the image only as the file system is unmounted.
+///
+/// Where `$TMPDIR`'s file system has no `O_TMPFILE` (overlayfs before
+/// Linux 6.6, NFS), the image is a named file unlinked at once: the fd
+/// holds it, and only a build killed in between leaves it, in its area,
+/// for the next build's sweep.
 fn empty_image(dir: &Path, bytes: u64) -> Result<fs::File, String> {
     use std::os::unix::fs::OpenOptionsExt;
-    let f = fs::File::options()
-        .read(true)
-        .write(true)
-        .mode(0o600)
-        .custom_flags(libc::O_TMPFILE)
-        .open(dir)
-        .map_err(|e| format!("creating an unnamed file in {}: {e}", dir.display()))?;
+    let mut open = fs::File::options();
+    open.read(true).write(true).mode(0o600);
+    let f = match open.clone().custom_flags(libc::O_TMPFILE).open(dir) {
+        Ok(f) => f,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EOPNOTSUPP | libc::EISDIR)) => {
+            let named = dir.join("scratch.img");
+            let f = (open.create_new(true).open(&named))
+                .map_err(|e| format!("creating {}: {e}", named.display()))?;
+            let _ = fs::remove_file(&named);
+            f
+        }
+        Err(e) => {
+            return Err(format!(
+                "creating an unnamed file in {}: {e}",
+                dir.display()
+            ))
+        }
+    };
     f.set_len(bytes)
         .map_err(|e| format!("sizing the scratch image in {}: {e}", dir.display()))?;
     Ok(f)
