@@ -435,7 +435,7 @@ pub(crate) fn remove_all(dir: &Path) -> bool {
     fs::remove_dir_all(dir).is_ok()
 }
 
-/// The empty ext4 of `bytes` every scratch of that size starts as (~70
+/// The empty ext4 of `bytes` every scratch of that size starts as (~72
 /// KiB of metadata for 32 GiB), made once with mkfs (~10 ms) into the
 /// cache, root's private runtime directory; opened for reading.
 fn template(cache: &Path, bytes: u64) -> Result<fs::File, String> {
@@ -539,10 +539,9 @@ fn make_ext4(image: &Path, bytes: u64) -> Result<(), String> {
     // lazy init: about 10 ms even for tens of GiB. No blocks reserved for
     // growing it online (it is never resized) and no superblock backups
     // (nothing ever repairs a scratch): the template's data shrinks from
-    // 4.5 MiB to ~140 KiB for 32 GiB, and copying and attaching it
-    // (LOOP_CONFIGURE flushes the copy) costs a third of what it did.
-    // Every bitmap and inode table packed at the start of the device: the
-    // copy is 4 extents of the host file instead of 21, and where the host
+    // 4.5 MiB to ~72 KiB for 32 GiB, which each build writes onto its
+    // loop device. Every bitmap and inode table packed at the start of the
+    // device: the template is 4 extents instead of 21, and where the host
     // discards freed blocks synchronously (ext4 without a journal mounted
     // `discard`), freeing it at the end of the build took 3.7–4.4 ms with
     // them spread and takes 1.3 ms packed. And one flex group for the
@@ -890,7 +889,7 @@ mod tests {
             .collect();
         assert!(names.iter().all(|n| n == "build" || n == LOCK), "{names:?}");
         // The template written onto the device is what the mount found: an
-        // empty, sound ext4 (its root holds nothing once lost+found went).
+        // ext4 whose root holds nothing once lost+found went.
         assert_eq!(fs::read_dir(area.scratch()).unwrap().count(), 0);
     }
 
