@@ -67,6 +67,8 @@ struct Inode {
     idx: u32,
     node: Node,
     mark: AtomicU8,
+    /// Offered to the prefill thread already (see `prefill.rs`).
+    prefilled: AtomicBool,
     kids: OnceLock<Result<Arc<Kids>, Errno>>,
 }
 
@@ -77,6 +79,7 @@ impl Inode {
             idx,
             node,
             mark: AtomicU8::new(MARK_NONE),
+            prefilled: AtomicBool::new(false),
             kids: OnceLock::new(),
         }
     }
@@ -106,6 +109,10 @@ pub(crate) struct Shared {
     passthrough: AtomicBool,
     /// Passthrough backing files by inode, kept until unmount.
     backing: Mutex<HashMap<u64, Arc<BackingId>>>,
+    /// Where first `READ`s without an open hand their file on to be stored
+    /// whole in the page cache; `None` before the session serves and after
+    /// it ended.
+    prefill: Mutex<Option<crate::prefill::Prefill>>,
     time: SystemTime,
     order: ReaddirOrder,
 }
@@ -188,6 +195,7 @@ impl Shared {
             zero_message_open: opts.zero_message_open,
             passthrough: AtomicBool::new(false),
             backing: Mutex::new(HashMap::new()),
+            prefill: Mutex::new(None),
             time: SystemTime::UNIX_EPOCH + Duration::from_secs(opts.mtime_secs),
             order: opts.readdir_order,
         }
@@ -195,6 +203,17 @@ impl Shared {
 
     pub(crate) fn root(&self) -> Digest {
         self.root
+    }
+
+    /// Whether first `READ`s should be offered for prefill (mounts without
+    /// opens only: with opens, passthrough already serves pages natively).
+    pub(crate) fn wants_prefill(&self) -> bool {
+        self.zero_message_open
+    }
+
+    /// Start (`Some`) or stop (`None`) offering files for prefill.
+    pub(crate) fn set_prefill(&self, p: Option<crate::prefill::Prefill>) {
+        *lock(&self.prefill) = p;
     }
 
     pub(crate) fn passthrough_active(&self) -> bool {
@@ -520,16 +539,22 @@ impl ViewFs {
     /// ([`crate::MountOptions::zero_message_open`]): what an open would do,
     /// done at the first byte wanted — recorded as read (`ENOMEM` past the
     /// read-set cap) and verified (`EIO` if the store's bytes are wrong).
-    fn unopened_file(&self, ino: INodeNo) -> Result<File, Errno> {
+    /// With it, the file's size if this is its first `READ` and it should
+    /// be prefilled.
+    fn unopened_file(&self, ino: INodeNo) -> Result<(File, Option<u64>), Errno> {
         let s = &self.shared;
         let inode = s.inode(ino).ok_or(Errno::ENOENT)?;
-        let Node::File { digest, .. } = &inode.node else {
+        let Node::File { digest, size, .. } = &inode.node else {
             return Err(Errno::EISDIR);
         };
         if !s.mark(&inode, MARK_READ) {
             return Err(Errno::ENOMEM);
         }
-        s.verified_file(ino.0, digest).ok_or(Errno::EIO)
+        let file = s.verified_file(ino.0, digest).ok_or(Errno::EIO)?;
+        let prefill = (*size <= crate::prefill::MAX_FILE
+            && !inode.prefilled.swap(true, Ordering::Relaxed))
+        .then_some(*size);
+        Ok((file, prefill))
     }
 
     /// Directory entries from `offset` on: `.`, `..`, then the children.
@@ -738,15 +763,20 @@ impl Filesystem for ViewFs {
         reply: ReplyData,
     ) {
         let handle = lock(&self.shared.handles).get(&fh.0).cloned();
+        let mut prefill = None;
         let file = match handle {
             Some(f) => f,
             None if self.shared.zero_message_open => match self.unopened_file(ino) {
-                Ok(f) => Arc::new(f),
+                Ok((f, size)) => {
+                    let f = Arc::new(f);
+                    prefill = size.map(|size| (f.clone(), size));
+                    f
+                }
                 Err(e) => return reply.error(e),
             },
             None => return reply.error(Errno::EBADF),
         };
-        READ_BUF.with_borrow_mut(|buf| {
+        let served = READ_BUF.with_borrow_mut(|buf| {
             // One buffer per serving thread, grown to the largest read it
             // has served (the kernel's max read, ~1 MiB at most): a fresh
             // allocation per READ was a fresh mapping to fault in and zero.
@@ -761,12 +791,23 @@ impl Filesystem for ViewFs {
                     Ok(k) => n += k,
                     Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
                     Err(e) => {
-                        return reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)))
+                        reply.error(Errno::from_i32(e.raw_os_error().unwrap_or(libc::EIO)));
+                        return None;
                     }
                 }
             }
             reply.data(&buf[..n]);
-        })
+            Some(offset + n as u64)
+        });
+        // After the reply: this READ's pages are unlocked only by it. A
+        // file this one READ covered whole has nothing left to store.
+        if let (Some((file, size)), Some(end)) = (prefill, served) {
+            if offset > 0 || end < size {
+                if let Some(p) = lock(&self.shared.prefill).as_ref() {
+                    p.offer(ino.0, file, size);
+                }
+            }
+        }
     }
 
     fn release(

@@ -16,7 +16,11 @@
 //!   kernel allows. With FUSE passthrough (Linux ≥ 6.9, root) an opened file
 //!   is handed to the kernel, which reads the blob file directly (one backing
 //!   file per inode, kept for the mount's life); the open itself still comes
-//!   to the daemon, so it is still verified and logged. `flush` is left
+//!   to the daemon, so it is still verified and logged. Without opens
+//!   ([`MountOptions::zero_message_open`]) a file's first `READ` has a
+//!   thread of the mount store the rest of it, verified, in the page cache
+//!   (`prefill.rs`), so an exec's page faults are not each a round trip.
+//!   `flush` is left
 //!   unimplemented on purpose: the kernel then stops sending it, saving a
 //!   round trip per `close`.
 //!   Files are `0444` (`0555` if executable), directories `0555`, owned by
@@ -113,6 +117,7 @@ pub mod compact;
 mod error;
 mod fs;
 mod mount;
+mod prefill;
 pub mod readset;
 mod signals;
 mod verified;

@@ -233,6 +233,9 @@ pub struct MountGuard {
     mountpoint: PathBuf,
     shared: Arc<Shared>,
     session: Option<fuser::BackgroundSession>,
+    /// The prefill thread (mounts without opens), joined after the serving
+    /// threads.
+    prefill: Option<std::thread::JoinHandle<()>>,
     record: Option<PathBuf>,
     /// An `O_PATH` descriptor of the mount's root, held until the
     /// connection has been ended: while it is open the superblock lives,
@@ -316,6 +319,17 @@ pub fn mount(
         path: mountpoint.clone(),
         source,
     })?;
+    let prefill = if shared.wants_prefill() {
+        // Without it the view still works: pages then come by `READ`.
+        crate::prefill::Prefill::start(session.notifier())
+            .ok()
+            .map(|(p, thread)| {
+                shared.set_prefill(Some(p));
+                thread
+            })
+    } else {
+        None
+    };
     // Only now is anyone serving: a stat before this would wait forever.
     let pin = pin_root(&mountpoint);
     let conn = pin.as_ref().and_then(connection_of);
@@ -323,6 +337,7 @@ pub fn mount(
         mountpoint,
         shared,
         session: Some(session),
+        prefill,
         record,
         pin,
         conn,
@@ -521,6 +536,12 @@ impl MountGuard {
         };
         let r = if wait_finished(&session.guard, limit) {
             let _ = session.join();
+            // Nothing offers files now; the thread drains its queue (every
+            // store fails fast on an ended connection) and ends.
+            self.shared.set_prefill(None);
+            if let Some(t) = self.prefill.take() {
+                let _ = t.join();
+            }
             r
         } else {
             // Leave the threads to the kernel rather than hang the caller.

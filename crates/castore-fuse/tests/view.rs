@@ -417,3 +417,96 @@ fn corrupt_directory_is_refused_and_named() {
         castore::ErrorKind::Integrity
     );
 }
+
+/// The pages of `f` (of `len` bytes) in the page cache, by `mincore` of a
+/// mapping of it.
+fn resident_pages(f: &fs::File, len: usize) -> (usize, usize) {
+    use std::os::fd::AsRawFd;
+    let page = 4096;
+    let pages = len.div_ceil(page);
+    let mut vec = vec![0u8; pages];
+    // SAFETY: a fresh shared read-only mapping of an open file, only
+    // inspected by mincore (which faults nothing in) and unmapped here.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            f.as_raw_fd(),
+            0,
+        );
+        assert_ne!(p, libc::MAP_FAILED, "{}", std::io::Error::last_os_error());
+        assert_eq!(libc::mincore(p, len, vec.as_mut_ptr()), 0);
+        libc::munmap(p, len);
+    }
+    (vec.iter().filter(|b| **b & 1 == 1).count(), pages)
+}
+
+/// Without opens, a file's first READ has the daemon store the rest of the
+/// verified file in the page cache (so an exec's page faults do not each
+/// come back as a READ): after one byte of a 3 MiB file is read, every
+/// page of it is resident, and what is resident is the file's bytes. A
+/// corrupt file is stored nowhere: its first READ fails.
+#[test]
+fn a_file_read_once_without_opens_is_stored_whole_in_the_page_cache() {
+    use std::os::unix::fs::FileExt;
+    let fx = Fixture::new(sample_tree);
+    let opts = castore_fuse::MountOptions {
+        zero_message_open: true,
+        ..fx.opts()
+    };
+    let g = castore_fuse::mount(&fx.store, &fx.root, &fx.mountpoint("prefill"), &opts).unwrap();
+    let path = g.mountpoint().join("share/data/big.bin");
+    let want: Vec<u8> = (0..(3 << 20) + 17).map(|i| (i * 7 % 251) as u8).collect();
+    let f = fs::File::open(&path).unwrap();
+    let mut one = [0u8; 1];
+    assert_eq!(f.read_at(&mut one, 0).unwrap(), 1);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (mut resident, pages) = resident_pages(&f, want.len());
+    while resident < pages && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        resident = resident_pages(&f, want.len()).0;
+    }
+    assert_eq!(
+        resident, pages,
+        "after one byte read, {resident} of {pages} pages are in the page cache"
+    );
+    assert_eq!(
+        fs::read(&path).unwrap(),
+        want,
+        "the stored pages are not the file's bytes"
+    );
+    let out = g.finish(&fx.store).unwrap();
+    assert!(out.integrity_failures.is_empty());
+    assert!(out
+        .read_set
+        .entries
+        .iter()
+        .any(|e| e.path == "/share/data/big.bin" && e.access == castore_fuse::Access::Read));
+
+    // The same file, corrupt in the store: its first READ fails, and no
+    // page of it is served, by READ or from a store.
+    let blob = fx.store.object_path(ObjectKind::Blob, &Digest::of(&want));
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o644)).unwrap();
+    let mut bad = want.clone();
+    bad[(2 << 20) + 5] ^= 1;
+    fs::write(&blob, &bad).unwrap();
+    let opts = castore_fuse::MountOptions {
+        verified: std::sync::Arc::default(),
+        ..opts
+    };
+    let g = castore_fuse::mount(&fx.store, &fx.root, &fx.mountpoint("prefill2"), &opts).unwrap();
+    let path = g.mountpoint().join("share/data/big.bin");
+    let f = fs::File::open(&path).unwrap();
+    assert_eq!(errno_of(f.read_at(&mut one, 0)), Some(libc::EIO));
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    assert_eq!(
+        resident_pages(&f, want.len()).0,
+        0,
+        "a page of a corrupt file is cached"
+    );
+    assert_eq!(errno_of(f.read_at(&mut one, 2 << 20)), Some(libc::EIO));
+    let out = g.finish(&fx.store).unwrap();
+    assert_eq!(out.integrity_failures.len(), 1);
+}
