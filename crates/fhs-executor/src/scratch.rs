@@ -342,7 +342,6 @@ impl WorkArea {
         // only by a build in this same $TMPDIR.
         self.register(&dev.to_string_lossy());
         // Space is taken from the host as the build writes.
-        let _ = fs::remove_dir(self.scratch.join("lost+found"));
         self.fresh = crate::pool::FreshScratch::read(&self.scratch, &dev);
         Ok(bytes)
     }
@@ -441,7 +440,7 @@ pub(crate) fn remove_all(dir: &Path) -> bool {
 fn template(cache: &Path, bytes: u64) -> Result<fs::File, String> {
     // The name carries the mkfs options' version: a template made with other
     // options is never taken for one of these.
-    let template = cache.join(format!("scratch-v3-{bytes}.ext4"));
+    let template = cache.join(format!("scratch-v4-{bytes}.ext4"));
     if !template.exists() {
         fs::DirBuilder::new()
             .mode(0o700)
@@ -454,7 +453,7 @@ fn template(cache: &Path, bytes: u64) -> Result<fs::File, String> {
         static SEQ: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
         let n = SEQ.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let tmp = cache.join(format!(
-            "scratch-v3-{bytes}.ext4.tmp{}-{n}",
+            "scratch-v4-{bytes}.ext4.tmp{}-{n}",
             std::process::id()
         ));
         let made = make_ext4(&tmp, bytes).and_then(|()| {
@@ -558,6 +557,12 @@ fn make_ext4(image: &Path, bytes: u64) -> Result<(), String> {
             "-E",
             "lazy_itable_init=1,lazy_journal_init=1,nodiscard,packed_meta_blocks=1,num_backup_sb=0",
         ])
+        .arg(image))?;
+    // Made once here rather than removed by every build: a scratch's root
+    // starts empty, and a build does not pay an rmdir (an inode and a block
+    // freed in the fresh file system) before it starts.
+    run(Command::new("debugfs")
+        .args(["-w", "-R", "rmdir lost+found"])
         .arg(image))
 }
 
@@ -889,7 +894,7 @@ mod tests {
             .collect();
         assert!(names.iter().all(|n| n == "build" || n == LOCK), "{names:?}");
         // The template written onto the device is what the mount found: an
-        // ext4 whose root holds nothing once lost+found went.
+        // ext4 whose root holds nothing (the template has no lost+found).
         assert_eq!(fs::read_dir(area.scratch()).unwrap().count(), 0);
     }
 
