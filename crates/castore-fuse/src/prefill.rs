@@ -74,8 +74,11 @@ impl Prefill {
 }
 
 fn store_all(notifier: &Notifier, rx: &Receiver<Job>) {
-    let mut buf = vec![0u8; CHUNK];
+    // Allocated at the first file, not at the thread's start (which is on
+    // the way to the build's start): a mount may never need it.
+    let mut buf = Vec::new();
     while let Ok(job) = rx.recv() {
+        buf.resize(CHUNK, 0);
         if store_file(notifier, &job, &mut buf).is_err_and(|e| connection_gone(&e)) {
             return;
         }
