@@ -527,6 +527,10 @@ impl MountGuard {
         // view (seen with 150 builds at once: a view read ENOTCONN).
         let aborted = self.conn.is_some_and(abort_connection);
         self.pin = None;
+        // Nothing offers files from here on: the prefill thread drains its
+        // queue (every store fails fast on an ended connection) and ends
+        // while the serving threads do.
+        self.shared.set_prefill(None);
         // Without fusectl, the detach ends the connection once nothing below
         // it is open; something still holding a file keeps it alive.
         let limit = if aborted {
@@ -536,9 +540,6 @@ impl MountGuard {
         };
         let r = if wait_finished(&session.guard, limit) {
             let _ = session.join();
-            // Nothing offers files now; the thread drains its queue (every
-            // store fails fast on an ended connection) and ends.
-            self.shared.set_prefill(None);
             if let Some(t) = self.prefill.take() {
                 let _ = t.join();
             }
