@@ -103,6 +103,52 @@ fn blob_writer_streams_and_is_invisible_until_finished() {
     assert_eq!((e, n), (Digest::of(b""), 0));
 }
 
+/// A small streamed blob lives in memory until `finish`: no staging
+/// directory while it is written, none if the store already holds it, and
+/// one made, fsynced and renamed in if it does not; a large one spills to
+/// a staging file on the way.
+#[test]
+fn a_small_streamed_blob_touches_no_file_unless_it_is_new() {
+    let env = Env::new();
+    let tmp_entries = || {
+        std::fs::read_dir(env.store.root().join("tmp"))
+            .unwrap()
+            .count()
+    };
+    let log = b"a rebuilt action's log\n".repeat(100);
+    let mut w = env.store.blob_writer().unwrap();
+    w.write_all(&log).unwrap();
+    assert_eq!(tmp_entries(), 0, "a small blob made a staging directory");
+    let (d, n) = w.finish().unwrap();
+    assert_eq!((d, n), (Digest::of(&log), log.len() as u64));
+    assert_eq!(env.store.read_blob(&d).unwrap(), log);
+    assert_eq!(tmp_entries(), 0);
+
+    // The same bytes again: found, nothing written.
+    let path = env.store.object_path(ObjectKind::Blob, &d);
+    let before = std::fs::metadata(&path).unwrap();
+    let mut w = env.store.blob_writer().unwrap();
+    w.write_all(&log).unwrap();
+    assert_eq!(w.finish().unwrap(), (d, n));
+    let after = std::fs::metadata(&path).unwrap();
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(
+        (before.ino(), before.ctime_nsec()),
+        (after.ino(), after.ctime_nsec())
+    );
+    assert_eq!(tmp_entries(), 0);
+
+    // Past 64 KiB the bytes go to a staging file before `finish`.
+    let big = pseudo_random(200 << 10, 7);
+    let mut w = env.store.blob_writer().unwrap();
+    w.write_all(&big[..100 << 10]).unwrap();
+    assert_eq!(tmp_entries(), 1, "a large blob is not staged on disk");
+    w.write_all(&big[100 << 10..]).unwrap();
+    let (d, _) = w.finish().unwrap();
+    assert_eq!(env.store.read_blob(&d).unwrap(), big);
+    assert_eq!(tmp_entries(), 0);
+}
+
 #[test]
 fn capped_writer_keeps_the_head_and_counts_the_rest() {
     let env = Env::new();

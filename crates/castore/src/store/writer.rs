@@ -1,6 +1,7 @@
 //! Streaming blob writes: [`BlobWriter`] takes bytes as they arrive (a
-//! build's log from a pipe), hashes them on the way to a private temp file,
-//! and makes them a blob only at [`BlobWriter::finish`]. [`CappedWriter`]
+//! build's log from a pipe), hashes them on the way to memory and, past
+//! 64 KiB, to a private temp file, and makes them a blob only at
+//! [`BlobWriter::finish`]. [`CappedWriter`]
 //! bounds how much of a stream reaches any writer.
 
 use std::fs::File;
@@ -17,26 +18,65 @@ use crate::{Digest, Error, Result};
 /// A blob being written. `std::io::Write` in, `(digest, size)` out of
 /// [`finish`](BlobWriter::finish).
 ///
-/// The bytes go to a temp file in a private staging directory under
+/// The first 64 KiB (`IN_MEMORY`) are kept in memory; a blob that grows
+/// past that goes to a temp file in a private staging directory under
 /// `ROOT/tmp` (flocked, like a [`Txn`](super::Txn)'s), never visible in the
-/// store before `finish`. Dropping an unfinished writer deletes the temp
-/// file; a killed process's leftover is removed by the next
-/// [`LocalStore::open`]. The writer does not hold the store lock while
+/// store before `finish`. A small blob the store already holds (a rebuilt
+/// action's log and read set, as a rule) then costs no file at all: a
+/// staging directory, its lock, the temp file and their removal were five
+/// inodes made and freed for nothing. Dropping an unfinished writer deletes
+/// the temp file, if any; a killed process's leftover is removed by the
+/// next [`LocalStore::open`]. The writer does not hold the store lock while
 /// writing — a build-long log must not hold off `gc` for the whole build —
 /// only for the rename inside `finish`.
 pub struct BlobWriter {
     store: LocalStore,
-    staging: Staging,
-    tmp: PathBuf,
-    file: BufWriter<File>,
+    sink: Sink,
     hasher: blake3::Hasher,
     len: u64,
 }
 
+/// How many bytes a [`BlobWriter`] keeps in memory before it spills them
+/// to a temp file.
+pub(crate) const IN_MEMORY: usize = 64 << 10;
+
+/// Where a [`BlobWriter`]'s bytes are so far.
+enum Sink {
+    Memory(Vec<u8>),
+    File(Spilled),
+}
+
+struct Spilled {
+    staging: Staging,
+    tmp: PathBuf,
+    file: BufWriter<File>,
+}
+
+impl Spilled {
+    /// A temp file in a fresh staging directory, holding `head`.
+    fn create(store: &LocalStore, head: &[u8]) -> Result<Spilled> {
+        let staging = Staging::create(store)?;
+        let tmp = staging.dir.join("blob");
+        let file = File::options()
+            .write(true)
+            .create_new(true)
+            .mode(0o444)
+            .open(&tmp)
+            .map_err(io("create", &tmp))?;
+        let mut file = BufWriter::with_capacity(256 * 1024, file);
+        file.write_all(head).map_err(io("write", &tmp))?;
+        Ok(Spilled { staging, tmp, file })
+    }
+}
+
 impl std::fmt::Debug for BlobWriter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let tmp = match &self.sink {
+            Sink::Memory(_) => None,
+            Sink::File(f) => Some(&f.tmp),
+        };
         f.debug_struct("BlobWriter")
-            .field("tmp", &self.tmp)
+            .field("tmp", &tmp)
             .field("len", &self.len)
             .finish()
     }
@@ -45,19 +85,9 @@ impl std::fmt::Debug for BlobWriter {
 impl LocalStore {
     /// Start a streamed blob; see [`BlobWriter`].
     pub fn blob_writer(&self) -> Result<BlobWriter> {
-        let staging = Staging::create(self)?;
-        let tmp = staging.dir.join("blob");
-        let file = File::options()
-            .write(true)
-            .create_new(true)
-            .mode(0o444)
-            .open(&tmp)
-            .map_err(io("create", &tmp))?;
         Ok(BlobWriter {
             store: self.clone(),
-            staging,
-            tmp,
-            file: BufWriter::with_capacity(256 * 1024, file),
+            sink: Sink::Memory(Vec::new()),
             hasher: blake3::Hasher::new(),
             len: 0,
         })
@@ -93,31 +123,35 @@ impl BlobWriter {
     fn finish_inner(self, roots: Option<&TempRoots>) -> Result<(Digest, u64)> {
         let BlobWriter {
             store,
-            staging,
-            tmp,
-            file,
+            sink,
             hasher,
             len,
         } = self;
-        let file = file.into_inner().map_err(|e| Error::Io {
-            op: "write",
-            path: tmp.clone(),
-            source: e.into_error(),
-        })?;
         let digest: Digest = hasher.finalize().into();
         let _lock = lock_shared(&store)?;
         if let Some(r) = roots {
             r.add_locked(&[digest])?;
         }
-        if !store.has(ObjectKind::Blob, &digest) {
-            file.sync_all().map_err(io("fsync", &tmp))?;
-            drop(file);
-            let dst = store.object_path(ObjectKind::Blob, &digest);
-            std::fs::rename(&tmp, &dst).map_err(io("rename into store", &dst))?;
-            if let Some(shard) = dst.parent() {
-                if let Ok(d) = File::open(shard) {
-                    d.sync_all().map_err(io("fsync", shard))?;
-                }
+        if store.has(ObjectKind::Blob, &digest) {
+            return Ok((digest, len));
+        }
+        let spilled = match sink {
+            Sink::File(f) => f,
+            Sink::Memory(bytes) => Spilled::create(&store, &bytes)?,
+        };
+        let Spilled { staging, tmp, file } = spilled;
+        let file = file.into_inner().map_err(|e| Error::Io {
+            op: "write",
+            path: tmp.clone(),
+            source: e.into_error(),
+        })?;
+        file.sync_all().map_err(io("fsync", &tmp))?;
+        drop(file);
+        let dst = store.object_path(ObjectKind::Blob, &digest);
+        std::fs::rename(&tmp, &dst).map_err(io("rename into store", &dst))?;
+        if let Some(shard) = dst.parent() {
+            if let Ok(d) = File::open(shard) {
+                d.sync_all().map_err(io("fsync", shard))?;
             }
         }
         drop(staging);
@@ -127,14 +161,28 @@ impl BlobWriter {
 
 impl Write for BlobWriter {
     fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        let n = self.file.write(buf)?;
+        let n = match &mut self.sink {
+            Sink::Memory(bytes) if bytes.len() + buf.len() <= IN_MEMORY => {
+                bytes.extend_from_slice(buf);
+                buf.len()
+            }
+            Sink::Memory(bytes) => {
+                let spilled = Spilled::create(&self.store, bytes).map_err(io::Error::other)?;
+                self.sink = Sink::File(spilled);
+                return self.write(buf);
+            }
+            Sink::File(f) => f.file.write(buf)?,
+        };
         self.hasher.update(&buf[..n]);
         self.len += n as u64;
         Ok(n)
     }
 
     fn flush(&mut self) -> io::Result<()> {
-        self.file.flush()
+        match &mut self.sink {
+            Sink::Memory(_) => Ok(()),
+            Sink::File(f) => f.file.flush(),
+        }
     }
 }
 
