@@ -69,7 +69,7 @@
 //! - **Lifecycle** ([`MountGuard`]): one fresh mount per use; dropping the
 //!   guard detaches the mount (`MNT_DETACH`), aborts its connection through
 //!   fusectl (so a straggler holding a file open cannot make drop or finish
-//!   hang) and joins every serving thread. The guard holds an `O_PATH`
+//!   hang) and joins every serving thread (and the prefill thread). The guard holds an `O_PATH`
 //!   descriptor of the root until the abort is done: connection numbers are
 //!   device minors the kernel reuses at once, and only a live superblock
 //!   keeps the number ours — an abort by number after it died ended another

@@ -85,33 +85,19 @@ fn store_all(notifier: &Notifier, rx: &Receiver<Job>) {
     }
 }
 
-/// Store `job`'s file from its start to its end. A read error or a refused
-/// store ends this file only: its remaining pages come by `READ`.
+/// Store `job`'s file from its start to its end. A read error (a file
+/// shorter than verified included) or a refused store ends this file only:
+/// its remaining pages come by `READ`.
 fn store_file(notifier: &Notifier, job: &Job, buf: &mut [u8]) -> std::io::Result<()> {
     let mut offset = 0u64;
     while offset < job.size {
         let want = buf.len().min((job.size - offset) as usize);
-        let n = read_full(&job.file, &mut buf[..want], offset)?;
-        if n == 0 {
-            return Ok(());
-        }
-        notifier.store(INodeNo(job.ino), offset, &buf[..n])?;
-        offset += n as u64;
+        let chunk = &mut buf[..want];
+        job.file.read_exact_at(chunk, offset)?;
+        notifier.store(INodeNo(job.ino), offset, chunk)?;
+        offset += chunk.len() as u64;
     }
     Ok(())
-}
-
-fn read_full(file: &File, buf: &mut [u8], offset: u64) -> std::io::Result<usize> {
-    let mut n = 0;
-    while n < buf.len() {
-        match file.read_at(&mut buf[n..], offset + n as u64) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(n)
 }
 
 /// Whether a store failed because the mount's connection is gone (so every

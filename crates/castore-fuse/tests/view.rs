@@ -418,6 +418,15 @@ fn corrupt_directory_is_refused_and_named() {
     );
 }
 
+/// This process's threads named `fhsx-prefill` (only this file's prefill
+/// test mounts without opens, so only it makes them).
+fn prefill_threads() -> usize {
+    (fs::read_dir("/proc/self/task").unwrap())
+        .filter_map(|t| fs::read_to_string(t.ok()?.path().join("comm")).ok())
+        .filter(|c| c.trim_end() == "fhsx-prefill")
+        .count()
+}
+
 /// The pages of `f` (of `len` bytes) in the page cache, by `mincore` of a
 /// mapping of it.
 fn resident_pages(f: &fs::File, len: usize) -> (usize, usize) {
@@ -477,7 +486,13 @@ fn a_file_read_once_without_opens_is_stored_whole_in_the_page_cache() {
         want,
         "the stored pages are not the file's bytes"
     );
+    assert_eq!(
+        prefill_threads(),
+        1,
+        "the mount has no prefill thread to end"
+    );
     let out = g.finish(&fx.store).unwrap();
+    assert_eq!(prefill_threads(), 0, "a prefill thread outlived its mount");
     assert!(out.integrity_failures.is_empty());
     assert!(out
         .read_set
@@ -509,4 +524,5 @@ fn a_file_read_once_without_opens_is_stored_whole_in_the_page_cache() {
     assert_eq!(errno_of(f.read_at(&mut one, 2 << 20)), Some(libc::EIO));
     let out = g.finish(&fx.store).unwrap();
     assert_eq!(out.integrity_failures.len(), 1);
+    assert_eq!(prefill_threads(), 0, "a prefill thread outlived its mount");
 }
