@@ -395,14 +395,27 @@ impl Shared {
                 return None;
             }
         };
+        match self.verdict(digest, &file) {
+            Ok(()) => Some(file),
+            Err(actual) => {
+                self.fail(&self.path_of(ino), *digest, actual);
+                None
+            }
+        }
+    }
+
+    /// Whether `file` holds `digest`'s bytes, decided once per mount (the
+    /// first caller hashes; one that comes meanwhile waits for its
+    /// verdict); `Err` carries the digest found, if the file could be read.
+    fn verdict(&self, digest: &Digest, file: &File) -> Result<(), Option<Digest>> {
         let cell = lock(&self.verified).entry(*digest).or_default().clone();
-        let verdict = cell.get_or_init(|| {
+        *cell.get_or_init(|| {
             // One fstat: the identity asked about is the one remembered.
-            let id = crate::verified::FileId::of(&file);
+            let id = crate::verified::FileId::of(file);
             if id.is_some_and(|id| self.known.holds(digest, id)) {
                 return Ok(());
             }
-            match hash_file(&file) {
+            match hash_file(file) {
                 Ok(actual) if actual == *digest => {
                     if let Some(id) = id {
                         self.known.insert(*digest, id);
@@ -412,13 +425,16 @@ impl Shared {
                 Ok(actual) => Err(Some(actual)),
                 Err(_) => Err(None),
             }
-        });
-        match verdict {
-            Ok(()) => Some(file),
-            Err(actual) => {
-                self.fail(&self.path_of(ino), *digest, *actual);
-                None
-            }
+        })
+    }
+
+    /// Decide `digest`'s verdict now, as its first open would, so that the
+    /// open finds it made (or waits for it) instead of hashing then. Reads
+    /// nothing into the read set and serves nothing: a corrupt blob is
+    /// reported when, and only if, the build opens it.
+    pub(crate) fn verify_ahead(&self, digest: &Digest) {
+        if let Ok(file) = self.open_blob_file(digest) {
+            let _ = self.verdict(digest, &file);
         }
     }
 

@@ -236,6 +236,9 @@ pub struct MountGuard {
     /// The prefill thread (mounts without opens), joined after the serving
     /// threads.
     prefill: Option<std::thread::JoinHandle<()>>,
+    /// The thread verifying blobs ahead of their first open
+    /// ([`MountGuard::verify_ahead`]), joined at the unmount.
+    ahead: Option<std::thread::JoinHandle<()>>,
     record: Option<PathBuf>,
     /// An `O_PATH` descriptor of the mount's root, held until the
     /// connection has been ended: while it is open the superblock lives,
@@ -338,6 +341,7 @@ pub fn mount(
         shared,
         session: Some(session),
         prefill,
+        ahead: None,
         record,
         pin,
         conn,
@@ -422,6 +426,27 @@ impl MountGuard {
                 self.mountpoint.display()
             )))
         }
+    }
+
+    /// Verify the blobs `digests` now, on a thread of this mount's, as
+    /// their first opens would: a build that is about to open them (its
+    /// command, that one's interpreter) then finds them verified instead of
+    /// waiting for a hash at its first exec. Records no read; a corrupt
+    /// blob fails only the open that reaches it, as ever. A second call
+    /// while the first one's thread runs is ignored.
+    pub fn verify_ahead(&mut self, digests: Vec<Digest>) {
+        if digests.is_empty() || self.ahead.is_some() {
+            return;
+        }
+        let shared = self.shared.clone();
+        self.ahead = std::thread::Builder::new()
+            .name("fhsx-verify".into())
+            .spawn(move || {
+                for d in &digests {
+                    shared.verify_ahead(d);
+                }
+            })
+            .ok();
     }
 
     /// The FUSE connection number (fusectl's name for it), when known.
@@ -519,6 +544,9 @@ impl MountGuard {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
+        if let Some(t) = self.ahead.take() {
+            let _ = t.join();
+        }
         let r = detach(&self.mountpoint);
         // The connection is ended by its number while the pin keeps the
         // superblock alive: the number is ours until the pin is dropped.

@@ -343,6 +343,58 @@ fn a_blob_hashed_by_an_earlier_mount_is_trusted_only_while_unchanged() {
     assert_eq!(table.hits(), 1, "a rewritten blob was trusted");
 }
 
+/// `verify_ahead` hashes a blob as its first open would, before anything
+/// opens it: the verdict is this mount's (and, through the shared table,
+/// a later mount's), nothing enters the read set, and a corrupt blob fails
+/// only the open that reaches it — never one that did not happen.
+#[test]
+fn a_blob_verified_ahead_is_neither_read_nor_refused_until_opened() {
+    let fx = Fixture::new(sample_tree);
+    let table = std::sync::Arc::new(castore_fuse::VerifiedBlobs::default());
+    let opts = castore_fuse::MountOptions {
+        verified: table.clone(),
+        ..fx.opts()
+    };
+    let mount =
+        |name: &str| castore_fuse::mount(&fx.store, &fx.root, &fx.mountpoint(name), &opts).unwrap();
+    let mut a = mount("a");
+    a.verify_ahead(vec![Digest::of(b"a\n")]);
+    let out = a.finish(&fx.store).unwrap();
+    out.check().unwrap();
+    assert!(
+        out.read_set.get("/share/doc/a.txt").is_none(),
+        "a blob verified ahead was recorded as read"
+    );
+    let b = mount("b");
+    assert_eq!(
+        fs::read(b.mountpoint().join("share/doc/a.txt")).unwrap(),
+        b"a\n"
+    );
+    assert_eq!(table.hits(), 1, "the blob verified ahead was hashed again");
+    b.finish(&fx.store).unwrap().check().unwrap();
+
+    let digest = Digest::of(b"b\n");
+    let blob = fx.store.object_path(ObjectKind::Blob, &digest);
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o644)).unwrap();
+    fs::write(&blob, b"X\n").unwrap();
+    fs::set_permissions(&blob, fs::Permissions::from_mode(0o444)).unwrap();
+    let mut c = mount("c");
+    c.verify_ahead(vec![digest]);
+    let out = c.finish(&fx.store).unwrap();
+    assert!(
+        out.integrity_failures.is_empty(),
+        "a corrupt blob nothing opened was reported: {:?}",
+        out.integrity_failures
+    );
+    let mut d = mount("d");
+    d.verify_ahead(vec![digest]);
+    let e = fs::read(d.mountpoint().join("share/doc/b.txt")).unwrap_err();
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    let out = d.finish(&fx.store).unwrap();
+    assert_eq!(out.integrity_failures.len(), 1);
+    assert_eq!(out.integrity_failures[0].actual, Some(Digest::of(b"X\n")));
+}
+
 /// Many readers at once, through both serving paths: every byte right, and
 /// the read set the same as one reader's.
 #[test]

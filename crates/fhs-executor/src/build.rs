@@ -15,6 +15,7 @@
 use std::ffi::OsString;
 use std::fs;
 use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -39,7 +40,7 @@ use crate::ingest::Ingested;
 use crate::log::BuildLog;
 use crate::scratch::{DiskLimit, ScratchMedium, WorkArea};
 use crate::world::World;
-use crate::{check, ingest, keys, manifest, sign, view, Error};
+use crate::{ahead, check, ingest, keys, manifest, sign, view, Error};
 
 /// The primary FHS executor over a local store.
 pub struct FhsExecutor {
@@ -199,9 +200,9 @@ impl FhsExecutor {
         }
         clock.mark("validate");
         let mut log = BuildLog::new(&self.store, plan.action.limits.log)?;
-        let work = self.prepare(&plan, &mut log, live)?;
+        let mut work = self.prepare(&plan)?;
         clock.mark("prepare");
-        let ran = self.run(&plan, &view, &work, &roots, &mut log, live)?;
+        let ran = self.run(&plan, &view, &mut work, &roots, &mut log, live)?;
         clock.mark("run");
         let violations = violations(&ran, &mut log, live);
         if let Some(f) = &ran.fetch {
@@ -431,40 +432,47 @@ impl FhsExecutor {
         }
     }
 
-    /// Stage 4, prepare: the working area (size-capped scratch where the
-    /// host allows), the source tree, the mount point.
-    fn prepare(
-        &self,
-        plan: &Plan<'_>,
-        log: &mut BuildLog,
-        live: &mut (dyn Write + Send),
-    ) -> Result<WorkArea, Error> {
+    /// Stage 4, prepare: the working area and the view's mount point; the
+    /// scratch (size-capped where the host allows, holding the source tree)
+    /// is made on a thread of its own while the run stage mounts the view,
+    /// and is ready before the sandbox starts.
+    fn prepare(&self, plan: &Plan<'_>) -> Result<WorkArea, Error> {
         let limits = &plan.action.limits;
+        let fill = self.scratch_fill(plan);
         // A memory scratch is never pooled: its mount costs microseconds.
         let work = match (self.scratch_medium, &self.scratch_pool) {
             (ScratchMedium::Memory, _) => {
-                WorkArea::create(limits.disk.min(limits.memory), ScratchMedium::Memory)?
+                WorkArea::create(limits.disk.min(limits.memory), ScratchMedium::Memory, fill)?
             }
-            (ScratchMedium::Disk, Some(pool)) => WorkArea::create_pooled(limits.disk, pool)?,
-            (ScratchMedium::Disk, None) => WorkArea::create(limits.disk, ScratchMedium::Disk)?,
+            (ScratchMedium::Disk, Some(pool)) => WorkArea::create_pooled(limits.disk, pool, fill)?,
+            (ScratchMedium::Disk, None) => {
+                WorkArea::create(limits.disk, ScratchMedium::Disk, fill)?
+            }
         };
-        if let DiskLimit::NotEnforced(why) = &work.disk {
-            log.note(
-                &format!("fhsx: [limits] disk is not enforced here: {why}"),
-                live,
-            );
-        }
-        let scratch = work.scratch().to_path_buf();
-        let home = scratch.join(plan.world.home.trim_start_matches("/build/"));
-        for d in [&work.path().join("view"), &scratch.join("home"), &home] {
-            fs::create_dir_all(d).map_err(|e| Error::io("create", d, e))?;
-        }
-        if let Some(src) = &plan.action.inputs.source {
-            let dest = scratch.join(plan.action.outputs.source_dir());
-            castore::export::export(&self.store, src, &dest, &())?;
-        }
-        work.hand_over()?;
+        let view = work.path().join("view");
+        fs::create_dir(&view).map_err(|e| Error::io("create", &view, e))?;
         Ok(work)
+    }
+
+    /// What the scratch holds before the build starts: `/build/home`, the
+    /// home the world names, and the source tree, exported.
+    fn scratch_fill(&self, plan: &Plan<'_>) -> crate::scratch::Fill {
+        let store = self.store.clone();
+        let home = PathBuf::from(plan.world.home.trim_start_matches("/build/"));
+        let source = plan
+            .action
+            .inputs
+            .source
+            .map(|src| (src, plan.action.outputs.source_dir().to_owned()));
+        Box::new(move |scratch: &Path| {
+            for d in [scratch.join("home"), scratch.join(&home)] {
+                fs::create_dir_all(&d).map_err(|e| Error::io("create", &d, e))?;
+            }
+            if let Some((src, dir)) = source {
+                castore::export::export(&store, &src, &scratch.join(dir), &())?;
+            }
+            Ok(())
+        })
     }
 
     /// Stage 5, run: mount the view, run the command in the sandbox with
@@ -474,14 +482,14 @@ impl FhsExecutor {
         &self,
         plan: &Plan<'_>,
         view: &Composition,
-        work: &WorkArea,
+        work: &mut WorkArea,
         roots: &Arc<TempRoots>,
         log: &mut BuildLog,
         live: &mut (dyn Write + Send),
     ) -> Result<Ran, Error> {
         let action = &plan.action;
         let mnt = work.path().join("view");
-        let scratch = work.scratch();
+        let scratch = work.scratch().to_path_buf();
         castore_fuse::preflight().map_err(|e| Error::Other(e.to_string()))?;
         let options = MountOptions {
             max_read_set_entries: action.limits.reads,
@@ -491,8 +499,17 @@ impl FhsExecutor {
             zero_message_open: self.zero_message_open,
             ..MountOptions::default()
         };
-        let guard = castore_fuse::mount(&self.store, &view.root, &mnt, &options)
+        let mut guard = castore_fuse::mount(&self.store, &view.root, &mnt, &options)
             .map_err(|e| Error::Other(format!("mounting the view: {e}")))?;
+        // The command's first opens are hashed while the sandbox is set up.
+        if let Some(cmd) = action.run.command.first() {
+            guard.verify_ahead(ahead::first_opens(
+                &self.store,
+                &view.root,
+                cmd,
+                &sandbox_path(plan),
+            ));
+        }
 
         let runtime = Runtime::new()?;
         // The root's entries from the store, not through the mount: this
@@ -505,7 +522,7 @@ impl FhsExecutor {
         let mut spec = SandboxSpec::view_of(
             &mnt,
             entries,
-            scratch,
+            &scratch,
             runtime.paths().clone(),
             Arc::new(RealFs),
         )?;
@@ -552,10 +569,18 @@ impl FhsExecutor {
                 &mut spec,
             )?),
         };
+        // The scratch, mounted and filled meanwhile on a thread of its own.
+        work.ready()?;
+        if let DiskLimit::NotEnforced(why) = &work.disk {
+            log.note(
+                &format!("fhsx: [limits] disk is not enforced here: {why}"),
+                live,
+            );
+        }
         let command: Vec<OsString> = action.run.command.iter().map(OsString::from).collect();
         // stdout and stderr share one pipe, streamed into the log.
         let (mut reader, writer) =
-            std::io::pipe().map_err(|e| Error::io("create the log pipe for", scratch, e))?;
+            std::io::pipe().map_err(|e| Error::io("create the log pipe for", &scratch, e))?;
         let stop = Arc::new(AtomicBool::new(false));
         let opts = RunOptions {
             timeout: Some(action.run.timeout),
@@ -775,6 +800,17 @@ impl FhsExecutor {
             );
         }
     }
+}
+
+/// The `PATH` the build's command is looked up on: the action's, else the
+/// world's, else the base environment's.
+fn sandbox_path(plan: &Plan<'_>) -> String {
+    let world = plan.world.env.iter().rev().find(|(k, _)| *k == "PATH");
+    let base = BASE_ENV.iter().find(|(k, _)| *k == "PATH");
+    (plan.action.run.env.get("PATH").cloned())
+        .or_else(|| world.map(|(_, v)| v.clone()))
+        .or_else(|| base.map(|(_, v)| (*v).to_owned()))
+        .unwrap_or_default()
 }
 
 /// The names and kinds of the entries of the stored directory `root`.

@@ -17,6 +17,7 @@
 //! (`castore-fuse`), the bubblewrap sandbox (`executor-sandbox`) or the fetch
 //! proxy (`fetch-proxy`): it wires them together.
 
+mod ahead;
 pub mod build;
 pub mod cache;
 pub mod check;

@@ -68,23 +68,23 @@ pub enum DiskLimit {
 }
 
 /// A build's working area; dropping it unmounts and removes everything.
+///
+/// Its scratch file system is mounted and filled on a thread of its own
+/// (see [`WorkArea::create`]): the caller goes on mounting the view and
+/// composing the sandbox meanwhile, and [`WorkArea::ready`] waits for it.
 #[derive(Debug)]
 pub struct WorkArea {
     /// `None` once kept.
     dir: Option<PathBuf>,
     scratch: PathBuf,
-    mounted: bool,
-    /// The scratch mount in the mount registry, so that it does not outlive
-    /// a killed fhsx (see `castore_fuse::register_mount`).
-    registration: Option<castore_fuse::Registration>,
+    /// The scratch's file system, once [`ready`](WorkArea::ready).
+    fs: ScratchFs,
     /// Held while the area is in use or parked; `None` only once moved out.
     lock: Option<fs::File>,
+    /// Whether the scratch's size is capped; known once ready.
     pub disk: DiskLimit,
     /// The `[limits] disk` asked for: the pool's key for this area.
     requested: u64,
-    /// The scratch file system as it was when freshly mounted: what a
-    /// recycled one must again look like (see `pool.rs`).
-    fresh: Option<crate::pool::FreshScratch>,
     /// Where the area goes back when dropped, if it can be made as new.
     pool: Option<std::sync::Arc<crate::pool::ScratchPool>>,
     /// As root: the build user the build runs as, held while the area
@@ -92,19 +92,82 @@ pub struct WorkArea {
     user: Option<BuildUser>,
 }
 
+/// What the scratch directory holds for a build before it starts (its
+/// home, the source tree), made on the scratch's own thread once it is
+/// mounted; given the scratch's path.
+pub type Fill = Box<dyn FnOnce(&Path) -> Result<(), Error> + Send>;
+
+/// The scratch's file system: being mounted and filled, or done.
+#[derive(Debug, Default)]
+enum ScratchFs {
+    /// On its thread; joined by `ready` (or by the drop, before anything
+    /// is unmounted or removed).
+    Pending(std::thread::JoinHandle<(Mounted, Result<(), Error>)>),
+    Ready(Mounted),
+    /// Kept, or moved into a parked area.
+    #[default]
+    Gone,
+}
+
+/// A scratch file system as mounted (or not, without root).
+#[derive(Debug)]
+struct Mounted {
+    mounted: bool,
+    /// The scratch mount in the mount registry, so that it does not outlive
+    /// a killed fhsx (see `castore_fuse::register_mount`).
+    registration: Option<castore_fuse::Registration>,
+    disk: DiskLimit,
+    /// The scratch file system as it was when freshly mounted: what a
+    /// recycled one must again look like (see `pool.rs`).
+    fresh: Option<crate::pool::FreshScratch>,
+}
+
+impl Mounted {
+    /// Detach the scratch file system (lazily: whatever still holds it
+    /// lets go when it ends) and drop its registration.
+    fn unmount(&mut self, scratch: &Path) {
+        if std::mem::replace(&mut self.mounted, false) {
+            let _ = castore_fuse::detach(scratch);
+        }
+        self.registration = None;
+    }
+}
+
 /// Where an area is made before it is locked: a name no sweeper looks at.
 const STAGING: &str = ".fhsx-new-";
 
 impl WorkArea {
     /// Create the area in `$TMPDIR` with a scratch of at most `disk_bytes`,
-    /// after sweeping areas of builds that were killed.
+    /// after sweeping areas of builds that were killed. The scratch's file
+    /// system is mounted, `fill`ed and handed to the build user
+    /// ([`hand_over`]) on a thread of its own: what the caller does next
+    /// (mount the view, compose the sandbox) overlaps with it, and
+    /// [`ready`](WorkArea::ready) waits for it.
     ///
     /// An area is made under a staging name, locked, and only then renamed
     /// to `fhsx-build-*`: a sweeper (another build starting) sees only
     /// areas that are locked while their build lives, so it can never take
     /// a fresh area for a dead one, nor hold the lock its owner is about to
     /// take.
-    pub fn create(disk_bytes: u64, medium: ScratchMedium) -> Result<WorkArea, Error> {
+    pub fn create(disk_bytes: u64, medium: ScratchMedium, fill: Fill) -> Result<WorkArea, Error> {
+        let mut area = WorkArea::locked(disk_bytes)?;
+        fs::create_dir(&area.scratch).map_err(|e| Error::io("create", &area.scratch, e))?;
+        let (dir, scratch) = (area.path().to_path_buf(), area.scratch.clone());
+        let owner = area.owner();
+        area.fs = area.spawn(move || {
+            let mounted = match medium {
+                ScratchMedium::Disk => mount_quota(&dir, &scratch, disk_bytes),
+                ScratchMedium::Memory => mount_memory(&scratch, disk_bytes),
+            };
+            let filled = fill(&scratch).and_then(|()| hand_over(&scratch, owner));
+            (mounted, filled)
+        })?;
+        Ok(area)
+    }
+
+    /// The area itself, locked and renamed into place, holding its build
+    /// user; no scratch yet.
+    fn locked(disk_bytes: u64) -> Result<WorkArea, Error> {
         let user = build_user_for_caller()?;
         let tmp = std::env::temp_dir();
         sweep_abandoned(&tmp);
@@ -133,28 +196,17 @@ impl WorkArea {
         // Renamed away: the staging guard must not remove anything now.
         let _ = staging.keep();
         let scratch = dir.join("build");
-        let mut area = WorkArea {
+        let area = WorkArea {
             dir: Some(dir),
             scratch,
-            mounted: false,
-            registration: None,
+            fs: ScratchFs::Gone,
             lock: Some(lock),
             disk: DiskLimit::NotEnforced(String::new()),
             requested: disk_bytes,
-            fresh: None,
             pool: None,
             user,
         };
         area.admit_user()?;
-        fs::create_dir(&area.scratch).map_err(|e| Error::io("create", &area.scratch, e))?;
-        let quota = match medium {
-            ScratchMedium::Disk => area.mount_quota(disk_bytes),
-            ScratchMedium::Memory => area.mount_memory(disk_bytes),
-        };
-        area.disk = match quota {
-            Ok(bytes) => DiskLimit::Enforced(bytes),
-            Err(why) => DiskLimit::NotEnforced(why),
-        };
         Ok(area)
     }
 
@@ -164,17 +216,75 @@ impl WorkArea {
     pub fn create_pooled(
         disk_bytes: u64,
         pool: &std::sync::Arc<crate::pool::ScratchPool>,
+        fill: Fill,
     ) -> Result<WorkArea, Error> {
         let mut area = match pool.take(disk_bytes) {
             Some(mut parked) => {
                 parked.user = build_user_for_caller()?;
                 parked.admit_user()?;
+                let mounted = match std::mem::take(&mut parked.fs) {
+                    ScratchFs::Ready(m) => m,
+                    // A parked area is always ready: never pending.
+                    other => return Err(Error::Other(format!("a parked scratch was {other:?}"))),
+                };
+                let (scratch, owner) = (parked.scratch.clone(), parked.owner());
+                parked.fs = parked.spawn(move || {
+                    let filled = fill(&scratch).and_then(|()| hand_over(&scratch, owner));
+                    (mounted, filled)
+                })?;
                 parked
             }
-            None => WorkArea::create(disk_bytes, ScratchMedium::Disk)?,
+            None => WorkArea::create(disk_bytes, ScratchMedium::Disk, fill)?,
         };
         area.pool = Some(pool.clone());
         Ok(area)
+    }
+
+    /// Run `job` (mount and fill the scratch) on a thread of its own.
+    fn spawn(
+        &self,
+        job: impl FnOnce() -> (Mounted, Result<(), Error>) + Send + 'static,
+    ) -> Result<ScratchFs, Error> {
+        std::thread::Builder::new()
+            .name("fhsx-scratch".into())
+            .spawn(job)
+            .map(ScratchFs::Pending)
+            .map_err(|e| Error::io("start a thread to mount", &self.scratch, e))
+    }
+
+    /// Wait until the scratch is mounted, filled and handed over; its
+    /// filling's error, if it failed (the area is removed when dropped,
+    /// as ever).
+    pub fn ready(&mut self) -> Result<(), Error> {
+        if let ScratchFs::Pending(_) = &self.fs {
+            let ScratchFs::Pending(job) = std::mem::take(&mut self.fs) else {
+                unreachable!("matched as pending just above")
+            };
+            let (mounted, filled) = job.join().unwrap_or_else(|_| {
+                // A panic on the thread: whether anything was mounted is
+                // unknown, so the drop detaches the path anyway.
+                (
+                    Mounted {
+                        mounted: true,
+                        registration: None,
+                        disk: DiskLimit::NotEnforced("the scratch's thread panicked".into()),
+                        fresh: None,
+                    },
+                    Err(Error::Other(
+                        "preparing the scratch panicked; see the message above".into(),
+                    )),
+                )
+            });
+            self.disk = mounted.disk.clone();
+            self.fs = ScratchFs::Ready(mounted);
+            return filled;
+        }
+        Ok(())
+    }
+
+    /// The build user's uid and gid, as root.
+    fn owner(&self) -> Option<(u32, u32)> {
+        self.user.as_ref().map(|u| (u.uid(), u.gid()))
     }
 
     /// As root, make the area root's and passable by the build user's
@@ -195,20 +305,22 @@ impl WorkArea {
     /// no build user (the caller's is released with it); `None` if it
     /// cannot be (then the caller removes it as usual).
     fn recycled(&mut self) -> Option<WorkArea> {
-        let fresh = self.fresh.as_ref()?;
+        let _ = self.ready();
+        let ScratchFs::Ready(m) = &self.fs else {
+            return None;
+        };
+        let fresh = m.fresh.as_ref()?;
         let dir = self.dir.as_deref()?;
-        if !self.mounted || !crate::pool::reset(dir, &self.scratch, fresh) {
+        if !m.mounted || !crate::pool::reset(dir, &self.scratch, fresh) {
             return None;
         }
         Some(WorkArea {
             dir: self.dir.take(),
             scratch: std::mem::take(&mut self.scratch),
-            mounted: std::mem::replace(&mut self.mounted, false),
-            registration: self.registration.take(),
+            fs: std::mem::take(&mut self.fs),
             lock: self.lock.take(),
             disk: self.disk.clone(),
             requested: self.requested,
-            fresh: self.fresh.take(),
             pool: None,
             user: None,
         })
@@ -233,131 +345,34 @@ impl WorkArea {
         self.user.as_ref()
     }
 
-    /// Give the scratch to whoever the build runs as, once it is filled
-    /// (the source tree, `home`): every directory gets `u+rwx` and every
-    /// file `u+rw` (a source exported read-only must be writable to its
-    /// build), and as root everything, the scratch itself and its file
-    /// system's root included, becomes the build user's (`lchown`: no
-    /// symlink is followed). Without root the caller is the sandbox user
-    /// and owns it all already. Nothing is made writable for anyone else.
-    pub fn hand_over(&self) -> Result<(), Error> {
-        let owner = self.user.as_ref().map(|u| (u.uid(), u.gid()));
-        let mut stack = vec![self.scratch.clone()];
-        while let Some(p) = stack.pop() {
-            let meta = fs::symlink_metadata(&p).map_err(|e| Error::io("stat", &p, e))?;
-            let add = if meta.is_dir() {
-                0o700
-            } else if meta.is_file() {
-                0o600
-            } else {
-                0
-            };
-            let mode = meta.permissions().mode() & 0o7777;
-            if add != 0 && mode & add != add {
-                fs::set_permissions(&p, fs::Permissions::from_mode(mode | add))
-                    .map_err(|e| Error::io("chmod", &p, e))?;
-            }
-            if let Some((uid, gid)) = owner {
-                std::os::unix::fs::lchown(&p, Some(uid), Some(gid))
-                    .map_err(|e| Error::io("chown", &p, e))?;
-            }
-            if meta.is_dir() {
-                for e in fs::read_dir(&p).map_err(|e| Error::io("read", &p, e))? {
-                    stack.push(e.map_err(|e| Error::io("read", &p, e))?.path());
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// Keep everything for inspection (`--keep-failed`): nothing is
     /// unmounted or removed, and no later build sweeps it.
     pub fn keep(mut self) -> PathBuf {
+        let _ = self.ready();
         let _ = fs::remove_file(self.path().join(LOCK));
-        self.mounted = false;
-        // Kept on purpose: no later cleanup may take it away.
-        self.registration = None;
+        // Kept on purpose: no later cleanup may take it away (the
+        // registration goes, the mount stays).
+        if let ScratchFs::Ready(m) = &mut self.fs {
+            m.mounted = false;
+            m.registration = None;
+        }
         self.dir.take().unwrap_or_default()
-    }
-
-    /// Put the scratch, mounted from `source`, in the mount registry.
-    fn register(&mut self, source: &str) {
-        // The mount table names the path with symlinks resolved.
-        let at = fs::canonicalize(&self.scratch).unwrap_or_else(|_| self.scratch.clone());
-        self.registration =
-            castore_fuse::register_mount(&castore_fuse::default_registry(), &at, source).ok();
-    }
-
-    /// Back the scratch with a tmpfs of `bytes` ([`ScratchMedium::Memory`]);
-    /// the bytes granted, or why not.
-    fn mount_memory(&mut self, bytes: u64) -> Result<u64, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("only root can mount the size-capped scratch file system".into());
-        }
-        let bytes = bytes.max(1 << 20);
-        // One inode per 16 KiB of room, as mkfs.ext4 gives the disk scratch
-        // (tmpfs's own default, half the host's pages, is not the build's
-        // to take); at least 4096, so a tiny scratch still holds a tree.
-        let inodes = (bytes / (16 << 10)).max(4096);
-        mount_tmpfs(&self.scratch, bytes, inodes)?;
-        self.mounted = true;
-        self.register(TMPFS_SOURCE);
-        Ok(bytes)
-    }
-
-    /// Back the scratch with its own size-capped file system; the bytes
-    /// granted, or why not.
-    fn mount_quota(&mut self, want: u64) -> Result<u64, String> {
-        // SAFETY: geteuid has no preconditions.
-        if unsafe { libc::geteuid() } != 0 {
-            return Err("only root can mount the size-capped scratch file system".into());
-        }
-        let room = free_bytes(self.path()).saturating_mul(9) / 10;
-        // Clamped sizes are rounded down to whole GiB, so a host short of
-        // space reuses a few templates rather than making one per build.
-        let bytes = if want <= room {
-            want
-        } else if room >= 1 << 30 {
-            room & !((1 << 30) - 1)
-        } else {
-            room
-        };
-        // ext4 needs a few MiB for its own metadata.
-        let bytes = bytes.max(8 << 20);
-        let template = template(&std::env::temp_dir().join("fhsx-0"), bytes)?;
-        let image = empty_image(self.path(), bytes)?;
-        // The device's fd stays open until the mount holds the device:
-        // autoclear detaches it at the last close of an unmounted device.
-        let (dev, dev_fd) = loopdev::attach(&image)?;
-        drop(image);
-        // The template goes onto the device, not into the image: see
-        // `empty_image`.
-        copy_extents(&template, &dev_fd)
-            .map_err(|e| format!("writing the scratch template onto {}: {e}", dev.display()))?;
-        mount_ext4(&dev, &self.scratch)?;
-        self.mounted = true;
-        // Registered before anything else can fail or kill us: a dead
-        // fhsx's scratch is then detached by the next mount anywhere, not
-        // only by a build in this same $TMPDIR.
-        self.register(&dev.to_string_lossy());
-        // Space is taken from the host as the build writes.
-        self.fresh = crate::pool::FreshScratch::read(&self.scratch, &dev);
-        Ok(bytes)
     }
 }
 
 impl Drop for WorkArea {
     fn drop(&mut self) {
+        // Whatever the scratch's thread is doing ends before anything is
+        // unmounted or removed under it.
+        let _ = self.ready();
         if let Some(pool) = self.pool.take() {
             if let Some(parked) = self.recycled() {
                 return pool.park(parked);
             }
         }
-        if self.mounted {
-            let _ = castore_fuse::detach(&self.scratch);
+        if let ScratchFs::Ready(m) = &mut self.fs {
+            m.unmount(&self.scratch);
         }
-        self.registration = None;
         if let Some(dir) = self.dir.take() {
             // Never through a mount: what is still mounted (a detach that
             // failed) keeps the area for a later sweep.
@@ -366,6 +381,133 @@ impl Drop for WorkArea {
             }
         }
     }
+}
+
+/// Give the scratch to whoever the build runs as, once it is filled
+/// (the source tree, `home`): every directory gets `u+rwx` and every
+/// file `u+rw` (a source exported read-only must be writable to its
+/// build), and as root (`owner`) everything, the scratch itself and its
+/// file system's root included, becomes the build user's (`lchown`: no
+/// symlink is followed). Without root the caller is the sandbox user and
+/// owns it all already. Nothing is made writable for anyone else.
+fn hand_over(scratch: &Path, owner: Option<(u32, u32)>) -> Result<(), Error> {
+    let mut stack = vec![scratch.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        let meta = fs::symlink_metadata(&p).map_err(|e| Error::io("stat", &p, e))?;
+        let add = if meta.is_dir() {
+            0o700
+        } else if meta.is_file() {
+            0o600
+        } else {
+            0
+        };
+        let mode = meta.permissions().mode() & 0o7777;
+        if add != 0 && mode & add != add {
+            fs::set_permissions(&p, fs::Permissions::from_mode(mode | add))
+                .map_err(|e| Error::io("chmod", &p, e))?;
+        }
+        if let Some((uid, gid)) = owner {
+            std::os::unix::fs::lchown(&p, Some(uid), Some(gid))
+                .map_err(|e| Error::io("chown", &p, e))?;
+        }
+        if meta.is_dir() {
+            for e in fs::read_dir(&p).map_err(|e| Error::io("read", &p, e))? {
+                stack.push(e.map_err(|e| Error::io("read", &p, e))?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Put the scratch, mounted from `source`, in the mount registry.
+fn register(scratch: &Path, source: &str) -> Option<castore_fuse::Registration> {
+    // The mount table names the path with symlinks resolved.
+    let at = fs::canonicalize(scratch).unwrap_or_else(|_| scratch.to_path_buf());
+    castore_fuse::register_mount(&castore_fuse::default_registry(), &at, source).ok()
+}
+
+/// A scratch that is the plain directory: its size is not enforced, why.
+fn unmounted(why: String) -> Mounted {
+    Mounted {
+        mounted: false,
+        registration: None,
+        disk: DiskLimit::NotEnforced(why),
+        fresh: None,
+    }
+}
+
+/// Back the scratch with a tmpfs of `bytes` ([`ScratchMedium::Memory`]).
+fn mount_memory(scratch: &Path, bytes: u64) -> Mounted {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return unmounted("only root can mount the size-capped scratch file system".into());
+    }
+    let bytes = bytes.max(1 << 20);
+    // One inode per 16 KiB of room, as mkfs.ext4 gives the disk scratch
+    // (tmpfs's own default, half the host's pages, is not the build's
+    // to take); at least 4096, so a tiny scratch still holds a tree.
+    let inodes = (bytes / (16 << 10)).max(4096);
+    if let Err(why) = mount_tmpfs(scratch, bytes, inodes) {
+        return unmounted(why);
+    }
+    Mounted {
+        mounted: true,
+        registration: register(scratch, TMPFS_SOURCE),
+        disk: DiskLimit::Enforced(bytes),
+        fresh: None,
+    }
+}
+
+/// Back the scratch (in the area `dir`) with its own size-capped file
+/// system of at most `want` bytes.
+fn mount_quota(dir: &Path, scratch: &Path, want: u64) -> Mounted {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        return unmounted("only root can mount the size-capped scratch file system".into());
+    }
+    let room = free_bytes(dir).saturating_mul(9) / 10;
+    // Clamped sizes are rounded down to whole GiB, so a host short of
+    // space reuses a few templates rather than making one per build.
+    let bytes = if want <= room {
+        want
+    } else if room >= 1 << 30 {
+        room & !((1 << 30) - 1)
+    } else {
+        room
+    };
+    // ext4 needs a few MiB for its own metadata.
+    let bytes = bytes.max(8 << 20);
+    let dev = match attach_ext4(dir, scratch, bytes) {
+        Ok(dev) => dev,
+        Err(why) => return unmounted(why),
+    };
+    Mounted {
+        mounted: true,
+        // Registered before anything else can fail or kill us: a dead
+        // fhsx's scratch is then detached by the next mount anywhere, not
+        // only by a build in this same $TMPDIR.
+        registration: register(scratch, &dev.to_string_lossy()),
+        disk: DiskLimit::Enforced(bytes),
+        // Space is taken from the host as the build writes.
+        fresh: crate::pool::FreshScratch::read(scratch, &dev),
+    }
+}
+
+/// A fresh ext4 of `bytes` on a loop device over an unnamed image in
+/// `dir`, mounted at `scratch`; its device.
+fn attach_ext4(dir: &Path, scratch: &Path, bytes: u64) -> Result<PathBuf, String> {
+    let template = template(&std::env::temp_dir().join("fhsx-0"), bytes)?;
+    let image = empty_image(dir, bytes)?;
+    // The device's fd stays open until the mount holds the device:
+    // autoclear detaches it at the last close of an unmounted device.
+    let (dev, dev_fd) = loopdev::attach(&image)?;
+    drop(image);
+    // The template goes onto the device, not into the image: see
+    // `empty_image`.
+    copy_extents(&template, &dev_fd)
+        .map_err(|e| format!("writing the scratch template onto {}: {e}", dev.display()))?;
+    mount_ext4(&dev, scratch)?;
+    Ok(dev)
 }
 
 /// As root, a build user of its own for the next build; else none (the
@@ -865,12 +1007,16 @@ mod tests {
     /// root there is no scratch file system to tune.
     #[test]
     fn a_disk_scratch_skips_flushes_and_bitmap_prefetch() {
-        let area = WorkArea::create(64 << 20, ScratchMedium::Disk).unwrap();
+        let mut area =
+            WorkArea::create(64 << 20, ScratchMedium::Disk, Box::new(|_| Ok(()))).unwrap();
+        area.ready().unwrap();
+        let mounted = matches!(&area.fs, ScratchFs::Ready(m) if m.mounted);
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            assert!(!area.mounted, "a scratch file system without root");
+            assert!(!mounted, "a scratch file system without root");
             return;
         }
+        assert!(mounted, "no scratch file system as root");
         let at = area.scratch().to_str().unwrap().to_owned();
         let mountinfo = fs::read_to_string("/proc/self/mountinfo").unwrap();
         let line = mountinfo
