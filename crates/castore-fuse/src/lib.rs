@@ -128,8 +128,8 @@ pub use error::{Error, IntegrityFailure, Result};
 pub use fs::{ReaddirOrder, DIGEST_XATTR};
 pub use mount::{
     cleanup_stale_mounts, default_registry, detach, live_mounts, mount, preflight, register_mount,
-    CompactOutcome, MountGuard, MountOptions, MountOutcome, ReadSetOverflow, Registration,
-    DEFAULT_MAX_READ_SET_ENTRIES, FS_NAME,
+    register_parked, CompactOutcome, MountGuard, MountOptions, MountOutcome, ReadSetOverflow,
+    Registration, DEFAULT_MAX_READ_SET_ENTRIES, FS_NAME,
 };
 pub use readset::{Access, EntryKind, ReadSet, ReadSetEntry};
 pub use signals::TerminationSignals;

@@ -70,3 +70,73 @@ fn a_dead_owners_registered_mount_is_detached_and_nothing_else() {
     assert_eq!(std::fs::read_dir(&registry).unwrap().count(), 0);
     Command::new("umount").arg(&at).status().unwrap();
 }
+
+/// A parked mount (no owner process) stays through every cleanup until its
+/// time is up, and after that while anyone holds its lock; then the next
+/// cleanup detaches it. A parked record whose lock file moved away (the
+/// mount was taken and renamed) names nothing mounted and just goes.
+#[test]
+fn a_parked_mount_lives_until_its_time_and_while_its_lock_is_held() {
+    use std::os::fd::AsRawFd;
+    use std::time::{Duration, SystemTime};
+    // SAFETY: geteuid has no preconditions.
+    assert_eq!(
+        unsafe { libc::geteuid() },
+        0,
+        "mounting tmpfs needs root (CI runs as root)"
+    );
+    let d = tempfile::tempdir().unwrap();
+    let registry = d.path().join("registry");
+    let at = std::fs::canonicalize(d.path()).unwrap().join("m");
+    std::fs::create_dir(&at).unwrap();
+    let lock = d.path().join("lock");
+    std::fs::write(&lock, b"").unwrap();
+    mount_tmpfs("fhsx-scratch-test", &at);
+    let park = |until: SystemTime| {
+        castore_fuse::register_parked(&registry, &at, "fhsx-scratch-test", &lock, until).unwrap()
+    };
+
+    park(SystemTime::now() + Duration::from_secs(300));
+    castore_fuse::cleanup_stale_mounts(&registry).unwrap();
+    assert!(mounted(&at), "a parked mount was detached before its time");
+
+    park(SystemTime::now() - Duration::from_secs(1));
+    let held = std::fs::File::open(&lock).unwrap();
+    // SAFETY: flock on an fd we own.
+    assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+    castore_fuse::cleanup_stale_mounts(&registry).unwrap();
+    assert!(
+        mounted(&at),
+        "an expired parked mount was detached while held"
+    );
+    drop(held);
+    // A child the other test forks meanwhile holds a copy of our locked
+    // descriptor until it execs: the lock may stay held a moment longer.
+    let mut cleaned = Vec::new();
+    for _ in 0..100 {
+        cleaned = castore_fuse::cleanup_stale_mounts(&registry).unwrap();
+        if !cleaned.is_empty() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(cleaned, vec![at.clone()]);
+    assert!(!mounted(&at), "an expired, free parked mount stayed");
+    assert_eq!(std::fs::read_dir(&registry).unwrap().count(), 0);
+
+    mount_tmpfs("fhsx-scratch-test", &at);
+    park(SystemTime::now() - Duration::from_secs(1));
+    std::fs::remove_file(&lock).unwrap();
+    let other = d.path().join("n");
+    std::fs::create_dir(&other).unwrap();
+    Command::new("mount")
+        .args(["--move"])
+        .arg(&at)
+        .arg(&other)
+        .status()
+        .unwrap();
+    castore_fuse::cleanup_stale_mounts(&registry).unwrap();
+    assert!(mounted(&other), "a taken (moved) mount was detached");
+    assert_eq!(std::fs::read_dir(&registry).unwrap().count(), 0);
+    Command::new("umount").arg(&other).status().unwrap();
+}

@@ -151,7 +151,7 @@ mod tests {
         symlink("usr/bin", tree.join("bin")).unwrap();
         symlink("usr/lib64", tree.join("lib64")).unwrap();
         symlink("loop", tree.join("loop")).unwrap();
-        let store = LocalStore::open(&t.path().join("store")).unwrap();
+        let store = LocalStore::open(t.path().join("store")).unwrap();
         let root = castore::import::import_path(&store, &tree, &())
             .unwrap()
             .root;

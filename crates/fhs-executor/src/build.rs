@@ -449,8 +449,14 @@ impl FhsExecutor {
                 WorkArea::create(limits.disk, ScratchMedium::Disk, fill)?
             }
         };
-        let view = work.path().join("view");
-        fs::create_dir(&view).map_err(|e| Error::io("create", &view, e))?;
+        // A recycled area keeps its (empty) mount point.
+        let view = work.path().join(crate::scratch::VIEW);
+        match fs::create_dir(&view) {
+            Err(e) if !(e.kind() == std::io::ErrorKind::AlreadyExists && view.is_dir()) => {
+                return Err(Error::io("create", &view, e))
+            }
+            _ => {}
+        }
         Ok(work)
     }
 
@@ -488,7 +494,7 @@ impl FhsExecutor {
         live: &mut (dyn Write + Send),
     ) -> Result<Ran, Error> {
         let action = &plan.action;
-        let mnt = work.path().join("view");
+        let mnt = work.path().join(crate::scratch::VIEW);
         let scratch = work.scratch().to_path_buf();
         castore_fuse::preflight().map_err(|e| Error::Other(e.to_string()))?;
         let options = MountOptions {
@@ -511,13 +517,13 @@ impl FhsExecutor {
             ));
         }
 
+        // The listing the layout depends on is made by a child, meanwhile.
+        guard
+            .start_root_listing()
+            .map_err(|e| Error::Other(format!("listing the view's root: {e}")))?;
         let runtime = Runtime::new()?;
         // The root's entries from the store, not through the mount: this
-        // process serves the view and must never wait on it itself. The
-        // listing the layout depends on is made by a child.
-        guard
-            .list_root_from_child()
-            .map_err(|e| Error::Other(format!("listing the view's root: {e}")))?;
+        // process serves the view and must never wait on it itself.
         let entries = root_entries(&self.store, &view.root)?;
         let mut spec = SandboxSpec::view_of(
             &mnt,
@@ -569,8 +575,12 @@ impl FhsExecutor {
                 &mut spec,
             )?),
         };
-        // The scratch, mounted and filled meanwhile on a thread of its own.
+        // The scratch, mounted and filled meanwhile on a thread of its own;
+        // the root's listing, before the sandbox looks up a root entry.
         work.ready()?;
+        guard
+            .root_listed()
+            .map_err(|e| Error::Other(format!("listing the view's root: {e}")))?;
         if let DiskLimit::NotEnforced(why) = &work.disk {
             log.note(
                 &format!("fhsx: [limits] disk is not enforced here: {why}"),

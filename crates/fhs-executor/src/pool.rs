@@ -1,6 +1,8 @@
-//! Scratch file systems kept mounted between the builds of one long-lived
-//! process (a worker), so that a build does not pay for a loop device and
-//! an ext4 mount, nor for their teardown (~6 of a trivial build's ~22 ms).
+//! Scratch file systems kept mounted between builds — of one long-lived
+//! process (a worker), or parked in `$TMPDIR` for the next process's
+//! (`fhsx build`, see `scratch/parked.rs`) — so that a build does not pay
+//! for a loop device and an ext4 mount, nor for their teardown (~6 of a
+//! trivial build's ~22 ms).
 //!
 //! Reuse must not let one build see anything of another: a parked scratch
 //! must be indistinguishable, through every interface a build has, from a
@@ -32,25 +34,43 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::scratch::{empty, statvfs, still_mounted_below, WorkArea, LOCK};
+use crate::scratch::{empty, statvfs, still_mounted_below, WorkArea, LOCK, VIEW};
 
 /// A scratch whose file system has written more than this over its life
 /// (64 MiB) is removed rather than parked again.
 pub const MAX_WRITTEN_KIB: u64 = 64 << 10;
 
-/// Areas parked between builds, at most `max` at once.
+/// Areas parked between builds, at most `max` at once (per disk size, for
+/// a shared pool).
 #[derive(Debug)]
 pub struct ScratchPool {
     parked: Mutex<Vec<WorkArea>>,
+    /// Parked in `$TMPDIR` for the builds of any process (`scratch/parked.rs`)
+    /// rather than held by this one.
+    shared: bool,
     max: usize,
     reused: AtomicU64,
 }
 
 impl ScratchPool {
-    /// A pool that parks at most `max` areas (a worker: its job count).
+    /// A pool that parks at most `max` areas in this process, for its
+    /// later builds (a worker: its job count); they go when it ends.
     pub fn new(max: usize) -> Arc<ScratchPool> {
         Arc::new(ScratchPool {
             parked: Mutex::new(Vec::new()),
+            shared: false,
+            max,
+            reused: AtomicU64::new(0),
+        })
+    }
+
+    /// A pool that parks areas in `$TMPDIR`, at most `max` of each disk
+    /// size, for the builds of later processes (`fhsx build`: one process
+    /// per build); each goes after [`crate::scratch::PARKED_TTL`] unused.
+    pub fn shared(max: usize) -> Arc<ScratchPool> {
+        Arc::new(ScratchPool {
+            parked: Mutex::new(Vec::new()),
+            shared: true,
             max,
             reused: AtomicU64::new(0),
         })
@@ -67,14 +87,22 @@ impl ScratchPool {
     }
 
     pub(crate) fn take(&self, requested: u64) -> Option<WorkArea> {
-        let mut parked = self.lock();
-        let i = parked.iter().position(|a| a.requested() == requested)?;
+        let area = if self.shared {
+            crate::scratch::take_shared(requested, self.max)?
+        } else {
+            let mut parked = self.lock();
+            let i = parked.iter().position(|a| a.requested() == requested)?;
+            parked.swap_remove(i)
+        };
         self.reused.fetch_add(1, Ordering::Relaxed);
-        Some(parked.swap_remove(i))
+        Some(area)
     }
 
     /// Park `area`, or remove it (dropped outside the lock) if the pool is full.
     pub(crate) fn park(&self, area: WorkArea) {
+        if self.shared {
+            return crate::scratch::park_shared(area, self.max);
+        }
         let mut parked = self.lock();
         if parked.len() < self.max {
             parked.push(area);
@@ -91,7 +119,7 @@ impl ScratchPool {
 }
 
 /// What a freshly mounted scratch looks like, as far as a build can tell.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct FreshScratch {
     mode: u32,
     uid: u32,
@@ -139,6 +167,18 @@ impl FreshScratch {
         })
     }
 
+    /// Its loop device, `/dev/loopN`.
+    pub(crate) fn device(&self) -> &Path {
+        &self.dev
+    }
+
+    /// Everything a build could tell apart, the same as `other`'s, and no
+    /// more than [`MAX_WRITTEN_KIB`] written since `other` was read.
+    pub(crate) fn same_as_fresh(&self, other: &FreshScratch) -> bool {
+        self.looks_like(other)
+            && self.written_kib.saturating_sub(other.written_kib) <= MAX_WRITTEN_KIB
+    }
+
     /// Everything a build could tell apart, the same as `other`'s.
     fn looks_like(&self, other: &FreshScratch) -> bool {
         (
@@ -175,15 +215,21 @@ pub(crate) fn reset(dir: &Path, scratch: &Path, fresh: &FreshScratch) -> bool {
     if still_mounted_below(dir) != [scratch_real] {
         return false;
     }
+    // The view's mount point stays if it is an empty directory (the host
+    // pays for a directory made and removed: see `runner.rs`).
     let emptied = empty(dir, |p| {
-        p == scratch || p.file_name() == Some(LOCK.as_ref())
+        p == scratch || p.file_name() == Some(LOCK.as_ref()) || is_empty_dir(p, VIEW)
     }) && empty(scratch, |_| false);
     emptied
         && reset_root(scratch, fresh)
-        && FreshScratch::read(scratch, &fresh.dev).is_some_and(|now| {
-            now.looks_like(fresh)
-                && now.written_kib.saturating_sub(fresh.written_kib) <= MAX_WRITTEN_KIB
-        })
+        && FreshScratch::read(scratch, &fresh.dev).is_some_and(|now| now.same_as_fresh(fresh))
+}
+
+/// Whether `p` is named `name` and is an empty directory (not a link).
+fn is_empty_dir(p: &Path, name: &str) -> bool {
+    p.file_name() == Some(name.as_ref())
+        && fs::symlink_metadata(p).is_ok_and(|m| m.is_dir())
+        && fs::read_dir(p).is_ok_and(|mut d| d.next().is_none())
 }
 
 /// Owner root, mode 0755, no extended attribute, the fresh inode flags.

@@ -37,8 +37,15 @@ use executor_sandbox::{BuildUser, BuildUsers};
 
 use crate::Error;
 
+mod parked;
+
+pub use parked::TTL as PARKED_TTL;
+pub(crate) use parked::{park_shared, take_shared};
+
 const PREFIX: &str = "fhsx-build-";
 pub(crate) const LOCK: &str = ".lock";
+/// The view's mount point in an area.
+pub(crate) const VIEW: &str = "view";
 
 /// What backs a build's scratch, where fhsx can give it a file system of
 /// its own (as root): the operator's choice, as Bazel's `--sandbox_base`
@@ -951,6 +958,12 @@ pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
                 .is_some_and(|age| age.as_secs() > 600);
             if stale {
                 let _ = fs::remove_dir_all(e.path());
+            }
+            continue;
+        }
+        if name.as_bytes().starts_with(parked::PARKED.as_bytes()) {
+            if parked::sweep_parked(&e.path()) {
+                swept.push(e.path());
             }
             continue;
         }

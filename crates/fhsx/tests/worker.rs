@@ -1241,21 +1241,6 @@ fn scratch_mounts(dir: &Path) -> Vec<String> {
         .collect()
 }
 
-/// `tests/probes/scratch_probe.c`, built static, as an atom at
-/// `/usr/bin/scratch-probe`.
-fn scratch_probe(store: &Path, dir: &Path) -> String {
-    let tree = dir.join("probe-tree");
-    fs::create_dir_all(tree.join("usr/bin")).unwrap();
-    support::gcc_static(
-        Path::new(concat!(
-            env!("CARGO_MANIFEST_DIR"),
-            "/tests/probes/scratch_probe.c"
-        )),
-        &tree.join("usr/bin/scratch-probe"),
-    );
-    import(store, &tree)
-}
-
 /// With `--scratch-pool`, a build runs on the scratch file system the
 /// build before it used, emptied — and sees nothing of that build. One
 /// action litters its scratch (a hidden directory, one locked to mode
@@ -1276,7 +1261,7 @@ fn a_recycled_scratch_shows_nothing_of_the_build_before() {
     let t = tempfile::tempdir().unwrap();
     let (cs, ws) = (t.path().join("client"), t.path().join("worker"));
     let bb = busybox(&cs);
-    let probe = scratch_probe(&cs, t.path());
+    let probe = support::scratch_probe(&cs, t.path());
     let w = Worker::start(&ws, t.path(), 1, &["--scratch-pool", "1"]);
     let action = |name: &str, mode: &str| {
         let p = t.path().join(format!("{name}.toml"));

@@ -13,6 +13,7 @@ use executor_core::{
     Action, ActionGraph, BuildOutcome, BuildRecord, BuildRequest, CachePolicy, CheckReport,
     Executor, ExitClass, GraphNode,
 };
+use fhs_executor::pool::ScratchPool;
 use fhs_executor::FhsExecutor;
 use serde_json::json;
 
@@ -59,6 +60,14 @@ pub struct BuildArgs {
     /// memory limit — a few ms faster per build, for small actions.
     #[arg(long, value_name = "MEDIUM", value_enum, default_value_t = ScratchArg::Disk)]
     pub scratch: ScratchArg,
+    /// Park up to N emptied disk scratch file systems of each size in
+    /// `$TMPDIR` (as root) for the next builds, so a build skips its loop
+    /// device and ext4 mount and their teardown. A scratch is parked only
+    /// once it is exactly as new (empty, its root reset, free blocks and
+    /// inodes as fresh), and taken down after 5 minutes unused (by the
+    /// next fhsx run). 0: none parked.
+    #[arg(long, value_name = "N", env = "FHSX_SCRATCH_POOL", default_value_t = DEFAULT_SCRATCH_POOL)]
+    pub scratch_pool: usize,
     /// How the sandbox opens the view's files: `kernel`, without a message
     /// to the view's daemon (for builds that open the same files thousands
     /// of times, like `make -j` of a package); `daemon`, each open a
@@ -94,6 +103,11 @@ impl BuildArgs {
         }
     }
 }
+
+/// Disk scratch file systems of one size parked for the next builds: two,
+/// for the graph builds and build loops of one user (more builds at once
+/// make their own).
+const DEFAULT_SCRATCH_POOL: usize = 2;
 
 /// `--scratch`'s values.
 #[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
@@ -140,6 +154,7 @@ pub fn outputs_of(
         diffoscope: false,
         keep_failed: false,
         scratch: ScratchArg::Disk,
+        scratch_pool: DEFAULT_SCRATCH_POOL,
         opens: OpensArg::Kernel,
         upstream_ca: Vec::new(),
         remote: None,
@@ -188,6 +203,7 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     exec.cancel = Some(cancel);
     exec.keep_failed = a.keep_failed;
     exec.scratch_medium = a.scratch.into();
+    exec.scratch_pool = (a.scratch_pool > 0).then(|| ScratchPool::shared(a.scratch_pool));
     exec.zero_message_open = a.opens == OpensArg::Kernel;
     // The build's own output goes to stderr, so stdout stays the result.
     let mut sink = std::io::stderr();

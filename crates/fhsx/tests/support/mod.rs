@@ -23,6 +23,10 @@ pub fn fhsx(store: &Path) -> Command {
         passable(parent);
         c.env("TMPDIR", parent);
     }
+    // No scratch file system parked in a test's directory, which goes
+    // (with its mounts, were any left) when the test ends; the pool has
+    // its own tests (tests/scratch_pool.rs), which set it.
+    c.env("FHSX_SCRATCH_POOL", "0");
     c
 }
 
@@ -211,4 +215,19 @@ pub fn no_leftovers(dir: &Path) {
         .map(|e| e.path())
         .collect();
     assert!(left.is_empty(), "build directories left behind: {left:?}");
+}
+
+/// `tests/probes/scratch_probe.c`, built static, as an atom at
+/// `/usr/bin/scratch-probe`.
+pub fn scratch_probe(store: &Path, dir: &Path) -> String {
+    let tree = dir.join("probe-tree");
+    fs::create_dir_all(tree.join("usr/bin")).unwrap();
+    gcc_static(
+        Path::new(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/tests/probes/scratch_probe.c"
+        )),
+        &tree.join("usr/bin/scratch-probe"),
+    );
+    import(store, &tree)
 }

@@ -1,0 +1,245 @@
+//! Scratch file systems parked in `$TMPDIR` between the builds of separate
+//! processes: `fhsx build` is one process per build, so the worker's
+//! in-process pool (`pool.rs`) never helps it. A disk scratch costs a loop
+//! device, an ext4 mount and, at the end, their teardown (the unmount's
+//! flush through the loop device, the device's release, the area's
+//! directories freed on the host's disk); a parked one costs a rename and
+//! a check at each end.
+//!
+//! An area is parked exactly when the in-process pool would park it: after
+//! `pool::reset` has emptied it and found it indistinguishable from fresh.
+//! It is then made root's alone (0700: no build user may pass) and renamed,
+//! its lock still held, to one of `max` slots per disk size,
+//! `fhsx-parked-<bytes>-<n>` (`RENAME_NOREPLACE`: with every slot taken,
+//! the area is removed as usual). Its fresh state goes with it (`.fresh`).
+//!
+//! A build takes a slot by locking it (the same `flock` every area has), and
+//! only one that is root's own private directory whose lock is the slot's
+//! (not a lock renamed away meanwhile): a directory planted under that name
+//! by another user of a shared `/tmp` is never touched. It renames the
+//! slot to an ordinary `fhsx-build-*` area, registers the scratch as its
+//! own, and checks it again: still mounted from its loop device and still
+//! looking fresh. Anything else is dropped, which removes it like any
+//! area.
+//!
+//! Parked areas do not live forever: each is registered as parked
+//! (`castore_fuse::register_parked`) for [`TTL`], after which the next view
+//! mount anywhere detaches it (unless a build holds its lock), and the next
+//! sweep of its `$TMPDIR` removes it.
+
+use std::fs;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use super::{
+    register, remove_area, still_mounted_below, DiskLimit, Mounted, ScratchFs, WorkArea, LOCK,
+    PREFIX,
+};
+use crate::pool::FreshScratch;
+
+/// Parked areas' names: `fhsx-parked-<bytes>-<slot>`.
+pub(crate) const PARKED: &str = "fhsx-parked-";
+
+/// How long a parked scratch waits for a build before it is taken down.
+pub const TTL: Duration = Duration::from_secs(300);
+
+/// A parked area's fresh state, next to its scratch.
+const FRESH: &str = ".fresh";
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ParkedState {
+    fresh: FreshScratch,
+    /// The bytes the scratch file system holds (`[limits] disk`, or less
+    /// where the host had less room when it was made).
+    granted: u64,
+}
+
+fn slot(tmp: &Path, requested: u64, n: usize) -> PathBuf {
+    tmp.join(format!("{PARKED}{requested}-{n}"))
+}
+
+/// A parked area of `requested` bytes from `$TMPDIR`, taken and checked;
+/// `None` if no slot of the `max` holds a sound one.
+pub(crate) fn take_shared(requested: u64, max: usize) -> Option<WorkArea> {
+    let tmp = std::env::temp_dir();
+    (0..max).find_map(|n| take_slot(&tmp, &slot(&tmp, requested, n), requested))
+}
+
+fn take_slot(tmp: &Path, parked: &Path, requested: u64) -> Option<WorkArea> {
+    let lock = lock_own(parked)?;
+    let state: ParkedState = serde_json::from_slice(&fs::read(parked.join(FRESH)).ok()?).ok()?;
+    let dir = tmp.join(format!("{PREFIX}{}", unique()));
+    fs::rename(parked, &dir).ok()?;
+    let _ = fs::remove_file(dir.join(FRESH));
+    let scratch = dir.join("build");
+    let dev = state.fresh.device().to_path_buf();
+    let area = WorkArea {
+        fs: ScratchFs::Ready(Mounted {
+            mounted: true,
+            registration: register(&scratch, &dev.to_string_lossy()),
+            disk: DiskLimit::Enforced(state.granted),
+            fresh: Some(state.fresh),
+        }),
+        dir: Some(dir),
+        scratch,
+        lock: Some(lock),
+        disk: DiskLimit::Enforced(state.granted),
+        requested,
+        pool: None,
+        user: None,
+    };
+    // Dropped if not sound: removed like any area.
+    still_fresh(&area, &dev).then_some(area)
+}
+
+/// Root's own private directory `dir`, its lock taken; `None` for anything
+/// else (someone else's, another mode, a link) or a lock held elsewhere.
+fn lock_own(dir: &Path) -> Option<fs::File> {
+    let m = fs::symlink_metadata(dir).ok()?;
+    if !m.is_dir() || m.uid() != 0 || m.mode() & 0o7777 != 0o700 {
+        return None;
+    }
+    let path = dir.join(LOCK);
+    let lock = fs::File::options()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW)
+        .open(&path)
+        .ok()?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        return None;
+    }
+    // Still this directory's lock, not one renamed away with its area
+    // between the open and the flock.
+    let (held, named) = (lock.metadata().ok()?, fs::symlink_metadata(&path).ok()?);
+    (held.dev() == named.dev() && held.ino() == named.ino()).then_some(lock)
+}
+
+/// The scratch is still the file system of loop device `dev` and still
+/// looks as it did freshly mounted.
+fn still_fresh(area: &WorkArea, dev: &Path) -> bool {
+    let ScratchFs::Ready(Mounted {
+        fresh: Some(fresh), ..
+    }) = &area.fs
+    else {
+        return false;
+    };
+    let on_dev = match (fs::metadata(dev), fs::symlink_metadata(&area.scratch)) {
+        (Ok(d), Ok(s)) => d.file_type().is_block_device() && s.dev() == d.rdev(),
+        _ => false,
+    };
+    on_dev && FreshScratch::read(&area.scratch, dev).is_some_and(|now| now.same_as_fresh(fresh))
+}
+
+/// Park `area` — emptied, checked as fresh and holding no build user (see
+/// `WorkArea::recycled`) — in a free slot of `max`; with none free it is
+/// removed as usual.
+pub(crate) fn park_shared(mut area: WorkArea, max: usize) {
+    let Some(dir) = area.dir.clone() else { return };
+    let (dev, state) = match &area.fs {
+        ScratchFs::Ready(Mounted {
+            fresh: Some(fresh),
+            disk: DiskLimit::Enforced(granted),
+            ..
+        }) => (
+            fresh.device().to_path_buf(),
+            ParkedState {
+                fresh: fresh.clone(),
+                granted: *granted,
+            },
+        ),
+        _ => return,
+    };
+    let private = std::os::unix::fs::lchown(&dir, Some(0), Some(0)).is_ok()
+        && fs::set_permissions(&dir, fs::Permissions::from_mode(0o700)).is_ok();
+    let written = serde_json::to_vec(&state)
+        .ok()
+        .is_some_and(|b| fs::write(dir.join(FRESH), b).is_ok());
+    if !private || !written {
+        return;
+    }
+    let tmp = std::env::temp_dir();
+    let Some(parked) = (0..max)
+        .map(|n| slot(&tmp, area.requested, n))
+        .find(|to| rename_noreplace(&dir, to))
+    else {
+        return;
+    };
+    // The area now lives under the slot's name: nothing of the old one may
+    // be unmounted or removed by the drop; its registration goes.
+    area.dir = None;
+    if let ScratchFs::Ready(m) = std::mem::take(&mut area.fs) {
+        drop(m.registration);
+    }
+    let _ = castore_fuse::register_parked(
+        &castore_fuse::default_registry(),
+        &fs::canonicalize(parked.join("build")).unwrap_or_else(|_| parked.join("build")),
+        &dev.to_string_lossy(),
+        &parked.join(LOCK),
+        SystemTime::now() + TTL,
+    );
+    // The lock goes last, with the area: only now may a build take it.
+}
+
+/// `rename(2)` without replacing what is at `to`.
+fn rename_noreplace(from: &Path, to: &Path) -> bool {
+    let (Ok(f), Ok(t)) = (
+        std::ffi::CString::new(from.as_os_str().as_bytes()),
+        std::ffi::CString::new(to.as_os_str().as_bytes()),
+    ) else {
+        return false;
+    };
+    // SAFETY: both are NUL-terminated paths that outlive the call.
+    unsafe {
+        libc::renameat2(
+            libc::AT_FDCWD,
+            f.as_ptr(),
+            libc::AT_FDCWD,
+            t.as_ptr(),
+            libc::RENAME_NOREPLACE,
+        ) == 0
+    }
+}
+
+/// Take down the parked area `dir` if its time is up and no one holds it:
+/// the sweep's part for parked areas.
+pub(super) fn sweep_parked(dir: &Path) -> bool {
+    let fresh = dir.join(FRESH);
+    // Not while its time runs (whether it is still sound is the taker's
+    // check: the sweep runs at every build and must stay cheap).
+    let expired = fs::metadata(&fresh)
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok())
+        .is_none_or(|age| age > TTL);
+    if !expired {
+        return false;
+    }
+    let Some(_lock) = lock_own(dir) else {
+        return false;
+    };
+    let mut mounts = still_mounted_below(dir);
+    mounts.sort_by_key(|m| std::cmp::Reverse(m.as_os_str().len()));
+    for m in mounts {
+        let _ = castore_fuse::detach(&m);
+    }
+    let _ = fs::remove_file(&fresh);
+    still_mounted_below(dir).is_empty() && remove_area(dir)
+}
+
+/// A name no other area has: this process, the clock, a counter.
+fn unique() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static SEQ: AtomicU64 = AtomicU64::new(0);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    format!(
+        "p{}-{nanos:x}-{}",
+        std::process::id(),
+        SEQ.fetch_add(1, Ordering::Relaxed)
+    )
+}
