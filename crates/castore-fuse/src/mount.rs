@@ -462,21 +462,22 @@ impl MountGuard {
         }
     }
 
-    /// Verify the blobs `digests` now, on a thread of this mount's, as
-    /// their first opens would: a build that is about to open them (its
-    /// command, that one's interpreter) then finds them verified instead of
-    /// waiting for a hash at its first exec. Records no read; a corrupt
-    /// blob fails only the open that reaches it, as ever. A second call
-    /// while the first one's thread runs is ignored.
-    pub fn verify_ahead(&mut self, digests: Vec<Digest>) {
-        if digests.is_empty() || self.ahead.is_some() {
+    /// Verify the blobs `digests` names now, on a thread of this mount's
+    /// (which also runs `digests`, so finding them costs the caller
+    /// nothing either), as their first opens would: a build that is about
+    /// to open them (its command, that one's interpreter) then finds them
+    /// verified instead of waiting for a hash at its first exec. Records
+    /// no read; a corrupt blob fails only the open that reaches it, as
+    /// ever. A second call while the first one's thread runs is ignored.
+    pub fn verify_ahead(&mut self, digests: impl FnOnce() -> Vec<Digest> + Send + 'static) {
+        if self.ahead.is_some() {
             return;
         }
         let shared = self.shared.clone();
         self.ahead = std::thread::Builder::new()
             .name("fhsx-verify".into())
             .spawn(move || {
-                for d in &digests {
+                for d in &digests() {
                     shared.verify_ahead(d);
                 }
             })
@@ -760,17 +761,16 @@ struct Record {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     source: Option<String>,
     /// A parked mount (a scratch file system kept between builds, see
-    /// [`register_parked`]): owned by no process, it lives until `until`
-    /// and, past that, for as long as anyone holds its `lock`.
+    /// [`register_parked`]): owned by no process, it lives while anyone
+    /// holds its `lock`, and for `ttl_secs` after the lock file's mtime.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     parked: Option<ParkedRecord>,
 }
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ParkedRecord {
-    /// Seconds since the epoch.
-    until: u64,
     lock: PathBuf,
+    ttl_secs: u64,
 }
 
 fn record_path(registry: &Path, mountpoint: &Path) -> PathBuf {
@@ -803,33 +803,31 @@ impl Drop for Registration {
 }
 
 /// Record `mountpoint` (mounted from `source`) as parked: no process owns
-/// it, and cleanup leaves it alone until `until` and, after that, while
-/// anyone holds the `flock` on `lock` (a build that takes the mount holds
-/// it, then registers the mount as its own under its new path). Past both,
-/// the next [`mount`] or [`cleanup_stale_mounts`] anywhere detaches it, so
-/// a parked mount never outlives its time by more than one fhsx run.
+/// it, and cleanup leaves it alone while anyone holds the `flock` on `lock`
+/// (a build using the mount holds it) and for `ttl` after the lock file
+/// was last modified (whoever parks the mount again touches it: the
+/// record itself is written once). Past both, the next [`mount`] or
+/// [`cleanup_stale_mounts`] anywhere detaches it, so a parked mount never
+/// outlives its time by more than one fhsx run.
 pub fn register_parked(
     registry: &Path,
     mountpoint: &Path,
     source: &str,
     lock: &Path,
-    until: std::time::SystemTime,
+    ttl: Duration,
 ) -> Result<()> {
     fs::create_dir_all(registry).map_err(|source| Error::Registry {
         path: registry.to_path_buf(),
         source,
     })?;
-    let until = until
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
     let rec = Record {
         mountpoint: mountpoint.to_path_buf(),
         pid: 0,
         start_time: 0,
         source: Some(source.to_owned()),
         parked: Some(ParkedRecord {
-            until,
             lock: lock.to_path_buf(),
+            ttl_secs: ttl.as_secs(),
         }),
     };
     put_record(registry, &rec).map(|_| ())
@@ -888,15 +886,17 @@ enum Parked {
 /// Whether a parked mount's time is up and no one holds its lock.
 fn parked_expired(p: &ParkedRecord) -> Parked {
     use std::os::fd::AsRawFd;
-    let now = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.as_secs());
-    if now < p.until {
-        return Parked::Live;
-    }
     let Ok(lock) = fs::File::open(&p.lock) else {
         return Parked::Expired(None);
     };
+    let idle = lock
+        .metadata()
+        .and_then(|m| m.modified())
+        .ok()
+        .and_then(|t| t.elapsed().ok());
+    if idle.is_some_and(|idle| idle.as_secs() < p.ttl_secs) {
+        return Parked::Live;
+    }
     // SAFETY: flock on an fd we own.
     if unsafe { libc::flock(lock.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
         return Parked::Live;

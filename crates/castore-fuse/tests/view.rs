@@ -358,7 +358,7 @@ fn a_blob_verified_ahead_is_neither_read_nor_refused_until_opened() {
     let mount =
         |name: &str| castore_fuse::mount(&fx.store, &fx.root, &fx.mountpoint(name), &opts).unwrap();
     let mut a = mount("a");
-    a.verify_ahead(vec![Digest::of(b"a\n")]);
+    a.verify_ahead(|| vec![Digest::of(b"a\n")]);
     let out = a.finish(&fx.store).unwrap();
     out.check().unwrap();
     assert!(
@@ -379,7 +379,7 @@ fn a_blob_verified_ahead_is_neither_read_nor_refused_until_opened() {
     fs::write(&blob, b"X\n").unwrap();
     fs::set_permissions(&blob, fs::Permissions::from_mode(0o444)).unwrap();
     let mut c = mount("c");
-    c.verify_ahead(vec![digest]);
+    c.verify_ahead(move || vec![digest]);
     let out = c.finish(&fx.store).unwrap();
     assert!(
         out.integrity_failures.is_empty(),
@@ -387,7 +387,7 @@ fn a_blob_verified_ahead_is_neither_read_nor_refused_until_opened() {
         out.integrity_failures
     );
     let mut d = mount("d");
-    d.verify_ahead(vec![digest]);
+    d.verify_ahead(move || vec![digest]);
     let e = fs::read(d.mountpoint().join("share/doc/b.txt")).unwrap_err();
     assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
     let out = d.finish(&fx.store).unwrap();

@@ -507,14 +507,16 @@ impl FhsExecutor {
         };
         let mut guard = castore_fuse::mount(&self.store, &view.root, &mnt, &options)
             .map_err(|e| Error::Other(format!("mounting the view: {e}")))?;
-        // The command's first opens are hashed while the sandbox is set up.
+        // The command's first opens are found and hashed while the sandbox
+        // is set up.
         if let Some(cmd) = action.run.command.first() {
-            guard.verify_ahead(ahead::first_opens(
-                &self.store,
-                &view.root,
-                cmd,
-                &sandbox_path(plan),
-            ));
+            let (store, root, cmd, path) = (
+                self.store.clone(),
+                view.root,
+                cmd.clone(),
+                sandbox_path(plan),
+            );
+            guard.verify_ahead(move || ahead::first_opens(&store, &root, &cmd, &path));
         }
 
         // The listing the layout depends on is made by a child, meanwhile.

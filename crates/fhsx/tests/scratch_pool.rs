@@ -233,7 +233,7 @@ fn at_most_n_are_parked_and_expired_ones_go() {
         let old = std::time::SystemTime::now() - std::time::Duration::from_secs(600);
         fs::File::options()
             .write(true)
-            .open(a.join(".fresh"))
+            .open(a.join(".lock"))
             .unwrap()
             .set_modified(old)
             .unwrap();
@@ -270,7 +270,7 @@ fn a_planted_slot_is_left_alone() {
     let old = std::time::SystemTime::now() - std::time::Duration::from_secs(3600);
     fs::File::options()
         .write(true)
-        .open(planted.join(".fresh"))
+        .open(planted.join(".lock"))
         .unwrap()
         .set_modified(old)
         .unwrap();
@@ -288,4 +288,59 @@ fn a_planted_slot_is_left_alone() {
         mounts_under(t.path())
     );
     assert_eq!(parked(t.path()), vec![planted]);
+}
+
+/// A build killed outright while on a parked scratch leaves it dirty (and
+/// its view mounted) under the slot's name: the next build does not take
+/// it, takes it down instead (nothing of it stays mounted), and parks its
+/// own fresh scratch there.
+#[test]
+fn a_killed_builds_slot_is_taken_down_not_reused() {
+    require_root();
+    let t = tempfile::tempdir().unwrap();
+    let _unmount = Unmount(t.path());
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let quick = write_action(t.path(), "quick", &[&bb], "busybox mkdir $out");
+    let slow = write_action(
+        t.path(),
+        "slow",
+        &[&bb],
+        "busybox mkdir $out && busybox touch /build/dirt && busybox sleep 300",
+    );
+    build(&store, &quick, 1);
+    let slot = parked(t.path());
+    assert_eq!(slot.len(), 1, "nothing was parked");
+    let mut child = fhsx(&store)
+        .env("FHSX_SCRATCH_POOL", "1")
+        .args(["build", "--rebuild"])
+        .arg(&slow)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !slot[0].join("build/dirt").exists() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the slow build never ran on the parked scratch"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(child.id() as i32, libc::SIGKILL) };
+    child.wait().unwrap();
+    assert!(
+        mounts_under(t.path()).len() >= 2,
+        "the killed build should leave its scratch and view: {:?}",
+        mounts_under(t.path())
+    );
+    build(&store, &quick, 1);
+    let left = mounts_under(t.path());
+    assert_eq!(left.len(), 1, "the killed build's mounts stayed: {left:?}");
+    assert!(
+        !slot[0].join("build/dirt").exists(),
+        "the killed build's scratch was parked again"
+    );
+    assert_eq!(parked(t.path()), slot);
 }
