@@ -18,7 +18,8 @@ cargo build --release -q -p fhsx
 F=$PWD/target/release/fhsx
 work=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-big.XXXXXX")
 chmod o+x "$work"
-trap 'rm -rf "$work"' EXIT
+. bench/unmount.sh
+trap 'unmount_under "$work"; rm -rf "$work"' EXIT
 export FHSX_STORE=$work/store TMPDIR=$work
 debs=${FHSX_DEB_CACHE:-$PWD/target/tmp/bench-debs}
 "$F" toolchain apt --essential gcc make libc6-dev --deb-cache "$debs" -o "$work/gcc.toolchain" 2>/dev/null

@@ -15,7 +15,8 @@ cd "$(dirname "$0")/.."
 cargo build --release -q -p fhsx
 F=$PWD/target/release/fhsx
 work=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-bounds.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+. bench/unmount.sh
+trap 'unmount_under "$work"; rm -rf "$work"' EXIT
 export FHSX_STORE=$work/store TMPDIR=$work
 "$F" toolchain apt busybox-static -o "$work/bb.toolchain" 2>/dev/null
 act() { # name script [limits]

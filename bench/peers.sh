@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # fhsx's per-action cost beside its peers, interleaved in one run (N runs
-# each, medians): the same trivial action
-#   - in fhsx: `fhsx build --rebuild` (busybox: mkdir $out, touch a file),
+# each, medians): the same trivial action, one exec of a static busybox
+# making its output directory (`busybox mkdir $out`),
+#   - in fhsx: `fhsx build --rebuild`,
 #     as it comes (disk scratch, opens without a message) and as a small
 #     action is best run (`--scratch memory --opens daemon`);
 #   - in Nix's sandbox: `nix-store --realise --check` of a derivation doing
@@ -23,14 +24,15 @@ cargo build --release -q -p fhsx
 F=$PWD/target/release/fhsx
 work=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-peers.XXXXXX")
 chmod o+x "$work"
-trap 'rm -rf "$work"' EXIT
+. bench/unmount.sh
+trap 'unmount_under "$work"; rm -rf "$work"' EXIT
 export FHSX_STORE=$work/store TMPDIR=$work
 "$F" toolchain apt busybox-static --deb-cache "${FHSX_DEB_CACHE:-$PWD/target/tmp/bench-debs}" -o "$work/bb.toolchain" 2>/dev/null
 cat >"$work/t.toml" <<A
 [inputs]
 closure = ["bb.toolchain"]
 [run]
-command = ["/bin/busybox", "sh", "-c", "busybox mkdir \$out && busybox touch \$out/x"]
+command = ["/bin/busybox", "mkdir", "/build/out"]
 A
 "$F" build "$work/t.toml" >/dev/null 2>&1
 atom=$(sed -n 's/^atom = "\(.*\)"/\1/p' "$work/bb.toolchain" | head -1)
@@ -40,17 +42,15 @@ atom=$(sed -n 's/^atom = "\(.*\)"/\1/p' "$work/bb.toolchain" | head -1)
 export NIX_CONFIG="sandbox = true
 substituters =
 experimental-features = nix-command"
-# busybox picks its applet by argv[0]: give it a bin/sh beside it.
 mkdir -p "$work/nixbb/bin"
 cp "$work/bb/bin/busybox" "$work/nixbb/bin/busybox"
-ln -s busybox "$work/nixbb/bin/sh"
 bbpath=$(nix-store --add "$work/nixbb")
 cat >"$work/t.nix" <<N
 derivation {
   name = "fhsx-peer-trivial";
   system = builtins.currentSystem;
-  builder = "\${builtins.storePath $bbpath}/bin/sh";
-  args = [ "-c" "$bbpath/bin/busybox mkdir \$out && $bbpath/bin/busybox touch \$out/x" ];
+  builder = "\${builtins.storePath $bbpath}/bin/busybox";
+  args = [ "mkdir" (builtins.placeholder "out") ];
 }
 N
 drv=$(nix-instantiate "$work/t.nix" 2>/dev/null)

@@ -26,10 +26,11 @@ F=${CARGO_TARGET_DIR:-$PWD/target}/release/fhsx
 work=$(mktemp -d /tmp/bench-reapi.XXXXXX)
 chmod 755 "$work"
 pids=()
+. bench/unmount.sh
 cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
   runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$work/pg/data" -m immediate stop >/dev/null 2>&1 || true
-  if [ -n "${BENCH_KEEP:-}" ]; then echo "kept $work" >&2; else rm -rf "$work"; fi
+  if [ -n "${BENCH_KEEP:-}" ]; then echo "kept $work" >&2; else unmount_under "$work"; rm -rf "$work"; fi
 }
 trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }

@@ -22,8 +22,10 @@ WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-verified.XXXXXX")
 chmod o+x "$WORK"
 export TMPDIR=$WORK
 PIDS=()
+. bench/unmount.sh
 cleanup() {
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
+  unmount_under "$WORK"
   rm -rf "$WORK"
 }
 trap cleanup EXIT

@@ -22,8 +22,10 @@ WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-worker.XXXXXX")
 chmod o+x "$WORK"
 export TMPDIR=$WORK
 WPID=
+. bench/unmount.sh
 cleanup() {
   if [ -n "$WPID" ]; then kill -TERM "$WPID" 2>/dev/null || true; wait "$WPID" 2>/dev/null || true; fi
+  unmount_under "$WORK"
   rm -rf "$WORK"
 }
 trap cleanup EXIT

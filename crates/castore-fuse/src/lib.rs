@@ -121,6 +121,7 @@ mod prefill;
 pub mod readset;
 mod signals;
 mod verified;
+mod warm;
 
 pub use bloat::{closure_bloat, AtomUsage, BloatReport};
 pub use compact::CompactReadSet;
@@ -134,3 +135,4 @@ pub use mount::{
 pub use readset::{Access, EntryKind, ReadSet, ReadSetEntry};
 pub use signals::TerminationSignals;
 pub use verified::VerifiedBlobs;
+pub use warm::FirstOpen;

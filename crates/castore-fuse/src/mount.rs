@@ -236,11 +236,9 @@ pub struct MountGuard {
     /// The prefill thread (mounts without opens), joined after the serving
     /// threads.
     prefill: Option<std::thread::JoinHandle<()>>,
-    /// The thread verifying blobs ahead of their first open
-    /// ([`MountGuard::verify_ahead`]), joined at the unmount.
-    ahead: Option<std::thread::JoinHandle<()>>,
-    /// The child listing the root, until reaped.
-    listing: Option<Listing>,
+    /// The child and thread warming the mount ([`MountGuard::warm`]),
+    /// ended at the unmount.
+    warming: Option<crate::warm::Warming>,
     record: Option<PathBuf>,
     /// An `O_PATH` descriptor of the mount's root, held until the
     /// connection has been ended: while it is open the superblock lives,
@@ -343,145 +341,44 @@ pub fn mount(
         shared,
         session: Some(session),
         prefill,
-        ahead: None,
-        listing: None,
+        warming: None,
         record,
         pin,
         conn,
     })
 }
 
-/// The root-listing child, with the stack and path it runs on.
-struct Listing {
-    pid: libc::pid_t,
-    _stack: Vec<u8>,
-    _path: CString,
-}
-
-impl Listing {
-    /// Wait for the child to end; its wait status.
-    fn reap(self) -> std::io::Result<libc::c_int> {
-        let mut status = 0;
-        loop {
-            // SAFETY: pid is our own child; status is a valid out-pointer.
-            let r = unsafe { libc::waitpid(self.pid, &mut status, 0) };
-            if r == self.pid {
-                return Ok(status);
-            }
-            let e = std::io::Error::last_os_error();
-            if e.kind() != std::io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
-    }
-}
-
-/// The root-listing child's whole life: close every inherited descriptor
-/// (so it holds none of the FUSE connection), read the directory at `arg`
-/// (a NUL-terminated path) to its end, and exit 0, or 1 on any error.
-extern "C" fn list_dir_and_exit(arg: *mut libc::c_void) -> libc::c_int {
-    let path = arg as *const libc::c_char;
-    // SAFETY: raw system calls on the child's own descriptors; path is
-    // NUL-terminated and alive (the parent waits); buf is valid for its
-    // length; _exit never returns.
-    unsafe {
-        libc::syscall(libc::SYS_close_range, 0u32, u32::MAX, 0u32);
-        let fd = libc::open(path, libc::O_RDONLY | libc::O_DIRECTORY);
-        if fd < 0 {
-            libc::_exit(1);
-        }
-        let mut buf = [0u8; 8192];
-        loop {
-            let n = libc::syscall(libc::SYS_getdents64, fd, buf.as_mut_ptr(), buf.len());
-            if n <= 0 {
-                libc::_exit(if n == 0 { 0 } else { 1 });
-            }
-        }
-    }
-}
-
 impl MountGuard {
-    /// List the view's root once, from a child process: start it here,
-    /// and wait for it with [`root_listed`](Self::root_listed) before
-    /// anything else looks at the view. The sandbox's layout depends on
-    /// the root's entries (one bind each), so that listing belongs in the
-    /// read set; and the kernel learns every root entry from it
-    /// (readdirplus), so the sandbox set-up's own lookups of them never
-    /// reach the daemon. A child, never this process: the process serving
-    /// a mount must not wait on it itself (killed during the wait, its
-    /// serving threads die first and the wait never ends). The child holds
-    /// no descriptor of the connection, so if this process dies the
-    /// connection is aborted and the child's listing fails. Meanwhile the
-    /// caller goes on (composing the sandbox): the listing's round trips
-    /// to the daemon (~0.5–0.9 ms) overlap that work.
-    pub fn start_root_listing(&mut self) -> std::io::Result<()> {
-        if self.listing.is_some() {
+    /// Warm this mount for the build about to run on it (see `warm.rs`):
+    /// a child lists the root and then reads the first byte of what `find`
+    /// (run on a thread of the mount's, which also verifies those blobs)
+    /// names — the command the build starts with and its interpreter —
+    /// so the sandbox's set-up never looks up a root entry through the
+    /// daemon and its first exec finds its file verified and in the page
+    /// cache. Wait for the listing with [`root_listed`](Self::root_listed)
+    /// before the sandbox looks at the view. Once per mount.
+    pub fn warm(
+        &mut self,
+        find: impl FnOnce() -> Vec<crate::warm::FirstOpen> + Send + 'static,
+    ) -> std::io::Result<()> {
+        if self.warming.is_some() {
             return Ok(());
         }
-        let path = CString::new(self.mountpoint.as_os_str().as_bytes())?;
-        // CLONE_VM: no copy of this process's page tables; its own stack,
-        // held (with the path) until the child is reaped.
-        let mut stack = vec![0u8; 64 << 10];
-        // The stack grows down from its 16-byte aligned end.
-        let top = (stack.as_mut_ptr() as usize + stack.len()) & !15;
-        // SAFETY: the child runs `list_dir_and_exit` on `stack`, makes raw
-        // system calls only (no allocation, no lock) and `_exit`s; `stack`
-        // and `path` are kept in `self.listing` until it is reaped.
-        let pid = unsafe {
-            libc::clone(
-                list_dir_and_exit,
-                top as *mut libc::c_void,
-                libc::CLONE_VM | libc::SIGCHLD,
-                path.as_ptr() as *mut libc::c_void,
-            )
-        };
-        if pid < 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        self.listing = Some(Listing {
-            pid,
-            _stack: stack,
-            _path: path,
-        });
+        self.warming = Some(crate::warm::Warming::start(
+            &self.mountpoint,
+            self.shared.clone(),
+            Box::new(find),
+        )?);
         Ok(())
     }
 
-    /// Wait for the root's listing ([`start_root_listing`](Self::start_root_listing)).
+    /// Wait for the root's listing ([`warm`](Self::warm)); at once if the
+    /// mount is not being warmed.
     pub fn root_listed(&mut self) -> std::io::Result<()> {
-        let Some(listing) = self.listing.take() else {
-            return Ok(());
-        };
-        let status = listing.reap()?;
-        if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-            Ok(())
-        } else {
-            Err(std::io::Error::other(format!(
-                "listing the view at {} failed (child status {status})",
-                self.mountpoint.display()
-            )))
+        match &mut self.warming {
+            Some(w) => w.root_listed(&self.mountpoint),
+            None => Ok(()),
         }
-    }
-
-    /// Verify the blobs `digests` names now, on a thread of this mount's
-    /// (which also runs `digests`, so finding them costs the caller
-    /// nothing either), as their first opens would: a build that is about
-    /// to open them (its command, that one's interpreter) then finds them
-    /// verified instead of waiting for a hash at its first exec. Records
-    /// no read; a corrupt blob fails only the open that reaches it, as
-    /// ever. A second call while the first one's thread runs is ignored.
-    pub fn verify_ahead(&mut self, digests: impl FnOnce() -> Vec<Digest> + Send + 'static) {
-        if self.ahead.is_some() {
-            return;
-        }
-        let shared = self.shared.clone();
-        self.ahead = std::thread::Builder::new()
-            .name("fhsx-verify".into())
-            .spawn(move || {
-                for d in &digests() {
-                    shared.verify_ahead(d);
-                }
-            })
-            .ok();
     }
 
     /// The FUSE connection number (fusectl's name for it), when known.
@@ -579,8 +476,11 @@ impl MountGuard {
         let Some(session) = self.session.take() else {
             return Ok(());
         };
-        if let Some(t) = self.ahead.take() {
-            let _ = t.join();
+        // Warming still at work ends first, while the daemon serves it: its
+        // child holds the mount's root open (the connection would outlive
+        // the detach), and what it reads is the build's to record.
+        if let Some(w) = self.warming.take() {
+            w.finish();
         }
         let r = detach(&self.mountpoint);
         // The connection is ended by its number while the pin keeps the
@@ -590,10 +490,7 @@ impl MountGuard {
         // view (seen with 150 builds at once: a view read ENOTCONN).
         let aborted = self.conn.is_some_and(abort_connection);
         self.pin = None;
-        // A listing still running ends with the connection.
-        if let Some(listing) = self.listing.take() {
-            let _ = listing.reap();
-        }
+
         // Nothing offers files from here on: the prefill thread drains its
         // queue (every store fails fast on an ended connection) and ends
         // while the serving threads do.

@@ -343,53 +343,92 @@ fn a_blob_hashed_by_an_earlier_mount_is_trusted_only_while_unchanged() {
     assert_eq!(table.hits(), 1, "a rewritten blob was trusted");
 }
 
-/// `verify_ahead` hashes a blob as its first open would, before anything
-/// opens it: the verdict is this mount's (and, through the shared table,
-/// a later mount's), nothing enters the read set, and a corrupt blob fails
-/// only the open that reaches it — never one that did not happen.
+/// `warm` does what the build's first exec would, before it comes: a child
+/// lists the root and reads the first byte of each path it is given, inside
+/// the view (a link cannot lead out of it), so the file is recorded as
+/// read, verified (by a thread that also hashes it for the mounts sharing
+/// the table) and, without opens, stored whole in the page cache. A
+/// corrupt blob fails that read as the exec's would, and is reported.
 #[test]
-fn a_blob_verified_ahead_is_neither_read_nor_refused_until_opened() {
+fn a_warmed_mount_has_its_first_opens_read_verified_and_cached() {
+    use castore_fuse::FirstOpen;
     let fx = Fixture::new(sample_tree);
     let table = std::sync::Arc::new(castore_fuse::VerifiedBlobs::default());
     let opts = castore_fuse::MountOptions {
         verified: table.clone(),
+        zero_message_open: true,
         ..fx.opts()
     };
     let mount =
         |name: &str| castore_fuse::mount(&fx.store, &fx.root, &fx.mountpoint(name), &opts).unwrap();
+    let big: Vec<u8> = (0..(3 << 20) + 17).map(|i| (i * 7 % 251) as u8).collect();
+    let first = |path: &str, bytes: &[u8]| FirstOpen {
+        path: path.as_bytes().to_vec(),
+        digest: Digest::of(bytes),
+    };
     let mut a = mount("a");
-    a.verify_ahead(|| vec![Digest::of(b"a\n")]);
+    let want = vec![
+        first("/share/data/big.bin", &big),
+        first("/bin/docs/../../share/doc/a.txt", b"a\n"),
+    ];
+    a.warm(move || want).unwrap();
+    a.root_listed().unwrap();
+    let f = fs::File::open(a.mountpoint().join("share/data/big.bin")).unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let (mut resident, pages) = resident_pages(&f, big.len());
+    while resident < pages && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(5));
+        resident = resident_pages(&f, big.len()).0;
+    }
+    assert_eq!(
+        resident, pages,
+        "the warmed file is not in the page cache: {resident} of {pages} pages"
+    );
+    drop(f);
     let out = a.finish(&fx.store).unwrap();
     out.check().unwrap();
-    assert!(
-        out.read_set.get("/share/doc/a.txt").is_none(),
-        "a blob verified ahead was recorded as read"
-    );
+    let read = |p: &str| {
+        out.read_set
+            .entries
+            .iter()
+            .any(|e| e.path == p && e.access == castore_fuse::Access::Read)
+    };
+    assert!(read("/"), "the root was not listed");
+    assert!(read("/share/data/big.bin") && read("/share/doc/a.txt"));
     let b = mount("b");
     assert_eq!(
-        fs::read(b.mountpoint().join("share/doc/a.txt")).unwrap(),
-        b"a\n"
+        fs::read(b.mountpoint().join("share/data/big.bin")).unwrap(),
+        big
     );
-    assert_eq!(table.hits(), 1, "the blob verified ahead was hashed again");
+    assert_eq!(table.hits(), 1, "the warmed blob was hashed again");
     b.finish(&fx.store).unwrap().check().unwrap();
 
+    // A link out of the view is resolved inside it: its target is looked
+    // up in the view (absent there), nothing of the host is read.
+    let mut c = mount("c");
+    let dangling = vec![first("/dangling", b"")];
+    c.warm(move || dangling).unwrap();
+    c.root_listed().unwrap();
+    let out = c.finish(&fx.store).unwrap();
+    assert!(
+        out.read_set
+            .entries
+            .iter()
+            .any(|e| e.path == "/nonexistent" && e.kind == castore_fuse::EntryKind::Absent),
+        "{:?}",
+        out.read_set.entries
+    );
+
+    // Corrupt in the store: the warming read fails and says so.
     let digest = Digest::of(b"b\n");
     let blob = fx.store.object_path(ObjectKind::Blob, &digest);
     fs::set_permissions(&blob, fs::Permissions::from_mode(0o644)).unwrap();
     fs::write(&blob, b"X\n").unwrap();
     fs::set_permissions(&blob, fs::Permissions::from_mode(0o444)).unwrap();
-    let mut c = mount("c");
-    c.verify_ahead(move || vec![digest]);
-    let out = c.finish(&fx.store).unwrap();
-    assert!(
-        out.integrity_failures.is_empty(),
-        "a corrupt blob nothing opened was reported: {:?}",
-        out.integrity_failures
-    );
     let mut d = mount("d");
-    d.verify_ahead(move || vec![digest]);
-    let e = fs::read(d.mountpoint().join("share/doc/b.txt")).unwrap_err();
-    assert_eq!(e.raw_os_error(), Some(libc::EIO), "{e}");
+    d.warm(move || vec![first("/share/doc/b.txt", b"b\n")])
+        .unwrap();
+    d.root_listed().unwrap();
     let out = d.finish(&fx.store).unwrap();
     assert_eq!(out.integrity_failures.len(), 1);
     assert_eq!(out.integrity_failures[0].actual, Some(Digest::of(b"X\n")));

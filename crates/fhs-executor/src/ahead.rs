@@ -2,15 +2,18 @@
 //! the command's executable and that one's ELF interpreter. The view
 //! verifies a blob at its first open, and the first open of all is the
 //! command's `execve`, which waits for the hash (~0.5 ms for a 2 MB
-//! busybox, tens for a compiler); hashing these two while bwrap sets the
+//! busybox, tens for a compiler), and then on page faults that each come
+//! back as a `READ`; reading and hashing these two while bwrap sets the
 //! sandbox up takes that wait off the critical path
-//! (`castore_fuse::MountGuard::verify_ahead`).
+//! (`castore_fuse::MountGuard::warm`).
 //!
-//! A guess, never a grant: nothing found here is read into the read set or
-//! served, and a wrong guess costs a hash and nothing else.
+//! A guess, never a grant: a wrong one costs a hash and, in the read set,
+//! entries of the declared view the build did not use (see
+//! `castore_fuse`'s `warm.rs`).
 
 use castore::store::{BlobStore, DirectoryStore, LocalStore};
 use castore::{Digest, Node};
+use castore_fuse::FirstOpen;
 #[cfg(test)]
 use std::path::Path;
 
@@ -20,21 +23,19 @@ const MAX_LINKS: usize = 40;
 /// The ELF header and program headers are read from this much of a file.
 const ELF_HEAD: usize = 4096;
 
-/// The blobs of `command`'s executable in the view `root` (a bare name is
-/// looked up along `path`, as `execvp` does) and of its ELF interpreter.
-pub fn first_opens(store: &LocalStore, root: &Digest, command: &str, path: &str) -> Vec<Digest> {
+/// Where `command`'s executable is in the view `root` (a bare name is
+/// looked up along `path`, as `execvp` does) and its ELF interpreter, with
+/// their blobs: symlinks resolved, so each path names the file itself.
+pub fn first_opens(store: &LocalStore, root: &Digest, command: &str, path: &str) -> Vec<FirstOpen> {
     let Some(exe) = find_command(store, root, command, path) else {
         return Vec::new();
     };
-    let mut found = vec![exe];
-    if let Some(interp) = interpreter(store, &exe).and_then(|p| resolve(store, root, &p)) {
-        found.push(interp);
-    }
-    found
+    let interp = interpreter(store, &exe.digest).and_then(|p| resolve(store, root, &p));
+    std::iter::once(exe).chain(interp).collect()
 }
 
 /// The executable `command` names: a path, or a name on `path`.
-fn find_command(store: &LocalStore, root: &Digest, command: &str, path: &str) -> Option<Digest> {
+fn find_command(store: &LocalStore, root: &Digest, command: &str, path: &str) -> Option<FirstOpen> {
     if command.contains('/') {
         return resolve(store, root, command);
     }
@@ -80,11 +81,13 @@ fn interpreter(store: &LocalStore, exe: &Digest) -> Option<String> {
 }
 
 /// The regular file `path` names in the tree `root`, symlinks followed as
-/// the kernel would (at most [`MAX_LINKS`]); `None` for anything else.
-fn resolve(store: &LocalStore, root: &Digest, path: &str) -> Option<Digest> {
-    // Still to walk, first component last; and the directories walked.
+/// the kernel would (at most [`MAX_LINKS`]), as its path without links;
+/// `None` for anything else.
+fn resolve(store: &LocalStore, root: &Digest, path: &str) -> Option<FirstOpen> {
+    // Still to walk, first component last; and the directories walked,
+    // with their names.
     let mut todo: Vec<Vec<u8>> = components(path.as_bytes()).rev().collect();
-    let mut dirs: Vec<Digest> = vec![*root];
+    let mut dirs: Vec<(Digest, Vec<u8>)> = vec![(*root, Vec::new())];
     let mut links = 0;
     while let Some(name) = todo.pop() {
         if name == b".." {
@@ -93,10 +96,21 @@ fn resolve(store: &LocalStore, root: &Digest, path: &str) -> Option<Digest> {
             }
             continue;
         }
-        let here = store.get_directory(dirs.last()?).ok()?;
+        let here = store.get_directory(&dirs.last()?.0).ok()?;
         match here.get(&name)? {
-            Node::Directory { digest, .. } => dirs.push(*digest),
-            Node::File { digest, .. } => return todo.is_empty().then_some(*digest),
+            Node::Directory { digest, .. } => dirs.push((*digest, name)),
+            Node::File { digest, .. } if todo.is_empty() => {
+                let mut path: Vec<u8> = Vec::new();
+                for (_, n) in dirs.iter().skip(1).chain([&(*digest, name)]) {
+                    path.push(b'/');
+                    path.extend_from_slice(n);
+                }
+                return Some(FirstOpen {
+                    path,
+                    digest: *digest,
+                });
+            }
+            Node::File { .. } => return None,
             Node::Symlink { target } => {
                 links += 1;
                 if links > MAX_LINKS {
@@ -156,7 +170,10 @@ mod tests {
         let root = castore::import::import_path(&store, &tree, &())
             .unwrap()
             .root;
-        let blob = |p: &str| Digest::of(&std::fs::read(tree.join(p)).unwrap());
+        let blob = |p: &str| FirstOpen {
+            path: format!("/{p}").into_bytes(),
+            digest: Digest::of(&std::fs::read(tree.join(p)).unwrap()),
+        };
         let dynamic = String::from_utf8_lossy(&std::fs::read(host_true).unwrap()).contains(interp);
 
         let found = first_opens(&store, &root, "true", "/usr/local/bin:/bin");

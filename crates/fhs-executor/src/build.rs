@@ -507,21 +507,16 @@ impl FhsExecutor {
         };
         let mut guard = castore_fuse::mount(&self.store, &view.root, &mnt, &options)
             .map_err(|e| Error::Other(format!("mounting the view: {e}")))?;
-        // The command's first opens are found and hashed while the sandbox
-        // is set up.
-        if let Some(cmd) = action.run.command.first() {
-            let (store, root, cmd, path) = (
-                self.store.clone(),
-                view.root,
-                cmd.clone(),
-                sandbox_path(plan),
-            );
-            guard.verify_ahead(move || ahead::first_opens(&store, &root, &cmd, &path));
-        }
-
-        // The listing the layout depends on is made by a child, meanwhile.
+        // The root's listing and the command's first opens, warmed while
+        // the sandbox is composed.
+        let (store, root, cmd, path) = (
+            self.store.clone(),
+            view.root,
+            action.run.command.first().cloned().unwrap_or_default(),
+            sandbox_path(plan),
+        );
         guard
-            .start_root_listing()
+            .warm(move || ahead::first_opens(&store, &root, &cmd, &path))
             .map_err(|e| Error::Other(format!("listing the view's root: {e}")))?;
         let runtime = Runtime::new()?;
         // The root's entries from the store, not through the mount: this
@@ -783,14 +778,19 @@ impl FhsExecutor {
         }))
     }
 
-    /// Remove the working area, or keep a failed build's for `--keep-failed`.
+    /// Release the working area after a build that succeeded (back to its
+    /// pool, if it has one and it can be made as new), remove it after one
+    /// that failed, or keep a failed build's for `--keep-failed`.
     fn finish_work(
         &self,
         work: WorkArea,
         signed: &executor_core::SignedRecord,
         log: &mut (dyn Write + Send),
     ) {
-        if signed.record.succeeded() || !self.keep_failed {
+        if signed.record.succeeded() {
+            return work.release();
+        }
+        if !self.keep_failed {
             return drop(work);
         }
         let own_fs = matches!(work.disk, DiskLimit::Enforced(_));

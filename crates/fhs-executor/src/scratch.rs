@@ -92,7 +92,9 @@ pub struct WorkArea {
     pub disk: DiskLimit,
     /// The `[limits] disk` asked for: the pool's key for this area.
     requested: u64,
-    /// Where the area goes back when dropped, if it can be made as new.
+    /// Where the area goes back when [`released`](WorkArea::release), if
+    /// it can be made as new. Dropped otherwise (a build that failed, an
+    /// error on the way), it is removed.
     pool: Option<std::sync::Arc<crate::pool::ScratchPool>>,
     /// As root: the build user the build runs as, held while the area
     /// lives (declared last: released only once the area is gone).
@@ -372,11 +374,26 @@ impl Drop for WorkArea {
         // Whatever the scratch's thread is doing ends before anything is
         // unmounted or removed under it.
         let _ = self.ready();
+        self.remove();
+    }
+}
+
+impl WorkArea {
+    /// The end of a build that succeeded: back to its pool if it has one
+    /// and can be made exactly as new, else removed. (Dropped instead,
+    /// after a failure, it is always removed: a failed build leaves no
+    /// mount.)
+    pub fn release(mut self) {
+        let _ = self.ready();
         if let Some(pool) = self.pool.take() {
             if let Some(parked) = self.recycled() {
-                return pool.park(parked);
+                pool.park(parked);
             }
         }
+    }
+
+    /// Unmount the scratch and remove the area.
+    fn remove(&mut self) {
         if let ScratchFs::Ready(m) = &mut self.fs {
             m.unmount(&self.scratch);
         }

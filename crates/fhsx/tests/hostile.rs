@@ -1127,6 +1127,7 @@ fn host_isolation_nothing_of_the_callers_process_state_crosses() {
             .arg(&w.store)
             .arg(&a)
             .env("TMPDIR", w.path())
+            .env("FHSX_SCRATCH_POOL", "0")
             .stdin(Stdio::null())
             .output()
             .unwrap();
@@ -1433,6 +1434,7 @@ fn host_isolation_as_root_a_tmpdir_the_build_user_cannot_pass_is_a_clear_error()
         .args(["build", "--rebuild"])
         .arg(&a)
         .env("TMPDIR", &closed)
+        .env("FHSX_SCRATCH_POOL", "0")
         .output()
         .unwrap();
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
