@@ -428,16 +428,6 @@ impl Shared {
         })
     }
 
-    /// Decide `digest`'s verdict now, as its first open would, so that the
-    /// open finds it made (or waits for it) instead of hashing then. Reads
-    /// nothing into the read set and serves nothing: a corrupt blob is
-    /// reported when, and only if, the build opens it.
-    pub(crate) fn verify_ahead(&self, digest: &Digest) {
-        if let Ok(file) = self.open_blob_file(digest) {
-            let _ = self.verdict(digest, &file);
-        }
-    }
-
     fn open_blob_file(&self, digest: &Digest) -> std::io::Result<File> {
         let path = self
             .store

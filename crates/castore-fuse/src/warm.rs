@@ -21,8 +21,10 @@
 //!    the exec comes.
 //!
 //! and a thread finds those paths (the caller's guess: the command and its
-//! ELF interpreter), sends them to the child and hashes their blobs, so the
-//! child's `READ` finds the verdict made or waits for it.
+//! ELF interpreter) and sends them to the child. The child's `READ` has the
+//! file hashed by the serving thread, after the listing: hashing it ahead,
+//! on a thread of its own, took a core from the listing, which the sandbox
+//! waits for.
 //!
 //! What it changes in the read set: nothing that the exec would not
 //! record itself, given the guess is right; a wrong guess (a path the
@@ -40,18 +42,11 @@ use std::io::Read;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::Arc;
 
-use castore::Digest;
-
-use crate::fs::Shared;
-
-/// One of the build's first opens: its path in the view (absolute) and
-/// its blob.
+/// One of the build's first opens: its path in the view (absolute).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FirstOpen {
     pub path: Vec<u8>,
-    pub digest: Digest,
 }
 
 /// The most bytes of paths the child takes (its stack holds them).
@@ -77,11 +72,10 @@ struct ChildArgs {
 }
 
 impl Warming {
-    /// Start the child on `mountpoint` and the thread that runs `find`,
-    /// sends the child the paths and verifies the blobs through `shared`.
+    /// Start the child on `mountpoint` and the thread that runs `find` and
+    /// sends the child the paths.
     pub(crate) fn start(
         mountpoint: &Path,
-        shared: Arc<Shared>,
         find: Box<dyn FnOnce() -> Vec<FirstOpen> + Send>,
     ) -> std::io::Result<Warming> {
         let (listed_r, listed_w) = pipe()?;
@@ -126,11 +120,11 @@ impl Warming {
                     }
                 }
                 // The child may be gone (the mount ended): nothing to warm.
+                // Its read of each file has the file hashed (by the thread
+                // that serves it): not here, where the hash would take a
+                // core from the root's listing, which the sandbox waits for.
                 send_all(&paths_w, &bytes);
                 drop(paths_w);
-                for f in &first {
-                    shared.verify_ahead(&f.digest);
-                }
             });
         // Without the thread the child gets no paths (its socket's sending
         // end is gone with the closure): it lists the root and ends.

@@ -27,15 +27,20 @@ const ELF_HEAD: usize = 4096;
 /// looked up along `path`, as `execvp` does) and its ELF interpreter, with
 /// their blobs: symlinks resolved, so each path names the file itself.
 pub fn first_opens(store: &LocalStore, root: &Digest, command: &str, path: &str) -> Vec<FirstOpen> {
-    let Some(exe) = find_command(store, root, command, path) else {
+    let Some((exe, digest)) = find_command(store, root, command, path) else {
         return Vec::new();
     };
-    let interp = interpreter(store, &exe.digest).and_then(|p| resolve(store, root, &p));
-    std::iter::once(exe).chain(interp).collect()
+    let interp = interpreter(store, &digest).and_then(|p| resolve(store, root, &p));
+    std::iter::once(exe).chain(interp.map(|(f, _)| f)).collect()
 }
 
 /// The executable `command` names: a path, or a name on `path`.
-fn find_command(store: &LocalStore, root: &Digest, command: &str, path: &str) -> Option<FirstOpen> {
+fn find_command(
+    store: &LocalStore,
+    root: &Digest,
+    command: &str,
+    path: &str,
+) -> Option<(FirstOpen, Digest)> {
     if command.contains('/') {
         return resolve(store, root, command);
     }
@@ -83,7 +88,7 @@ fn interpreter(store: &LocalStore, exe: &Digest) -> Option<String> {
 /// The regular file `path` names in the tree `root`, symlinks followed as
 /// the kernel would (at most [`MAX_LINKS`]), as its path without links;
 /// `None` for anything else.
-fn resolve(store: &LocalStore, root: &Digest, path: &str) -> Option<FirstOpen> {
+fn resolve(store: &LocalStore, root: &Digest, path: &str) -> Option<(FirstOpen, Digest)> {
     // Still to walk, first component last; and the directories walked,
     // with their names.
     let mut todo: Vec<Vec<u8>> = components(path.as_bytes()).rev().collect();
@@ -105,10 +110,7 @@ fn resolve(store: &LocalStore, root: &Digest, path: &str) -> Option<FirstOpen> {
                     path.push(b'/');
                     path.extend_from_slice(n);
                 }
-                return Some(FirstOpen {
-                    path,
-                    digest: *digest,
-                });
+                return Some((FirstOpen { path }, *digest));
             }
             Node::File { .. } => return None,
             Node::Symlink { target } => {
@@ -172,7 +174,6 @@ mod tests {
             .root;
         let blob = |p: &str| FirstOpen {
             path: format!("/{p}").into_bytes(),
-            digest: Digest::of(&std::fs::read(tree.join(p)).unwrap()),
         };
         let dynamic = String::from_utf8_lossy(&std::fs::read(host_true).unwrap()).contains(interp);
 

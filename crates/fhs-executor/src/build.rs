@@ -34,6 +34,7 @@ use executor_sandbox::{
     Outcome, Output, RealFs, RunOptions, RunReport, Runtime, SandboxSpec, Stdin,
 };
 
+use crate::background::Background;
 use crate::cache::{ActionCache, Found};
 use crate::fetch::{FetchResult, FetchSession, Network};
 use crate::ingest::Ingested;
@@ -129,6 +130,8 @@ struct Ran {
     report: RunReport,
     mounted: CompactOutcome,
     fetch: Option<FetchResult>,
+    /// The view's superblock, freed meanwhile.
+    teardown: Background,
 }
 
 impl FhsExecutor {
@@ -221,6 +224,20 @@ impl FhsExecutor {
         for line in ingested.notes.iter().chain(&failure) {
             log.note(line, live);
         }
+        // The scratch is done with: emptied and parked (or removed) while
+        // the record is made — unless a recording's new lock still lives
+        // in the working area, to be committed once the record is signed.
+        let succeeded = exit.success()
+            && violations.is_empty()
+            && failure.is_none()
+            && ran.mounted.read_set_overflow.is_none();
+        let recording = ran.fetch.as_ref().is_some_and(|f| f.recording.is_some());
+        let (mut work, mut released) = (Some(work), None);
+        if !recording {
+            released = work
+                .take()
+                .and_then(|w| self.finish_work(w, succeeded, live));
+        }
         // A check is compared before it is signed: the comparison (and
         // diffoscope's report) belongs to its record.
         let mut check = match &against {
@@ -270,7 +287,10 @@ impl FhsExecutor {
             Some(recording) if signed.record.succeeded() => Some(recording.commit()),
             _ => None,
         };
-        self.finish_work(work, &signed, live);
+        if let Some(work) = work {
+            released = self.finish_work(work, signed.record.succeeded(), live);
+        }
+        drop((released, ran.teardown));
         clock.mark("cleanup");
         clock.report(live);
         if !violations.is_empty() {
@@ -604,10 +624,13 @@ impl FhsExecutor {
             let _ = tee.join();
             ran
         });
-        // Unmount before anything else can fail: the read set is wanted either way.
-        let mounted = guard
-            .finish_rooted(&self.store, roots)
+        // Unmount before anything else can fail: the read set is wanted
+        // either way. The superblock (its inodes and page cache) is freed
+        // on a thread while the build goes on.
+        let (mounted, teardown) = guard
+            .finish_deferred(&self.store, roots)
             .map_err(|e| Error::Other(format!("unmounting the view: {e}")))?;
+        let teardown = Background::start("fhsx-unmount", move || drop(teardown));
         let fetch = proxy.map(|p| p.finish()).transpose()?;
         let report = report?;
         if let Some(user) = work.build_user() {
@@ -617,6 +640,7 @@ impl FhsExecutor {
             report,
             mounted,
             fetch,
+            teardown,
         })
     }
 
@@ -779,19 +803,20 @@ impl FhsExecutor {
     }
 
     /// Release the working area after a build that succeeded (back to its
-    /// pool, if it has one and it can be made as new), remove it after one
-    /// that failed, or keep a failed build's for `--keep-failed`.
+    /// pool, if it has one and it can be made as new) or remove it after
+    /// one that failed, both on a thread of their own; or keep a failed
+    /// build's for `--keep-failed`.
     fn finish_work(
         &self,
         work: WorkArea,
-        signed: &executor_core::SignedRecord,
+        succeeded: bool,
         log: &mut (dyn Write + Send),
-    ) {
-        if signed.record.succeeded() {
-            return work.release();
+    ) -> Option<Background> {
+        if succeeded {
+            return Some(Background::start("fhsx-scratch", move || work.release()));
         }
         if !self.keep_failed {
-            return drop(work);
+            return Some(Background::start("fhsx-scratch", move || drop(work)));
         }
         let own_fs = matches!(work.disk, DiskLimit::Enforced(_));
         let owner = work.build_user().map(|u| u.uid());
@@ -811,6 +836,7 @@ impl FhsExecutor {
                 kept.display()
             );
         }
+        None
     }
 }
 

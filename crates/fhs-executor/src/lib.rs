@@ -18,6 +18,7 @@
 //! proxy (`fetch-proxy`): it wires them together.
 
 mod ahead;
+mod background;
 pub mod build;
 pub mod cache;
 pub mod check;
