@@ -565,6 +565,8 @@ impl Worker {
                 "worker", "--reapi", &self.url, "--bot-id", &self.id, "--jobs",
             ])
             .arg(self.jobs.to_string())
+            // Nothing parked, so a test can tell what a build left mounted.
+            .args(["--scratch-pool", "0"])
             .arg("--toolchain")
             .arg(&s.base)
             .arg("--toolchain")

@@ -45,6 +45,14 @@ impl Worker {
             .args(["worker", "--listen", "127.0.0.1:0", "--jobs"])
             .arg(jobs.to_string())
             .args(extra)
+            // Nothing parked, so a test can tell what a build left mounted;
+            // the pool's own test asks for one.
+            .args(
+                (!extra.contains(&"--scratch-pool"))
+                    .then_some(["--scratch-pool", "0"])
+                    .into_iter()
+                    .flatten(),
+            )
             .env("TMPDIR", {
                 support::passable(tmp);
                 tmp
@@ -746,7 +754,7 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
     let mut uw = Command::new(env!("CARGO_BIN_EXE_fhsx"))
         .arg("--store")
         .arg(&ws)
-        .args(["worker", "--jobs", "1", "--unix"])
+        .args(["worker", "--jobs", "1", "--scratch-pool", "0", "--unix"])
         .arg(&sock)
         .env("TMPDIR", {
             support::passable(t.path());
@@ -813,7 +821,7 @@ fn unix_socket_worker_serves_builds() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_fhsx"))
         .arg("--store")
         .arg(t.path().join("ws"))
-        .args(["worker", "--jobs", "1", "--unix"])
+        .args(["worker", "--jobs", "1", "--scratch-pool", "0", "--unix"])
         .arg(&sock)
         .env("TMPDIR", {
             support::passable(t.path());

@@ -41,11 +41,13 @@ pub struct WorkerArgs {
     #[arg(long)]
     pub hash_every_build: bool,
     /// Keep up to N emptied scratch file systems mounted between builds
-    /// (as root), so a build skips its loop device and ext4 mount. A
-    /// scratch is parked only once it is exactly as new (empty, its root
-    /// reset, free blocks and inodes as fresh); else it is removed.
-    #[arg(long, value_name = "N", default_value_t = 0)]
-    pub scratch_pool: usize,
+    /// (as root; default: as many as --jobs; 0: none), so a build skips
+    /// its loop device and ext4 mount and their teardown. A scratch is
+    /// parked only after a build that succeeded and once it is exactly as
+    /// new (empty, its root reset, free blocks and inodes as fresh); else
+    /// it is removed. The worker's parked scratches go when it ends.
+    #[arg(long, value_name = "N")]
+    pub scratch_pool: Option<usize>,
     /// What backs each build's scratch: `disk` or `memory` (see `fhsx build --scratch`).
     #[arg(long, value_name = "MEDIUM", value_enum, default_value_t = super::build::ScratchArg::Disk)]
     pub scratch: super::build::ScratchArg,
@@ -131,7 +133,7 @@ fn run_reapi(
 ) -> anyhow::Result<i32> {
     use castore::store::DirectoryStore;
     let usage = |m: String| Classified(executor_core::ExitClass::Usage, m);
-    let builds = build_options(&a);
+    let builds = build_options(&a, jobs);
     let mut toolchains = std::collections::BTreeMap::new();
     let mut named = Vec::new();
     for f in &a.toolchain {
@@ -195,10 +197,10 @@ fn run_reapi(
     Ok(0)
 }
 
-fn build_options(a: &WorkerArgs) -> ::worker::runner::BuildOptions {
+fn build_options(a: &WorkerArgs, jobs: usize) -> ::worker::runner::BuildOptions {
     ::worker::runner::BuildOptions {
         hash_every_build: a.hash_every_build,
-        scratch_pool: a.scratch_pool,
+        scratch_pool: a.scratch_pool.unwrap_or(jobs),
         scratch: a.scratch.into(),
         zero_message_open: a.opens == super::build::OpensArg::Kernel,
     }
@@ -220,7 +222,7 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
     if let Some(engine) = a.reapi.clone() {
         return run_reapi(g, a, store, jobs, grace, engine);
     }
-    let builds = build_options(&a);
+    let builds = build_options(&a, jobs);
     let listen = match a.unix {
         Some(p) => Listen::Unix(p),
         None => Listen::Tcp(a.listen),
