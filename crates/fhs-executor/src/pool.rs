@@ -45,6 +45,9 @@ pub const MAX_WRITTEN_KIB: u64 = 64 << 10;
 #[derive(Debug)]
 pub struct ScratchPool {
     parked: Mutex<Vec<WorkArea>>,
+    /// Unsound parked areas being taken down meanwhile (shared pools),
+    /// joined when the pool goes.
+    retiring: Mutex<Vec<crate::background::Background>>,
     /// Parked in `$TMPDIR` for the builds of any process (`scratch/parked.rs`)
     /// rather than held by this one.
     shared: bool,
@@ -58,6 +61,7 @@ impl ScratchPool {
     pub fn new(max: usize) -> Arc<ScratchPool> {
         Arc::new(ScratchPool {
             parked: Mutex::new(Vec::new()),
+            retiring: Mutex::new(Vec::new()),
             shared: false,
             max,
             reused: AtomicU64::new(0),
@@ -70,6 +74,7 @@ impl ScratchPool {
     pub fn shared(max: usize) -> Arc<ScratchPool> {
         Arc::new(ScratchPool {
             parked: Mutex::new(Vec::new()),
+            retiring: Mutex::new(Vec::new()),
             shared: true,
             max,
             reused: AtomicU64::new(0),
@@ -88,7 +93,8 @@ impl ScratchPool {
 
     pub(crate) fn take(&self, requested: u64) -> Option<WorkArea> {
         let area = if self.shared {
-            crate::scratch::take_shared(requested, self.max)?
+            let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
+            crate::scratch::take_shared(requested, self.max, &mut retiring)?
         } else {
             let mut parked = self.lock();
             let i = parked.iter().position(|a| a.requested() == requested)?;

@@ -37,6 +37,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, SystemTime};
 
 use super::{remove_area, still_mounted_below, DiskLimit, Mounted, ScratchFs, WorkArea, LOCK};
+use crate::background::Background;
 use crate::pool::FreshScratch;
 
 /// Parked areas' names: `fhsx-parked-<bytes>-<slot>`.
@@ -66,21 +67,33 @@ fn is_slot(dir: &Path) -> bool {
 }
 
 /// A parked area of `requested` bytes from `$TMPDIR`, taken and checked;
-/// `None` if no slot of the `max` holds a sound one.
-pub(crate) fn take_shared(requested: u64, max: usize) -> Option<WorkArea> {
+/// `None` if no slot of the `max` holds a sound one. A slot found unsound
+/// is taken down on a thread of its own (`retire`): an ext4 unmount and
+/// its loop device's release take milliseconds this build need not wait.
+pub(crate) fn take_shared(
+    requested: u64,
+    max: usize,
+    retire: &mut Vec<Background>,
+) -> Option<WorkArea> {
     let tmp = std::env::temp_dir();
-    (0..max).find_map(|n| take_slot(&slot(&tmp, requested, n), requested))
+    (0..max).find_map(|n| take_slot(&slot(&tmp, requested, n), requested, retire))
 }
 
-fn take_slot(dir: &Path, requested: u64) -> Option<WorkArea> {
+fn take_slot(dir: &Path, requested: u64, retire: &mut Vec<Background>) -> Option<WorkArea> {
     let lock = lock_own(dir)?;
     let sound = fs::read(dir.join(FRESH))
         .ok()
         .and_then(|b| serde_json::from_slice::<ParkedState>(&b).ok())
         .filter(|state| still_fresh(&dir.join("build"), state));
     let Some(state) = sound else {
-        // A killed build's scratch, or one detached meanwhile.
-        take_down(dir);
+        // A killed build's scratch, one detached meanwhile, or one whose
+        // file system wrote too much after it was parked (the kernel
+        // writes its metadata back later): its lock held until it is gone.
+        let dir = dir.to_path_buf();
+        retire.push(Background::start("fhsx-retire", move || {
+            take_down(&dir);
+            drop(lock);
+        }));
         return None;
     };
     Some(WorkArea {
