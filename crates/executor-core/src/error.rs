@@ -78,6 +78,8 @@ pub enum SandboxError {
     BadBuildUsers { value: String, reason: String },
     #[error("no build user could be had for this build: {reason}")]
     NoBuildUser { reason: String },
+    #[error("what the sandbox binds was not made ready, so it was not started")]
+    NotReady,
     #[error("I/O error while {what}: {source}")]
     Io {
         what: String,
@@ -100,6 +102,7 @@ impl SandboxError {
             SandboxError::BadEnv { .. } | SandboxError::BadBuildUsers { .. } => ExitClass::Usage,
             SandboxError::NoBuildUser { .. } => ExitClass::BuildFailed,
             SandboxError::Spawn { .. }
+            | SandboxError::NotReady
             | SandboxError::Io { .. }
             | SandboxError::BwrapFailed { .. }
             | SandboxError::SupervisorLost { .. } => ExitClass::BuildFailed,

@@ -523,6 +523,23 @@ impl Runtime {
         command: &[OsString],
         opts: RunOptions,
     ) -> Result<RunReport, SandboxError> {
+        self.run_when(spec, host_env, command, opts, || true)
+    }
+
+    /// [`run`](Self::run), with everything the run needs of its own made
+    /// first (its cgroups, the argv and filter, the RPC socket) and bwrap
+    /// started only once `ready` says what it binds is ready — so a caller
+    /// can mount that meanwhile. `ready` returning false abandons the run
+    /// before anything is started ([`SandboxError::NotReady`]); the caller
+    /// knows why.
+    pub fn run_when(
+        &self,
+        spec: &SandboxSpec,
+        host_env: &HostEnv,
+        command: &[OsString],
+        opts: RunOptions,
+        ready: impl FnOnce() -> bool,
+    ) -> Result<RunReport, SandboxError> {
         if command.is_empty() {
             return Err(SandboxError::Protocol("no command given to run".into()));
         }
@@ -692,6 +709,9 @@ impl Runtime {
             run_as: spec.run_as,
         };
 
+        if !ready() {
+            return Err(SandboxError::NotReady);
+        }
         // Start the child straight inside the run's cgroup (migrating a
         // running process costs tens of milliseconds, spawning into the
         // cgroup does not) with a pidfd from the start. First choice: a

@@ -501,9 +501,10 @@ impl FhsExecutor {
         })
     }
 
-    /// Stage 5, run: mount the view, run the command in the sandbox with
-    /// its output streamed into the log and to the live sink, stop the
-    /// proxy, unmount.
+    /// Stage 5, run: mount the view (on a thread of its own, while the
+    /// sandbox is composed), run the command in the sandbox with its
+    /// output streamed into the log and to the live sink, stop the proxy,
+    /// unmount.
     fn run(
         &self,
         plan: &Plan<'_>,
@@ -515,8 +516,97 @@ impl FhsExecutor {
     ) -> Result<Ran, Error> {
         let action = &plan.action;
         let mnt = work.path().join(crate::scratch::VIEW);
-        let scratch = work.scratch().to_path_buf();
         castore_fuse::preflight().map_err(|e| Error::Other(e.to_string()))?;
+        std::thread::scope(|scope| {
+            let viewing = scope.spawn(|| self.mount_view(plan, view, &mnt));
+            let runtime = Runtime::new()?;
+            let (spec, proxy) = self.compose_sandbox(plan, view, work, &runtime, &mnt, roots)?;
+            // The scratch, mounted and filled meanwhile on a thread of its own.
+            work.ready()?;
+            if let DiskLimit::NotEnforced(why) = &work.disk {
+                log.note(
+                    &format!("fhsx: [limits] disk is not enforced here: {why}"),
+                    live,
+                );
+            }
+            let command: Vec<OsString> = action.run.command.iter().map(OsString::from).collect();
+            // stdout and stderr share one pipe, streamed into the log.
+            let (mut reader, writer) = std::io::pipe()
+                .map_err(|e| Error::io("create the log pipe for", work.scratch(), e))?;
+            let stop = Arc::new(AtomicBool::new(false));
+            let opts = RunOptions {
+                timeout: Some(action.run.timeout),
+                grace: self.grace,
+                stdin: Stdin::Null,
+                output: Output::Fd(writer.into()),
+                cancel: self.cancel.clone(),
+                stop: Some(stop.clone()),
+                ..RunOptions::default()
+            };
+            // bwrap starts once the view is mounted and its root listed
+            // (the sandbox's set-up must find every root entry known).
+            let (mut guard, mut unready) = (None, None);
+            let ready = || {
+                let listed = viewing
+                    .join()
+                    .unwrap_or_else(|_| Err(Error::Other("mounting the view panicked".into())))
+                    .and_then(|mut g| {
+                        g.root_listed()
+                            .map_err(|e| Error::Other(format!("listing the view's root: {e}")))?;
+                        Ok(g)
+                    });
+                match listed {
+                    Ok(g) => guard = Some(g),
+                    Err(e) => unready = Some(e),
+                }
+                guard.is_some()
+            };
+            let report = std::thread::scope(|tees| {
+                let tee = tees.spawn(|| log.tee(&mut reader, live, &stop));
+                let host = executor_sandbox::current_host_env();
+                let ran = runtime.run_when(&spec, &host, &command, opts, ready);
+                let _ = tee.join();
+                ran
+            });
+            if let Some(e) = unready {
+                return Err(e);
+            }
+            let Some(guard) = guard else {
+                return Err(report.err().map_or_else(
+                    || Error::Other("the sandbox ran without its view".into()),
+                    Error::from,
+                ));
+            };
+            // Unmount before anything else can fail: the read set is wanted
+            // either way. The superblock (its inodes and page cache) is freed
+            // on a thread while the build goes on.
+            let (mounted, teardown) = guard
+                .finish_deferred(&self.store, roots)
+                .map_err(|e| Error::Other(format!("unmounting the view: {e}")))?;
+            let teardown = Background::start("fhsx-unmount", move || drop(teardown));
+            let fetch = proxy.map(|p| p.finish()).transpose()?;
+            let report = report?;
+            if let Some(user) = work.build_user() {
+                user.run_ended(report.sandbox_emptied);
+            }
+            Ok(Ran {
+                report,
+                mounted,
+                fetch,
+                teardown,
+            })
+        })
+    }
+
+    /// The view mounted at `mnt` and warmed: the root's listing and the
+    /// command's first opens (see `ahead.rs`).
+    fn mount_view(
+        &self,
+        plan: &Plan<'_>,
+        view: &Composition,
+        mnt: &Path,
+    ) -> Result<castore_fuse::MountGuard, Error> {
+        let action = &plan.action;
         let options = MountOptions {
             max_read_set_entries: action.limits.reads,
             readdir_order: plan.world.readdir,
@@ -525,10 +615,8 @@ impl FhsExecutor {
             zero_message_open: self.zero_message_open,
             ..MountOptions::default()
         };
-        let mut guard = castore_fuse::mount(&self.store, &view.root, &mnt, &options)
+        let mut guard = castore_fuse::mount(&self.store, &view.root, mnt, &options)
             .map_err(|e| Error::Other(format!("mounting the view: {e}")))?;
-        // The root's listing and the command's first opens, warmed while
-        // the sandbox is composed.
         let (store, root, cmd, path) = (
             self.store.clone(),
             view.root,
@@ -538,14 +626,29 @@ impl FhsExecutor {
         guard
             .warm(move || ahead::first_opens(&store, &root, &cmd, &path))
             .map_err(|e| Error::Other(format!("listing the view's root: {e}")))?;
-        let runtime = Runtime::new()?;
+        Ok(guard)
+    }
+
+    /// The sandbox over the view at `mnt` and the scratch: its layout, the
+    /// build user, the environment, the limits, and the fetch proxy if the
+    /// action has network.
+    fn compose_sandbox(
+        &self,
+        plan: &Plan<'_>,
+        view: &Composition,
+        work: &WorkArea,
+        runtime: &Runtime,
+        mnt: &Path,
+        roots: &Arc<TempRoots>,
+    ) -> Result<(SandboxSpec, Option<FetchSession>), Error> {
+        let action = &plan.action;
         // The root's entries from the store, not through the mount: this
         // process serves the view and must never wait on it itself.
         let entries = root_entries(&self.store, &view.root)?;
         let mut spec = SandboxSpec::view_of(
-            &mnt,
+            mnt,
             entries,
-            &scratch,
+            work.scratch(),
             runtime.paths().clone(),
             Arc::new(RealFs),
         )?;
@@ -592,56 +695,7 @@ impl FhsExecutor {
                 &mut spec,
             )?),
         };
-        // The scratch, mounted and filled meanwhile on a thread of its own;
-        // the root's listing, before the sandbox looks up a root entry.
-        work.ready()?;
-        guard
-            .root_listed()
-            .map_err(|e| Error::Other(format!("listing the view's root: {e}")))?;
-        if let DiskLimit::NotEnforced(why) = &work.disk {
-            log.note(
-                &format!("fhsx: [limits] disk is not enforced here: {why}"),
-                live,
-            );
-        }
-        let command: Vec<OsString> = action.run.command.iter().map(OsString::from).collect();
-        // stdout and stderr share one pipe, streamed into the log.
-        let (mut reader, writer) =
-            std::io::pipe().map_err(|e| Error::io("create the log pipe for", &scratch, e))?;
-        let stop = Arc::new(AtomicBool::new(false));
-        let opts = RunOptions {
-            timeout: Some(action.run.timeout),
-            grace: self.grace,
-            stdin: Stdin::Null,
-            output: Output::Fd(writer.into()),
-            cancel: self.cancel.clone(),
-            stop: Some(stop.clone()),
-            ..RunOptions::default()
-        };
-        let report = std::thread::scope(|scope| {
-            let tee = scope.spawn(|| log.tee(&mut reader, live, &stop));
-            let ran = runtime.run(&spec, &executor_sandbox::current_host_env(), &command, opts);
-            let _ = tee.join();
-            ran
-        });
-        // Unmount before anything else can fail: the read set is wanted
-        // either way. The superblock (its inodes and page cache) is freed
-        // on a thread while the build goes on.
-        let (mounted, teardown) = guard
-            .finish_deferred(&self.store, roots)
-            .map_err(|e| Error::Other(format!("unmounting the view: {e}")))?;
-        let teardown = Background::start("fhsx-unmount", move || drop(teardown));
-        let fetch = proxy.map(|p| p.finish()).transpose()?;
-        let report = report?;
-        if let Some(user) = work.build_user() {
-            user.run_ended(report.sandbox_emptied);
-        }
-        Ok(Ran {
-            report,
-            mounted,
-            fetch,
-            teardown,
-        })
+        Ok((spec, proxy))
     }
 
     /// Stage 6, prove: every byte served was the store's, and every read

@@ -222,9 +222,13 @@ pub(crate) fn reset(dir: &Path, scratch: &Path, fresh: &FreshScratch) -> bool {
         return false;
     }
     // The view's mount point stays if it is an empty directory (the host
-    // pays for a directory made and removed: see `runner.rs`).
+    // pays for a directory made and removed: see `runner.rs`), and so does
+    // a parked slot's record of its fresh state (`scratch/parked.rs`).
     let emptied = empty(dir, |p| {
-        p == scratch || p.file_name() == Some(LOCK.as_ref()) || is_empty_dir(p, VIEW)
+        p == scratch
+            || p.file_name() == Some(LOCK.as_ref())
+            || p.file_name() == Some(crate::scratch::FRESH.as_ref())
+            || is_empty_dir(p, VIEW)
     }) && empty(scratch, |_| false);
     emptied
         && reset_root(scratch, fresh)

@@ -40,7 +40,7 @@ use crate::Error;
 mod parked;
 
 pub use parked::TTL as PARKED_TTL;
-pub(crate) use parked::{park_shared, take_shared};
+pub(crate) use parked::{park_shared, take_shared, FRESH};
 
 const PREFIX: &str = "fhsx-build-";
 pub(crate) const LOCK: &str = ".lock";

@@ -34,7 +34,8 @@ fn parked(dir: &Path) -> Vec<PathBuf> {
     v
 }
 
-/// Mount points under `dir`, with the device each is mounted from.
+/// Mount points under `dir`, each with the device it is mounted from and
+/// its mount id (one mount's own: a device number may be reused).
 fn mounts_under(dir: &Path) -> Vec<(String, String)> {
     let d = dir.to_string_lossy().into_owned();
     fs::read_to_string("/proc/self/mountinfo")
@@ -42,9 +43,11 @@ fn mounts_under(dir: &Path) -> Vec<(String, String)> {
         .lines()
         .filter_map(|l| {
             let (pre, post) = l.split_once(" - ")?;
+            let id = pre.split(' ').next()?;
             let mp = pre.split(' ').nth(4)?;
             let src = post.split(' ').nth(1)?;
-            mp.starts_with(&d).then(|| (mp.to_owned(), src.to_owned()))
+            mp.starts_with(&d)
+                .then(|| (mp.to_owned(), format!("{src} (mount {id})")))
         })
         .collect()
 }

@@ -46,8 +46,8 @@ pub(crate) const PARKED: &str = "fhsx-parked-";
 /// How long a parked scratch waits for a build before it is taken down.
 pub const TTL: Duration = Duration::from_secs(300);
 
-/// A parked area's fresh state, next to its scratch.
-const FRESH: &str = ".fresh";
+/// A parked area's fresh state, next to its scratch (kept by the reset).
+pub(crate) const FRESH: &str = ".fresh";
 
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ParkedState {
