@@ -47,15 +47,23 @@ done
 "${bare[@]}" || { echo "the bare bwrap command failed: ${bare[*]}" >&2; exit 1; }
 
 # Interleaved: one bare run, one fhsx run, N times, so load drifting on a
-# shared machine hits both alike. Timed with bash's $EPOCHREALTIME (no
-# extra process per sample). Reports the median and the mean of each.
+# shared machine hits both alike, which goes first taking turns (a
+# sandbox's network namespace is freed by the kernel after it exits, and
+# whatever runs next pays). Timed with bash's $EPOCHREALTIME (no extra
+# process per sample). Reports the median and the mean of each.
 cd "$ws"
 for _ in 1 2 3 4 5; do "${bare[@]}" >/dev/null; "$FHSX" run --workspace "$ws" -- /bin/true >/dev/null; done
 : >"$ws/.bare"; : >"$ws/.fhsx"
 for ((k = 0; k < N; k++)); do
-  t0=${EPOCHREALTIME/./}; "${bare[@]}" >/dev/null; t1=${EPOCHREALTIME/./}
-  "$FHSX" run --workspace "$ws" -- /bin/true >/dev/null; t2=${EPOCHREALTIME/./}
-  echo $((t1 - t0)) >>"$ws/.bare"; echo $((t2 - t1)) >>"$ws/.fhsx"
+  if ((k % 2)); then
+    t0=${EPOCHREALTIME/./}; "${bare[@]}" >/dev/null; t1=${EPOCHREALTIME/./}
+    "$FHSX" run --workspace "$ws" -- /bin/true >/dev/null; t2=${EPOCHREALTIME/./}
+    echo $((t1 - t0)) >>"$ws/.bare"; echo $((t2 - t1)) >>"$ws/.fhsx"
+  else
+    t0=${EPOCHREALTIME/./}; "$FHSX" run --workspace "$ws" -- /bin/true >/dev/null; t1=${EPOCHREALTIME/./}
+    "${bare[@]}" >/dev/null; t2=${EPOCHREALTIME/./}
+    echo $((t1 - t0)) >>"$ws/.fhsx"; echo $((t2 - t1)) >>"$ws/.bare"
+  fi
 done
 stats() { sort -n "$1" | awk '{a[NR]=$1; s+=$1} END {printf "%.3f %.3f\n", a[int((NR+1)/2)]/1000, s/NR/1000}'; }
 read -r bare_med bare_mean < <(stats "$ws/.bare")
