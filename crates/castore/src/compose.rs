@@ -117,6 +117,10 @@ fn join(prefix: &str, name: &Name) -> String {
 /// Compose `atoms` (directory digests, in order) into one tree, store it and
 /// its map, and return the composition.
 pub fn compose(store: &LocalStore, atoms: &[Digest]) -> Result<Composition> {
+    let key = atoms_key(atoms);
+    if let Some(c) = remembered(store, &key, atoms) {
+        return Ok(c);
+    }
     let mut roots = Vec::with_capacity(atoms.len());
     for (i, a) in atoms.iter().enumerate() {
         roots.push((i as u32, store.get_directory(a)?));
@@ -139,7 +143,36 @@ pub fn compose(store: &LocalStore, atoms: &[Digest]) -> Result<Composition> {
         txn.put_record(&dest, &rec)?;
     }
     txn.commit()?;
+    // Merging is a pure function of the atoms (see `store::memo`).
+    let _ = store.remember(MEMO, &key, &rec);
     Ok(c)
+}
+
+/// The memos of compositions (see `store::memo`).
+const MEMO: &str = "composition";
+
+/// The memo key of `atoms`, in this order.
+fn atoms_key(atoms: &[Digest]) -> Digest {
+    let mut key = Vec::with_capacity(atoms.len() * 32);
+    for a in atoms {
+        key.extend_from_slice(a.as_bytes());
+    }
+    Digest::of(&key)
+}
+
+/// The composition remembered for `key`, if it is of `atoms` and the store
+/// still holds its tree's root, its map and its record.
+/// The record indexed by the root must be this very composition's: the
+/// same root composed from the atoms in another order since has another
+/// map, and the last composition's record is the one kept.
+fn remembered(store: &LocalStore, key: &Digest, atoms: &[Digest]) -> Option<Composition> {
+    let memo = store.recall(MEMO, key)?;
+    let c: Composition = serde_json::from_slice(&memo).ok()?;
+    let whole = c.atoms == atoms
+        && store.has_directory(&c.root).ok()?
+        && store.has_blob(&c.map).ok()?
+        && fs::read(composition_path(store, &c.root)).ok()? == memo;
+    whole.then_some(c)
 }
 
 pub(crate) fn composition_path(store: &LocalStore, root: &Digest) -> std::path::PathBuf {

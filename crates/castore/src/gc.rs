@@ -135,6 +135,8 @@ pub fn gc_with(
             remove_read_only_tree(&e.path());
         }
     }
+    // Memos: shortcuts only, and none may outlive what it names.
+    store.forget_memos();
     // Composition records whose root is gone.
     let comps = store.root().join("compositions");
     for e in fs::read_dir(&comps).into_iter().flatten().flatten() {

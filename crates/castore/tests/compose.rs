@@ -150,3 +150,31 @@ fn missing_atom_is_a_clear_error() {
     let err = compose(&env.store, &[bogus]).unwrap_err();
     assert!(err.to_string().contains("not in the store"), "{err}");
 }
+
+/// A composition is remembered (`ROOT/memo`), and a remembered one is used
+/// only while it is the one the root's record names: composing the same
+/// atoms in another order in between gives the record that order's map,
+/// and composing the first order again gives its map back. gc forgets
+/// every memo.
+#[test]
+fn a_remembered_composition_is_the_recorded_one() {
+    let env = Env::new();
+    let a = atom(&env, "a", &[("a/x", b"x", 0o644)]);
+    let b = atom(&env, "b", &[("b/y", b"y", 0o644)]);
+    let ab = compose(&env.store, &[a, b]).unwrap();
+    assert_eq!(compose(&env.store, &[a, b]).unwrap(), ab);
+    let memos = || std::fs::read_dir(env.store.root().join("memo")).map_or(0, |d| d.count());
+    assert_eq!(memos(), 1, "nothing remembered");
+    compose(&env.store, &[b, a]).unwrap();
+    assert_eq!(compose(&env.store, &[a, b]).unwrap(), ab);
+    let (c, m) = load_composition(&env.store, &ab.root).unwrap().unwrap();
+    assert_eq!(c, ab);
+    assert_eq!(
+        m.owners("a/x"),
+        &[0],
+        "the record is not the composition returned"
+    );
+    castore::gc::gc(&env.store, &[ab.root]).unwrap();
+    assert_eq!(memos(), 0, "gc kept a memo");
+    assert_eq!(compose(&env.store, &[a, b]).unwrap(), ab);
+}

@@ -4,6 +4,7 @@
 //! ROOT/blobs/ab/ab12…   file contents, mode 0444, named by digest hex
 //! ROOT/dirs/ab/ab12…    canonical Directory encodings
 //! ROOT/compositions/…   composition records (see `compose`)
+//! ROOT/memo/…           remembered answers, dropped by gc (see `memo`)
 //! ROOT/tmp/txn-*        staging directories of in-flight writers
 //! ROOT/unsynced/log-*   objects visible before durable (see `unsynced`)
 //! ROOT/lock             shared by writers, exclusive for gc

@@ -18,6 +18,7 @@
 //! [`TempRoots`](crate::roots::TempRoots) for them (see [`crate::roots`]).
 
 mod local;
+mod memo;
 mod txn;
 mod unsynced;
 mod writer;
