@@ -3,7 +3,8 @@
 #  1. per-action overhead: an action running `true` (busybox closure) vs a bare
 #     `bwrap --unshare-all … true`: median of N runs each, and the difference;
 #  2. the hello build in fhsx vs the same `./configure && make` natively on
-#     the host's own toolchain, same source, same -j.
+#     the host's own toolchain, same source, same -j (ROUNDS=3 rounds,
+#     taking turns to go first, medians).
 # Usage: bench/build.sh [N=20]   (needs apt, bwrap, gcc)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -44,9 +45,22 @@ workdir = "/build/src"
 timeout = "20m"
 A
 "$F" store export "$src" "$work/native-src"
-a=$(ms); (cd "$work/native-src/hello-2.10" && ./configure --prefix=/usr >/dev/null && make -j2 >/dev/null && make install DESTDIR="$work/native-out" >/dev/null); b=$(ms)
-native=$(( (b - a) / 1000 ))
-a=$(ms); "$F" build "$work/hello.toml" >/dev/null 2>&1; b=$(ms)
-sandboxed=$(( (b - a) / 1000 ))
-printf 'hello build: fhsx %.2f s, native %.2f s, ratio %.2f (aim <= 1.25)\n' \
+"$F" build "$work/hello.toml" >/dev/null 2>&1   # warm: the toolchain's composition, its pages
+# ROUNDS rounds (default 3), native and fhsx taking turns to go first, each
+# native build on a fresh copy of the source; medians.
+: >"$work/native_us"; : >"$work/fhsx_hello_us"
+native_once() {
+  rm -rf "$work/ns" "$work/native-out"; cp -a "$work/native-src" "$work/ns"
+  a=$(ms); (cd "$work/ns/hello-2.10" && ./configure --prefix=/usr >/dev/null && make -j2 >/dev/null 2>&1 && make install DESTDIR="$work/native-out" >/dev/null); b=$(ms)
+  echo $(( (b - a) / 1000 )) >>"$work/native_us"
+}
+fhsx_once() {
+  a=$(ms); "$F" build --rebuild "$work/hello.toml" >/dev/null 2>&1; b=$(ms)
+  echo $(( (b - a) / 1000 )) >>"$work/fhsx_hello_us"
+}
+for k in $(seq "${ROUNDS:-3}"); do
+  if ((k % 2)); then native_once; fhsx_once; else fhsx_once; native_once; fi
+done
+native=$(median <"$work/native_us"); sandboxed=$(median <"$work/fhsx_hello_us")
+printf 'hello build, medians of %s rounds: fhsx %.2f s, native %.2f s, ratio %.3f (aim <= 1.03)\n' "${ROUNDS:-3}" \
   "$(echo "$sandboxed / 1000000" | bc -l)" "$(echo "$native / 1000000" | bc -l)" "$(echo "$sandboxed / $native" | bc -l)"
