@@ -109,46 +109,83 @@ find "$TS/blobs" "$TS/dirs" -type f -print0 | xargs -0 cat > /dev/null
 # pause (castore's `unsynced`), after the timed window, as cp's copy is
 # synced by the `sync` after it. Medians: one round is noisy, cp's
 # figure above all.
+#
+# Where each copy lands: as root, every timed copy (the worker's store,
+# each cp's destination) gets a new ext4 of its own, journal-less like
+# these machines' disks, loop-mounted before its timer starts. On a
+# shared file system creating 8000 files costs what the file system's
+# recent churn makes it (ext4 checks each new inode against recently
+# deleted ones in its group: the same cp -r took 0.4-9.5 s there, the
+# bench's own rm -rf between rounds included), so which copy went first
+# decided the ratio. FRESH_FS=0 copies into $WORK instead (the default
+# without root).
+FRESH_FS=${FRESH_FS:-1}
+[ "$(id -u)" = 0 ] || FRESH_FS=0
+# dest DIR: an empty directory for one timed copy.
+dest() {
+  mkdir -p "$1"
+  if [ "$FRESH_FS" = 1 ]; then
+    truncate -s 8G "$1.img"
+    mkfs.ext4 -q -F -O ^has_journal "$1.img"
+    mount -o loop "$1.img" "$1"
+  fi
+}
+# drop DIR: what dest made, gone.
+drop() {
+  if mountpoint -q "$1"; then umount "$1"; fi
+  rm -rf "$1" "$1.img"
+}
+if [ "$FRESH_FS" = 1 ]; then where="each on a fresh loop-mounted ext4"; else where="into $WORK"; fi
 cp_bytes=$(du -sb "$TS/blobs" | cut -f1)
 : >"$WORK/.up"; : >"$WORK/.cp"; : >"$WORK/.cps"
 for round in 1 2 3; do
-  start_worker "$WORK/w2-$round"
+  dest "$WORK/w2-$round"
+  sync
+  start_worker "$WORK/w2-$round/store"
   a=$(now); out=$("$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" 2>/dev/null); b=$(now)
   cold=$(secs "$a" "$b")
   # The worker syncs the upload once it pauses: let that end before the
   # warm run, so the warm baseline does not carry it (which would shrink
   # cold - warm and overstate the upload).
   for _ in $(seq 1 600); do
-    compgen -G "$WORK/w2-$round/unsynced/log-*" >/dev/null || break
+    compgen -G "$WORK/w2-$round/store/unsynced/log-*" >/dev/null || break
     sleep 0.1
   done
   a=$(now); "$FHSX" --store "$TS" --json build --rebuild --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
   warm=$(secs "$a" "$b")
   stop_worker
-  rm -rf "$WORK/w2-$round"
+  unmount_under "$WORK/w2-$round"
+  drop "$WORK/w2-$round"
   bytes=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]["uploaded"]; print(r["bytes"])')
   files=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]["uploaded"]; print(r["blobs"], "blobs,", r["directories"], "directories")')
   awk -v n="$bytes" -v a="$cold" -v b="$warm" 'BEGIN{printf "%.1f\n", n/(a-b)/1e6}' >>"$WORK/.up"
+  dest "$WORK/cp-dest"
   sync
-  rm -rf "$WORK/cp-dest"; mkdir -p "$WORK/cp-dest"
   a=$(now); cp -r "$TS/blobs" "$TS/dirs" "$WORK/cp-dest/"; b=$(now)
   awk -v n="$cp_bytes" -v s="$(secs "$a" "$b")" 'BEGIN{printf "%.1f\n", n/s/1e6}' >>"$WORK/.cp"
+  drop "$WORK/cp-dest"
+  dest "$WORK/cp-dest"
   sync
-  rm -rf "$WORK/cp-dest"; mkdir -p "$WORK/cp-dest"; sync
   a=$(now); cp -r "$TS/blobs" "$TS/dirs" "$WORK/cp-dest/"; sync -f "$WORK/cp-dest"; b=$(now)
   awk -v n="$cp_bytes" -v s="$(secs "$a" "$b")" 'BEGIN{printf "%.1f\n", n/s/1e6}' >>"$WORK/.cps"
-  rm -rf "$WORK/cp-dest"
+  drop "$WORK/cp-dest"
 done
 mid() { sort -n "$1" | sed -n 2p; }
 up_mbs=$(mid "$WORK/.up"); cp_mbs=$(mid "$WORK/.cp"); cps_mbs=$(mid "$WORK/.cps")
-echo "upload: $files, $bytes bytes; medians of 3 rounds: upload ${up_mbs} MB/s, cp -r ${cp_mbs} MB/s, cp -r + sync ${cps_mbs} MB/s"
+echo "upload: $files, $bytes bytes, $where; medians of 3 rounds: upload ${up_mbs} MB/s, cp -r ${cp_mbs} MB/s, cp -r + sync ${cps_mbs} MB/s"
 echo "upload/cp throughput ratio $(ratio "$up_mbs" "$cp_mbs")x (aim >= 0.9); upload/(cp + sync) $(ratio "$up_mbs" "$cps_mbs")x"
 upload=$(awk -v n="$bytes" -v r="$up_mbs" 'BEGIN{printf "%.3f", n/r/1e6}')
 
 # The same upload over a UNIX socket (no TLS): what encryption costs.
-start_worker "$WORK/w3" unix
+dest "$WORK/w3"
+sync
+start_worker "$WORK/w3/store" unix
 a=$(now); "$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
 ucold=$(secs "$a" "$b")
+for _ in $(seq 1 600); do
+  compgen -G "$WORK/w3/store/unsynced/log-*" >/dev/null || break
+  sleep 0.1
+done
 a=$(now); "$FHSX" --store "$TS" --json build --rebuild --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
 uwarm=$(secs "$a" "$b")
 stop_worker

@@ -5,6 +5,44 @@ use std::str::FromStr;
 
 use crate::Error;
 
+/// Bytes and the digest they were found to hash to. Made only by hashing
+/// them, so holding one proves the digest is theirs: a store files it
+/// under that digest without hashing it a second time
+/// (`Txn::put_checked_blob`) — a worker checks what a client sent before
+/// it stores anything of a batch, and each byte is hashed once.
+#[derive(Debug, Clone)]
+pub struct CheckedBlob<B> {
+    digest: Digest,
+    bytes: B,
+}
+
+impl<B: AsRef<[u8]>> CheckedBlob<B> {
+    /// Hash `bytes`.
+    pub fn new(bytes: B) -> Self {
+        let digest = Digest::of(bytes.as_ref());
+        CheckedBlob { digest, bytes }
+    }
+
+    /// Hash `bytes`, keeping them only if they hash to `expected`; else
+    /// the digest they do hash to.
+    pub fn expecting(expected: &Digest, bytes: B) -> std::result::Result<Self, Digest> {
+        let b = CheckedBlob::new(bytes);
+        if b.digest == *expected {
+            Ok(b)
+        } else {
+            Err(b.digest)
+        }
+    }
+
+    pub fn digest(&self) -> &Digest {
+        &self.digest
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        self.bytes.as_ref()
+    }
+}
+
 /// A BLAKE3-256 digest naming a blob or a directory.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Digest([u8; 32]);

@@ -42,7 +42,7 @@ pub mod verify;
 pub mod walk;
 
 pub use compose::{compose, Composition, CompositionMap};
-pub use digest::Digest;
+pub use digest::{CheckedBlob, Digest};
 pub use directory::Directory;
 pub use error::{Clash, Error, ErrorKind, Result};
 pub use nodes::{Name, Node, SymlinkTarget};

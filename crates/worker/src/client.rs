@@ -605,7 +605,7 @@ impl Client {
         blob_sizes: &HashMap<Digest, u64>,
         t: &mut Transfer,
     ) -> Result<(), Error> {
-        let mut small: Vec<Vec<Digest>> = vec![Vec::new()];
+        let mut small: Vec<Vec<(Digest, u64)>> = vec![Vec::new()];
         let mut batch_bytes = 0usize;
         let mut big = Vec::new();
         for d in blobs {
@@ -633,14 +633,17 @@ impl Client {
             }
             batch_bytes += size as usize;
             if let Some(b) = small.last_mut() {
-                b.push(*d);
+                b.push((*d, size));
             }
         }
-        let read = |d: &Digest| -> Result<Vec<u8>, capnp::Error> {
+        // Straight into the message: no copy of the bytes in between.
+        let read_into = |d: &Digest, buf: &mut [u8]| -> Result<(), capnp::Error> {
             let p = store.object_path(ObjectKind::Blob, d);
-            std::fs::read(&p).map_err(|e| {
-                capnp::Error::failed(format!("reading blob {d} from the local store: {e}"))
-            })
+            std::fs::File::open(&p)
+                .and_then(|mut f| f.read_exact(buf))
+                .map_err(|e| {
+                    capnp::Error::failed(format!("reading blob {d} from the local store: {e}"))
+                })
         };
         self.run(async {
             let cas = &self.cas;
@@ -648,11 +651,11 @@ impl Client {
                 let mut req = cas.put_blobs_request();
                 let filled = (|| {
                     let mut l = req.get().init_blobs(batch.len() as u32);
-                    for (i, d) in batch.iter().enumerate() {
-                        let data = read(d)?;
+                    for (i, (d, size)) in batch.iter().enumerate() {
                         let mut b = l.reborrow().get(i as u32);
                         b.set_digest(d.as_bytes());
-                        b.set_data(&data);
+                        // Below STREAM_MIN, so it fits a u32.
+                        read_into(d, b.init_data(*size as u32))?;
                     }
                     Ok::<_, capnp::Error>(())
                 })();

@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use capnp_rpc::{rpc_twoparty_capnp::Side, twoparty, RpcSystem};
 use castore::store::{DirectoryStore, LocalStore, ObjectKind};
-use castore::{Digest, Directory, Node};
+use castore::{CheckedBlob, Digest, Directory, Node};
 use executor_core::{Action, CachePolicy, ExitClass};
 use fhs_executor::FhsExecutor;
 use futures::AsyncReadExt;
@@ -905,43 +905,47 @@ impl cas::Server for CasImpl {
             .counters
             .bytes_received
             .fetch_add(received, Ordering::SeqCst);
+        // Each blob is hashed once, here, off the event loop: what the
+        // check found is what the store files it under.
         let checked = tokio::task::spawn_blocking(move || {
-            for (d, data) in &blobs {
-                let got = Digest::of(data);
-                if got != *d {
-                    return Err(format!(
-                        "blob {d} refused: its bytes hash to {got}; nothing of this batch was stored"
-                    ));
-                }
-            }
-            Ok(blobs)
+            blobs
+                .into_iter()
+                .map(|(d, data)| {
+                    CheckedBlob::expecting(&d, data).map_err(|got| {
+                        format!(
+                            "blob {d} refused: its bytes hash to {got}; nothing of this batch was stored"
+                        )
+                    })
+                })
+                .collect::<Result<Vec<_>, String>>()
         })
         .await
         .map_err(join_err)?
         .map_err(fail)?;
         // Rooted before the claims look at the store: each is written
         // below or already there, and stays for this client either way.
-        let sent: Vec<Digest> = checked.iter().map(|(d, _)| *d).collect();
+        let sent: Vec<Digest> = checked.iter().map(|b| *b.digest()).collect();
         self.roots.add(&sent).map_err(store_err)?;
         let mut claims = Vec::new();
         let mut todo = Vec::new();
         let mut seen = HashSet::new();
-        for (d, data) in checked {
+        for blob in checked {
+            let d = *blob.digest();
             if !seen.insert(d) {
                 continue;
             }
             if let Some(c) = self.claim_blob(d).await {
                 claims.push(c);
-                todo.push(data);
+                todo.push(blob);
             }
         }
         let store = self.shared.store.clone();
         let n = todo.len() as u64;
-        let bytes: u64 = todo.iter().map(|b| b.len() as u64).sum();
+        let bytes: u64 = todo.iter().map(|b| b.bytes().len() as u64).sum();
         tokio::task::spawn_blocking(move || -> Result<(), castore::Error> {
             let txn = store.txn()?;
             for b in &todo {
-                txn.put_blob(b)?;
+                txn.put_checked_blob(b)?;
             }
             txn.commit_unsynced()
         })

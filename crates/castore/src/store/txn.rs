@@ -26,7 +26,7 @@ use rustix::fs::{flock, FlockOperation};
 
 use super::local::{LocalStore, ObjectKind};
 use crate::error::io;
-use crate::{Digest, Directory, Error, Result};
+use crate::{CheckedBlob, Digest, Directory, Error, Result};
 
 static COUNTER: AtomicU64 = AtomicU64::new(0);
 
@@ -153,15 +153,22 @@ impl<'s> Txn<'s> {
 
     /// Stage bytes as a blob.
     pub fn put_blob(&self, bytes: &[u8]) -> Result<Digest> {
-        let d = Digest::of(bytes);
+        let blob = CheckedBlob::new(bytes);
+        self.put_checked_blob(&blob)?;
+        Ok(*blob.digest())
+    }
+
+    /// Stage a blob whose bytes were hashed already.
+    pub fn put_checked_blob<B: AsRef<[u8]>>(&self, blob: &CheckedBlob<B>) -> Result<()> {
+        let d = *blob.digest();
         if self.claim(ObjectKind::Blob, &d) {
             self.write_new(
                 &Self::staged_path(self.staging()?, ObjectKind::Blob, &d),
-                bytes,
+                blob.bytes(),
             )?;
             self.record(ObjectKind::Blob, d);
         }
-        Ok(d)
+        Ok(())
     }
 
     /// Stage a blob streamed from `r`, hashing as it is written: bounded
