@@ -129,13 +129,29 @@ impl Verification {
     }
 }
 
+/// How far `verify` looks at the objects a record names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Depth {
+    /// Each named object is in the store. Enough where the store's own
+    /// invariants are trusted: every object was hashed on its way in, and
+    /// a stored directory's children are stored (what a remote client
+    /// checks after each build: its downloads were hashed as they came,
+    /// and re-hashing the whole view — a toolchain's hundreds of MB —
+    /// would cost every remote action more than the action).
+    Present,
+    /// Every object of every named tree re-hashed: an audit of the store
+    /// too (`fhsx record verify`).
+    Rehash,
+}
+
 /// Check the signature, that the signer is in `trust` (any signer if `trust`
-/// is empty), and that every digest the record names is present and
-/// matches.
+/// is empty), and that every digest the record names is present (and,
+/// with [`Depth::Rehash`], matches, object by object).
 pub fn verify(
     store: &LocalStore,
     rec: &SignedRecord,
     trust: &[VerifyingKey],
+    depth: Depth,
 ) -> Result<Verification, Error> {
     let digests = rec.record.digests();
     let named: Vec<(&str, Digest)> = digests.iter().map(|(f, d)| (*f, *d)).collect();
@@ -146,6 +162,7 @@ pub fn verify(
         &rec.record.canonical(),
         &named,
         trust,
+        depth,
     )?;
     if let Some(reused) = rec.record.reused {
         // Nothing ran: the claim is that the reused read set holds here.
@@ -168,9 +185,10 @@ pub fn verify_any(
     store: &LocalStore,
     rec: &StoredRecord,
     trust: &[VerifyingKey],
+    depth: Depth,
 ) -> Result<Verification, Error> {
     match rec {
-        StoredRecord::Current(r) => verify(store, r, trust),
+        StoredRecord::Current(r) => verify(store, r, trust, depth),
         StoredRecord::Older {
             record,
             public_key,
@@ -188,7 +206,9 @@ pub fn verify_any(
                     }
                 }
             }
-            check(store, public_key, signature, &canonical, &named, trust)
+            check(
+                store, public_key, signature, &canonical, &named, trust, depth,
+            )
         }
     }
 }
@@ -203,6 +223,7 @@ fn check(
     canonical: &[u8],
     named: &[(&str, Digest)],
     trust: &[VerifyingKey],
+    depth: Depth,
 ) -> Result<Verification, Error> {
     let mut problems = Vec::new();
     let key = parse_public_key(public_key)?;
@@ -214,7 +235,7 @@ fn check(
     }
     let trusted = trust.is_empty() || trust.contains(&key);
     for (field, d) in named {
-        let check = if TREE_FIELDS.contains(field) {
+        let check = if depth == Depth::Rehash && TREE_FIELDS.contains(field) {
             castore::verify::verify(store, Some(d), &()).map(|r| {
                 r.problems
                     .iter()

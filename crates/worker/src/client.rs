@@ -910,7 +910,8 @@ impl Client {
         txn.commit()?;
 
         let key = fhs_executor::keys::parse_public_key(&self.public_key)?;
-        let v = fhs_executor::sign::verify(store, &record, &[key])?;
+        let v =
+            fhs_executor::sign::verify(store, &record, &[key], fhs_executor::sign::Depth::Present)?;
         if !v.ok() {
             return Err(bad(v.problems.join("; ")));
         }

@@ -99,7 +99,7 @@ pub fn run(g: &Globals, cmd: RecordCmd) -> anyhow::Result<i32> {
                 .iter()
                 .map(|t| keys::parse_public_key(t))
                 .collect::<Result<Vec<_>, _>>()?;
-            let v = sign::verify_any(&store, &r, &trust)?;
+            let v = sign::verify_any(&store, &r, &trust, sign::Depth::Rehash)?;
             if let sign::StoredRecord::Older { format, .. } = &r {
                 if !g.json {
                     println!("note: a format-{format} record: checked as such (its signature and the digests it names); it is never a cache hit — rebuild the action for a current record");
