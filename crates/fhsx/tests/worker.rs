@@ -247,6 +247,31 @@ fn remote_busybox_build_matches_local() {
     assert!(text(&bad).contains("not in --trust"), "{}", text(&bad));
     store_verifies(&ws);
     store_verifies(&cs);
+
+    // The round trip only asks that what a record names is in the
+    // client's store (its downloads were hashed as they came, and the
+    // view is not re-hashed per action); `record verify` is the audit
+    // that re-hashes, and it finds an output damaged after the fact.
+    let out: Digest = r["outputs"]["out"].as_str().unwrap().parse().unwrap();
+    let f = Digest::of(b"done\n");
+    assert!(tree_objects(&cs, &[out]).1.contains(&f));
+    let path = LocalStore::open(&cs)
+        .unwrap()
+        .object_path(castore::store::ObjectKind::Blob, &f);
+    let mut perm = fs::metadata(&path).unwrap().permissions();
+    std::os::unix::fs::PermissionsExt::set_mode(&mut perm, 0o644);
+    fs::set_permissions(&path, perm).unwrap();
+    fs::write(&path, b"DONE\n").unwrap();
+    let v = fhsx(&cs)
+        .args(["record", "verify", r["record"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    assert_eq!(v.status.code(), Some(3), "{}", text(&v));
+    assert!(
+        text(&v).contains("corrupt") && text(&v).contains(&f.to_string()),
+        "{}",
+        text(&v)
+    );
 }
 
 /// The hello example, remote and local: same output, same read set.

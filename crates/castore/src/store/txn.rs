@@ -492,4 +492,23 @@ mod tests {
         assert_eq!(staging_dirs(), 0);
         assert!(!store.has(ObjectKind::Blob, &lost));
     }
+
+    #[test]
+    fn a_checked_blob_is_filed_under_the_digest_of_its_bytes_and_no_other() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("store")).unwrap();
+        let right = Digest::of(b"sent");
+        let wrong = Digest::of(b"claimed");
+        // Claimed under another digest: refused, with the one it has.
+        assert_eq!(
+            CheckedBlob::expecting(&wrong, b"sent".to_vec()).unwrap_err(),
+            right
+        );
+        let blob = CheckedBlob::expecting(&right, b"sent".to_vec()).unwrap();
+        let txn = store.txn().unwrap();
+        txn.put_checked_blob(&blob).unwrap();
+        txn.commit().unwrap();
+        assert_eq!(store.read_blob(&right).unwrap(), b"sent");
+        assert!(!store.has(ObjectKind::Blob, &wrong));
+    }
 }
