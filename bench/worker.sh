@@ -135,6 +135,15 @@ drop() {
   if mountpoint -q "$1"; then umount "$1"; fi
   rm -rf "$1" "$1.img"
 }
+# wait_synced STORE: the worker syncs an upload once it pauses; let that
+# end before the warm run, so the warm baseline does not carry it (which
+# would shrink cold - warm and overstate the upload).
+wait_synced() {
+  for _ in $(seq 1 600); do
+    compgen -G "$1/unsynced/log-*" >/dev/null || return 0
+    sleep 0.1
+  done
+}
 if [ "$FRESH_FS" = 1 ]; then where="each on a fresh loop-mounted ext4"; else where="into $WORK"; fi
 cp_bytes=$(du -sb "$TS/blobs" | cut -f1)
 : >"$WORK/.up"; : >"$WORK/.cp"; : >"$WORK/.cps"
@@ -144,17 +153,10 @@ for round in 1 2 3; do
   start_worker "$WORK/w2-$round/store"
   a=$(now); out=$("$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" 2>/dev/null); b=$(now)
   cold=$(secs "$a" "$b")
-  # The worker syncs the upload once it pauses: let that end before the
-  # warm run, so the warm baseline does not carry it (which would shrink
-  # cold - warm and overstate the upload).
-  for _ in $(seq 1 600); do
-    compgen -G "$WORK/w2-$round/store/unsynced/log-*" >/dev/null || break
-    sleep 0.1
-  done
+  wait_synced "$WORK/w2-$round/store"
   a=$(now); "$FHSX" --store "$TS" --json build --rebuild --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
   warm=$(secs "$a" "$b")
   stop_worker
-  unmount_under "$WORK/w2-$round"
   drop "$WORK/w2-$round"
   bytes=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]["uploaded"]; print(r["bytes"])')
   files=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]["uploaded"]; print(r["blobs"], "blobs,", r["directories"], "directories")')
@@ -182,10 +184,7 @@ sync
 start_worker "$WORK/w3/store" unix
 a=$(now); "$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
 ucold=$(secs "$a" "$b")
-for _ in $(seq 1 600); do
-  compgen -G "$WORK/w3/store/unsynced/log-*" >/dev/null || break
-  sleep 0.1
-done
+wait_synced "$WORK/w3/store"
 a=$(now); "$FHSX" --store "$TS" --json build --rebuild --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
 uwarm=$(secs "$a" "$b")
 stop_worker
