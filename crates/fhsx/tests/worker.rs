@@ -515,6 +515,10 @@ fn uploads_answered_before_durable_are_synced_when_quiet_and_recovered_after_a_k
     assert!(o.status.success(), "{}", text(&o));
     let uploaded: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
     assert!(uploaded["remote"]["uploaded"]["blobs"].as_u64().unwrap() > 0);
+    assert!(
+        uploaded["remote"]["upload_seconds"].as_f64().unwrap() > 0.0,
+        "{uploaded}"
+    );
     w.signal(libc::SIGKILL);
     drop(w);
     let left = unsynced_logs(&ws2);

@@ -13,7 +13,7 @@
 
 @0xf3b8852e38e2468f;
 
-const protocolVersion :UInt32 = 3;
+const protocolVersion :UInt32 = 4;
 
 # What a connection gets first. Anyone may ask the version; the executor
 # takes the worker's access token (empty when the worker was started without
@@ -115,7 +115,9 @@ interface Cas {
   # uploading the same inputs at once send them once: `mine` are this
   # client's to upload (reserved until uploaded or this client goes away);
   # `others` are being uploaded by another client — wait with `awaitBlobs`.
-  # Blobs the store already has are in neither list.
+  # Blobs the store already has are in neither list, and are held for this
+  # client (rooted, then looked for again) as `findMissing` holds them: a
+  # client may claim what it has not asked about.
   claimBlobs @7 (digests :List(Data)) -> (mine :List(Data), others :List(Data));
 
   # Wait until no other client is uploading these; returns those still

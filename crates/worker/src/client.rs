@@ -20,7 +20,7 @@ use capnp_rpc::{rpc_twoparty_capnp::Side, twoparty, RpcSystem};
 use castore::store::{DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Directory, Node};
 use executor_core::{Action, CachePolicy, CheckReport, ExitClass, NetworkMode, SignedRecord};
-use futures::{AsyncReadExt, StreamExt};
+use futures::{AsyncReadExt, StreamExt, TryStreamExt};
 
 use crate::worker_capnp::{
     byte_sink, cas, executor, gate, log_sink, CachePolicy as WirePolicy, ExitClass as WireClass,
@@ -29,14 +29,17 @@ use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
 
 /// Blobs at least this big are streamed in chunks; smaller ones are batched.
 const STREAM_MIN: u64 = 16 << 20;
-/// Bytes per `putBlobs` batch.
-const BATCH_BYTES: usize = 32 << 20;
+/// Bytes per `putBlobs` batch: small, so the first leaves after reading
+/// 1 MiB rather than 32 and the worker hashes and writes one while the next
+/// arrives (with 32 MiB batches four were read, 128 MiB, before anything
+/// was sent).
+const BATCH_BYTES: usize = 1 << 20;
 /// Directories per `putDirectories` batch.
 const BATCH_DIRS: usize = 4096;
 /// Digests per `findMissing` call.
 const FIND_BATCH: usize = 50_000;
-/// Upload calls in flight at once.
-const IN_FLIGHT: usize = 4;
+/// Upload calls in flight at once, batches and streams each.
+const IN_FLIGHT: usize = 8;
 
 /// What moved over the wire.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
@@ -58,6 +61,9 @@ pub struct RemoteOutcome {
     /// The key the worker reported, which signed the record.
     pub worker_key: String,
     pub uploaded: Transfer,
+    /// From the first question about the inputs to the worker's answer to
+    /// the last upload: what [`Self::uploaded`] took.
+    pub upload_time: std::time::Duration,
     pub downloaded: Transfer,
 }
 
@@ -538,11 +544,11 @@ impl Client {
             }
             frontier = next;
         }
-        let (missing_blobs, _) = self.find_missing(&candidate_blobs, &[])?;
         let mut t = Transfer::default();
-        // Reserve them first: a blob another client is sending right now is
-        // waited for, not sent twice.
-        let (mine, others) = self.claim_blobs(&missing_blobs)?;
+        // Reserved before they are sent (a blob another client is sending
+        // right now is waited for, not sent twice); the claim also tells
+        // which the worker has, and holds those for us.
+        let (mine, others) = self.claim_blobs(&candidate_blobs)?;
         self.send_blobs(store, &mine, &blob_sizes, &mut t)?;
         let left = self.await_blobs(&others)?;
         self.send_blobs(store, &left, &blob_sizes, &mut t)?;
@@ -606,7 +612,7 @@ impl Client {
         t: &mut Transfer,
     ) -> Result<(), Error> {
         let mut small: Vec<Vec<(Digest, u64)>> = vec![Vec::new()];
-        let mut batch_bytes = 0usize;
+        let mut filled = 0usize;
         let mut big = Vec::new();
         for d in blobs {
             let path = store.object_path(ObjectKind::Blob, d);
@@ -625,80 +631,81 @@ impl Client {
                 big.push((*d, size));
                 continue;
             }
-            if batch_bytes + size as usize > BATCH_BYTES
-                && !small.last().is_some_and(|b| b.is_empty())
-            {
+            if filled + size as usize > BATCH_BYTES && !small.last().is_some_and(|b| b.is_empty()) {
                 small.push(Vec::new());
-                batch_bytes = 0;
+                filled = 0;
             }
-            batch_bytes += size as usize;
+            filled += size as usize;
             if let Some(b) = small.last_mut() {
                 b.push((*d, size));
             }
         }
-        // Straight into the message: no copy of the bytes in between.
-        let read_into = |d: &Digest, buf: &mut [u8]| -> Result<(), capnp::Error> {
-            let p = store.object_path(ObjectKind::Blob, d);
-            std::fs::File::open(&p)
-                .and_then(|mut f| f.read_exact(buf))
-                .map_err(|e| {
-                    capnp::Error::failed(format!("reading blob {d} from the local store: {e}"))
-                })
-        };
+        let batches = futures::stream::iter(small.into_iter().filter(|b| !b.is_empty()))
+            .map(|batch| self.put_batch(store, batch))
+            .buffer_unordered(IN_FLIGHT)
+            .try_for_each(|()| async { Ok(()) });
+        // Streamed beside the batches and each other, not after them: both
+        // sides keep working through the last big blob.
+        let streams = futures::stream::iter(big)
+            .map(|(d, size)| async move { self.stream_blob(store, &d, size).await })
+            .buffer_unordered(IN_FLIGHT)
+            .try_for_each(|()| async { Ok(()) });
         self.run(async {
-            let cas = &self.cas;
-            let sends = small.into_iter().filter(|b| !b.is_empty()).map(|batch| {
-                let mut req = cas.put_blobs_request();
-                let filled = (|| {
-                    let mut l = req.get().init_blobs(batch.len() as u32);
-                    for (i, (d, size)) in batch.iter().enumerate() {
-                        let mut b = l.reborrow().get(i as u32);
-                        b.set_digest(d.as_bytes());
-                        // Below STREAM_MIN, so it fits a u32.
-                        read_into(d, b.init_data(*size as u32))?;
-                    }
-                    Ok::<_, capnp::Error>(())
-                })();
-                async move {
-                    filled?;
-                    req.send().promise.await.map(|_| ())
-                }
-            });
-            let mut s = futures::stream::iter(sends).buffer_unordered(IN_FLIGHT);
-            while let Some(r) = s.next().await {
-                r?;
-            }
-            for (d, size) in &big {
-                let mut req = cas.put_blob_request();
-                req.get().set_digest(d.as_bytes());
-                req.get().set_size(*size);
-                let r = req.send().promise.await?;
-                let r = r.get()?;
-                if !r.has_upload() {
-                    continue;
-                }
-                let up = r.get_upload()?;
-                let p = store.object_path(ObjectKind::Blob, d);
-                let mut f = std::fs::File::open(&p).map_err(|e| {
-                    capnp::Error::failed(format!("reading blob {d} from the local store: {e}"))
-                })?;
-                let mut buf = vec![0u8; CHUNK];
-                loop {
-                    let n = f.read(&mut buf).map_err(|e| {
-                        capnp::Error::failed(format!("reading blob {d} from the local store: {e}"))
-                    })?;
-                    if n == 0 {
-                        break;
-                    }
-                    let mut w = up.write_request();
-                    w.get().set_chunk(&buf[..n]);
-                    w.send().await?;
-                }
-                up.finish_request().send().promise.await?;
-            }
-            Ok(())
-        })?;
+            futures::future::try_join(batches, streams)
+                .await
+                .map(|_| ())
+        })
+    }
 
+    /// One `putBlobs` call: the blobs read straight into the message (no
+    /// copy in between), filled only when it is its turn to go.
+    async fn put_batch(
+        &self,
+        store: &LocalStore,
+        batch: Vec<(Digest, u64)>,
+    ) -> Result<(), capnp::Error> {
+        let mut req = self.cas.put_blobs_request();
+        let mut l = req.get().init_blobs(batch.len() as u32);
+        for (i, (d, size)) in batch.iter().enumerate() {
+            let mut b = l.reborrow().get(i as u32);
+            b.set_digest(d.as_bytes());
+            // Below STREAM_MIN, so it fits a u32.
+            let data = b.init_data(*size as u32);
+            open_blob(store, d)?
+                .read_exact(data)
+                .map_err(|e| local_read_error(d, e))?;
+        }
+        req.send().promise.await.map(|_| ())
+    }
+
+    /// One big blob, in [`CHUNK`]s, if the worker still wants it.
+    async fn stream_blob(
+        &self,
+        store: &LocalStore,
+        d: &Digest,
+        size: u64,
+    ) -> Result<(), capnp::Error> {
+        let mut req = self.cas.put_blob_request();
+        req.get().set_digest(d.as_bytes());
+        req.get().set_size(size);
+        let r = req.send().promise.await?;
+        let r = r.get()?;
+        if !r.has_upload() {
+            return Ok(());
+        }
+        let up = r.get_upload()?;
+        let mut f = open_blob(store, d)?;
+        let mut buf = vec![0u8; CHUNK];
+        loop {
+            let n = f.read(&mut buf).map_err(|e| local_read_error(d, e))?;
+            if n == 0 {
+                break;
+            }
+            let mut w = up.write_request();
+            w.get().set_chunk(&buf[..n]);
+            w.send().await?;
+        }
+        up.finish_request().send().promise.await?;
         Ok(())
     }
 
@@ -800,7 +807,9 @@ impl Client {
                 }));
             }
         }
+        let started = std::time::Instant::now();
         let uploaded = self.upload(store, &roots, &lock_blobs)?;
+        let upload_time = started.elapsed();
 
         let sink: log_sink::Client = capnp_rpc::new_client(LogSinkImpl(Rc::new(RefCell::new(log))));
         let reply = self.run(async {
@@ -930,6 +939,7 @@ impl Client {
             record,
             worker_key: self.public_key.clone(),
             uploaded,
+            upload_time,
             downloaded: t,
             cached,
             check,
@@ -966,6 +976,7 @@ impl Client {
             worker_key: hit.record.public_key.clone(),
             record: hit.record,
             uploaded: Transfer::default(),
+            upload_time: std::time::Duration::ZERO,
             downloaded: Transfer::default(),
             cached: true,
             check: None,
@@ -974,6 +985,14 @@ impl Client {
 }
 
 /// `dirs` ordered children before parents, reachable from `roots`.
+fn open_blob(store: &LocalStore, d: &Digest) -> Result<std::fs::File, capnp::Error> {
+    std::fs::File::open(store.object_path(ObjectKind::Blob, d)).map_err(|e| local_read_error(d, e))
+}
+
+fn local_read_error(d: &Digest, e: std::io::Error) -> capnp::Error {
+    capnp::Error::failed(format!("reading blob {d} from the local store: {e}"))
+}
+
 fn post_order(roots: &[Digest], dirs: &HashMap<Digest, Directory>) -> Vec<Digest> {
     let mut out = Vec::with_capacity(dirs.len());
     let mut done: HashSet<Digest> = HashSet::new();

@@ -805,23 +805,25 @@ impl cas::Server for CasImpl {
         let store = &self.shared.store;
         // What is here is rooted first and looked for again after: an
         // object a gc took in between is reported missing, never promised.
-        let present = |kind, ds: &[Digest]| -> Vec<Digest> {
-            ds.iter().copied().filter(|d| store.has(kind, d)).collect()
+        // What was absent is reported missing without a second look.
+        let split = |kind, ds: &[Digest]| -> (Vec<Digest>, Vec<Digest>) {
+            ds.iter().partition(|d| store.has(kind, d))
         };
-        let here: Vec<Digest> = [
-            present(ObjectKind::Blob, &blobs),
-            present(ObjectKind::Directory, &dirs),
-        ]
-        .concat();
-        self.roots.add(&here).map_err(store_err)?;
-        let mb: Vec<_> = blobs
-            .iter()
-            .filter(|d| !store.has(ObjectKind::Blob, d))
-            .collect();
-        let md: Vec<_> = dirs
-            .iter()
-            .filter(|d| !store.has(ObjectKind::Directory, d))
-            .collect();
+        let (blobs_here, mut mb) = split(ObjectKind::Blob, &blobs);
+        let (dirs_here, mut md) = split(ObjectKind::Directory, &dirs);
+        self.roots
+            .add(&[blobs_here.as_slice(), dirs_here.as_slice()].concat())
+            .map_err(store_err)?;
+        mb.extend(
+            blobs_here
+                .into_iter()
+                .filter(|d| !store.has(ObjectKind::Blob, d)),
+        );
+        md.extend(
+            dirs_here
+                .into_iter()
+                .filter(|d| !store.has(ObjectKind::Directory, d)),
+        );
         let mut r = results.get();
         let mut l = r.reborrow().init_blobs(mb.len() as u32);
         for (i, d) in mb.iter().enumerate() {
@@ -1018,20 +1020,43 @@ impl cas::Server for CasImpl {
         mut results: cas::ClaimBlobsResults,
     ) -> Result<(), capnp::Error> {
         let digests = data_list(params.get()?.get_digests()?)?;
-        let (mut mine, mut others) = (Vec::new(), Vec::new());
-        for d in digests {
+        let (mut mine, mut others, mut here) = (Vec::new(), Vec::new(), Vec::new());
+        let mut coming = Vec::new();
+        let mut claim = |d: Digest, here: &mut Vec<Digest>| {
             if self.mine.borrow().contains_key(&d) {
                 mine.push(d);
-                continue;
+                return;
             }
             match self.shared.try_claim((true, d)) {
                 Ok(c) => {
                     self.mine.borrow_mut().insert(d, c);
                     mine.push(d);
+                    coming.push((ObjectKind::Blob, d));
                 }
                 Err(true) => others.push(d),
-                Err(false) => {}
+                Err(false) => here.push(d),
             }
+        };
+        for d in digests {
+            claim(d, &mut here);
+        }
+        // What is here is held for this client, as `find_missing` holds
+        // it: rooted, then looked for again, and claimed after all if a
+        // gc took it in between.
+        self.roots.add(&here).map_err(store_err)?;
+        for d in here {
+            if !self.shared.store.has(ObjectKind::Blob, &d) {
+                claim(d, &mut Vec::new());
+            }
+        }
+        // What this client will send, named in the unsynced log now in
+        // one write: each batch's commit then waits for no disk.
+        if !coming.is_empty() {
+            let store = self.shared.store.clone();
+            tokio::task::spawn_blocking(move || store.intend_unsynced(&coming))
+                .await
+                .map_err(join_err)?
+                .map_err(store_err)?;
         }
         let mut r = results.get();
         let mut l = r.reborrow().init_mine(mine.len() as u32);

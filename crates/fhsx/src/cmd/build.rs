@@ -296,6 +296,7 @@ fn build_remote(
                 "worker": client.endpoint(),
                 "worker_key": out.worker_key,
                 "uploaded": out.uploaded,
+                "upload_seconds": out.upload_time.as_secs_f64(),
                 "downloaded": out.downloaded,
             });
             let outcome = BuildOutcome {
