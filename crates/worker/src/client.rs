@@ -30,10 +30,13 @@ use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
 /// Blobs at least this big are streamed in chunks; smaller ones are batched.
 const STREAM_MIN: u64 = 16 << 20;
 /// Bytes per `putBlobs` batch: small, so the first leaves after reading
-/// 1 MiB rather than 32 and the worker hashes and writes one while the next
-/// arrives (with 32 MiB batches four were read, 128 MiB, before anything
-/// was sent).
-const BATCH_BYTES: usize = 1 << 20;
+/// 960 KiB rather than 32 MiB and the worker hashes and writes one while
+/// the next arrives (with 32 MiB batches four were read, 128 MiB, before
+/// anything was sent). And under 1 MiB with the message around it: glibc
+/// serves that from its heap, reused from one batch to the next on both
+/// sides, where `fhsx` maps every block of 1 MiB or more fresh, each page
+/// faulted in (see its `main`).
+const BATCH_BYTES: usize = 960 << 10;
 /// Directories per `putDirectories` batch.
 const BATCH_DIRS: usize = 4096;
 /// Digests per `findMissing` call.
