@@ -720,13 +720,12 @@ fn check_children(
             Node::File {
                 digest: d, size, ..
             } => {
-                let p = store.object_path(ObjectKind::Blob, d);
-                match std::fs::metadata(&p) {
-                    Ok(m) if m.len() == *size => {}
-                    Ok(m) => return Err(format!(
-                        "directory {digest} refused: its file {name:?} says {size} bytes, blob {d} has {}", m.len()
+                match store.object_len(ObjectKind::Blob, d) {
+                    Some(len) if len == *size => {}
+                    Some(len) => return Err(format!(
+                        "directory {digest} refused: its file {name:?} says {size} bytes, blob {d} has {len}"
                     )),
-                    Err(_) => return Err(format!(
+                    None => return Err(format!(
                         "directory {digest} refused: its file {name:?} names blob {d}, which the worker does not have; upload blobs first"
                     )),
                 }

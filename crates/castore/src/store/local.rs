@@ -204,6 +204,18 @@ impl LocalStore {
         .is_ok()
     }
 
+    /// The size of the object file, if the store has it (looked up as
+    /// [`has`](Self::has) does).
+    pub fn object_len(&self, kind: ObjectKind, digest: &Digest) -> Option<u64> {
+        rustix::fs::statat(
+            self.object_dirs.of(kind),
+            ShardedName::new(digest).as_cstr(),
+            AtFlags::empty(),
+        )
+        .ok()
+        .map(|st| st.st_size as u64)
+    }
+
     /// Begin an all-or-nothing write.
     pub fn txn(&self) -> Result<Txn<'_>> {
         Txn::begin(self)
@@ -354,5 +366,7 @@ mod tests {
             !store.has(ObjectKind::Directory, &d),
             "a blob is no directory"
         );
+        assert_eq!(store.object_len(ObjectKind::Blob, &d), Some(1));
+        assert_eq!(store.object_len(ObjectKind::Directory, &d), None);
     }
 }
