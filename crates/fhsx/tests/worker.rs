@@ -1201,8 +1201,9 @@ fn gc(store: &Path) {
 }
 
 /// A gc on the worker between a client's upload and its build takes
-/// nothing the client sent or was told is there: both are rooted until the
-/// client disconnects, and then a gc takes them.
+/// nothing the client sent or was told is there (by `findMissing` or by a
+/// claim): all are rooted until the client disconnects, and then a gc
+/// takes them.
 #[test]
 fn uploads_and_what_clients_were_promised_survive_gc_until_they_disconnect() {
     let t = tempfile::tempdir().unwrap();
@@ -1228,6 +1229,11 @@ fn uploads_and_what_clients_were_promised_survive_gc_until_they_disconnect() {
     let bv: Vec<Digest> = blobs.iter().copied().collect();
     let (mb, md) = told.find_missing(&bv, &dv).unwrap();
     assert!(mb.is_empty() && md.is_empty(), "missing {mb:?} {md:?}");
+    // A third claims the blobs without asking findMissing about them: the
+    // claim finds them there, sends nothing, and holds them for it.
+    let claimer = w.client();
+    let none = claimer.upload(&client_store, &[], &bv).unwrap();
+    assert_eq!(none.blobs, 0, "sent blobs the worker has: {none:?}");
     // The uploader's roots go when the worker sees it disconnect.
     let holders = || fs::read_dir(ws.join("temproots")).unwrap().count();
     let with_both = holders();
@@ -1246,7 +1252,8 @@ fn uploads_and_what_clients_were_promised_survive_gc_until_they_disconnect() {
         "a gc took what a connected client was told the worker has"
     );
 
-    // Once nobody holds them, gc takes them (the roots are not forever).
+    // Once nobody holds the tree, gc takes it (the roots are not forever);
+    // the blobs the claimer holds stay.
     drop(told);
     let end = Instant::now() + Duration::from_secs(20);
     loop {
@@ -1263,6 +1270,14 @@ fn uploads_and_what_clients_were_promised_survive_gc_until_they_disconnect() {
         );
         std::thread::sleep(Duration::from_millis(200));
     }
+    let store = LocalStore::open(&ws).unwrap();
+    assert!(
+        blobs
+            .iter()
+            .all(|b| store.has(castore::store::ObjectKind::Blob, b)),
+        "a gc took blobs a connected client's claim found there"
+    );
+    drop(claimer);
 }
 
 /// The scratch file systems under `dir` that are still mounted (a worker's
