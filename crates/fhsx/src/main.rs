@@ -33,18 +33,11 @@ fn main() {
 /// graph build running several actions in one process, that made every
 /// view mount after the first take 4.3 ms instead of 0.45 ms
 /// (`bench/worker.sh` round trip).
-///
-/// And keep up to 64 MiB of freed heap rather than hand it back as soon as
-/// 128 KiB are free at its top (the default once the mmap threshold is
-/// fixed): an upload moves its blobs in messages just under 1 MiB, and
-/// each, allocated where the last one was freed, was faulted in page by
-/// page again — 13% of a worker's CPU through an upload (`bench/worker.sh`).
 fn fixed_mmap_threshold() {
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets allocator parameters; called before any
+    // SAFETY: mallopt only sets an allocator parameter; called before any
     // thread starts.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 64 << 20);
     }
 }

@@ -33,9 +33,8 @@ const STREAM_MIN: u64 = 16 << 20;
 /// 960 KiB rather than 32 MiB and the worker hashes and writes one while
 /// the next arrives (with 32 MiB batches four were read, 128 MiB, before
 /// anything was sent). And under 1 MiB with the message around it: glibc
-/// serves that from its heap, reused from one batch to the next on both
-/// sides, where `fhsx` maps every block of 1 MiB or more fresh, each page
-/// faulted in (see its `main`).
+/// serves that from its heap, where `fhsx` maps every block of 1 MiB or
+/// more fresh, each page faulted in (see its `main`).
 const BATCH_BYTES: usize = 960 << 10;
 /// Directories per `putDirectories` batch.
 const BATCH_DIRS: usize = 4096;
