@@ -27,7 +27,7 @@ use crate::error::io;
 use crate::{Digest, Directory, Error, Result};
 
 /// Object kinds the local store keeps, each in its own sharded subdirectory.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ObjectKind {
     Blob,
     Directory,
@@ -86,18 +86,16 @@ impl ObjectDirs {
     }
 }
 
-/// `ab/ab12…` and a NUL, the name of an object under its kind's directory,
-/// made without a heap allocation.
+/// `ab/ab12…` and a NUL: the name of an object under its kind's
+/// directory, sharded by its first two hex digits — the one place that
+/// rule lives — made without a heap allocation.
 struct ShardedName([u8; 2 + 1 + 2 * Digest::LEN + 1]);
 
 impl ShardedName {
     fn new(d: &Digest) -> Self {
-        const HEX: &[u8; 16] = b"0123456789abcdef";
         let mut b = [0u8; 2 + 1 + 2 * Digest::LEN + 1];
-        for (i, byte) in d.as_bytes().iter().enumerate() {
-            b[3 + 2 * i] = HEX[usize::from(byte >> 4)];
-            b[3 + 2 * i + 1] = HEX[usize::from(byte & 0xf)];
-        }
+        // The slice is exactly twice the digest's length: cannot fail.
+        let _ = hex::encode_to_slice(d.as_bytes(), &mut b[3..3 + 2 * Digest::LEN]);
         b[0] = b[3];
         b[1] = b[4];
         b[2] = b'/';
@@ -107,6 +105,10 @@ impl ShardedName {
     fn as_cstr(&self) -> &CStr {
         // One NUL, at the end: hex digits and '/' are never 0.
         CStr::from_bytes_with_nul(&self.0).unwrap_or_default()
+    }
+
+    fn as_str(&self) -> &str {
+        self.as_cstr().to_str().unwrap_or_default()
     }
 }
 
@@ -189,8 +191,9 @@ impl LocalStore {
 
     /// Where an object of `kind` named `digest` lives.
     pub fn object_path(&self, kind: ObjectKind, digest: &Digest) -> PathBuf {
-        let hex = digest.hex();
-        self.root.join(kind.dir_name()).join(&hex[..2]).join(hex)
+        self.root
+            .join(kind.dir_name())
+            .join(ShardedName::new(digest).as_str())
     }
 
     pub fn has(&self, kind: ObjectKind, digest: &Digest) -> bool {

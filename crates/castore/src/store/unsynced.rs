@@ -66,7 +66,7 @@ struct Log {
     /// What this log names durably (up to [`NAMED_MAX`]): a commit of
     /// these appends nothing. Goes with the log at a flush, so an object
     /// is never taken as named by a log that is gone.
-    named: HashSet<(bool, Digest)>,
+    named: HashSet<(ObjectKind, Digest)>,
 }
 
 /// Names a log remembers: about 50 MiB at most. Past it, commits append
@@ -172,11 +172,8 @@ impl Log {
 
     /// Append what the log does not name yet, and `fdatasync` it.
     fn append(&mut self, objects: &[(ObjectKind, Digest)]) -> Result<()> {
-        let key = |kind: &ObjectKind, d: &Digest| (*kind == ObjectKind::Blob, *d);
-        let new: Vec<&(ObjectKind, Digest)> = objects
-            .iter()
-            .filter(|(kind, d)| !self.named.contains(&key(kind, d)))
-            .collect();
+        let new: Vec<&(ObjectKind, Digest)> =
+            objects.iter().filter(|o| !self.named.contains(o)).collect();
         if new.is_empty() {
             return Ok(());
         }
@@ -193,11 +190,11 @@ impl Log {
             .write_all(lines.as_bytes())
             .and_then(|()| self.file.sync_data())
             .map_err(io("append to", &self.path))?;
-        for (kind, d) in new {
+        for o in new {
             if self.named.len() >= NAMED_MAX {
                 break;
             }
-            self.named.insert(key(kind, d));
+            self.named.insert(*o);
         }
         Ok(())
     }
