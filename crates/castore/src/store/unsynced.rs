@@ -153,10 +153,12 @@ impl Log {
         };
         // Which boot wrote it: after a kill on a machine that stayed up,
         // a named object that is not there never came (see `recover`).
+        // Made durable by the first append's `fdatasync`, before any
+        // object it names is renamed into place; a log that lost it is
+        // read as another boot's, the careful way.
         if let Some(boot) = boot_id() {
-            let mut f = &file;
-            f.write_all(format!("boot {boot}\n").as_bytes())
-                .and_then(|()| file.sync_data())
+            (&file)
+                .write_all(format!("boot {boot}\n").as_bytes())
                 .map_err(io("append to", &path))?;
         }
         // The log must outlive a crash before any object it will name does.
@@ -269,13 +271,16 @@ pub(crate) fn recover(store: &LocalStore) -> Result<Recovery> {
             && text.lines().next().and_then(|l| l.strip_prefix("boot ")) == this_boot.as_deref();
         // A torn last line named an object not yet renamed into place.
         for (kind, d) in text.lines().filter_map(parse_line) {
-            if is_intact(store, kind, &d) {
-                out.intact += 1;
-                continue;
-            }
-            if same_boot && !store.object_path(kind, &d).exists() {
-                out.never_came += 1;
-                continue;
+            match look(store, kind, &d) {
+                Found::Intact => {
+                    out.intact += 1;
+                    continue;
+                }
+                Found::Absent if same_boot => {
+                    out.never_came += 1;
+                    continue;
+                }
+                Found::Absent | Found::Damaged => {}
             }
             if remove_object(store, kind, &d)? {
                 out.removed.push(d);
@@ -305,12 +310,25 @@ fn parse_line(line: &str) -> Option<(ObjectKind, Digest)> {
     Some((kind, d))
 }
 
-fn is_intact(store: &LocalStore, kind: ObjectKind, d: &Digest) -> bool {
+/// What one look at a named object found.
+enum Found {
+    Intact,
+    Absent,
+    /// Other bytes, undecodable, or unreadable.
+    Damaged,
+}
+
+fn look(store: &LocalStore, kind: ObjectKind, d: &Digest) -> Found {
     let path = store.object_path(kind, d);
-    match kind {
-        ObjectKind::Blob => LocalStore::hash_file(&path).is_ok_and(|(actual, _)| actual == *d),
+    let intact = match kind {
+        ObjectKind::Blob => LocalStore::hash_file(&path).map(|(actual, _)| actual == *d),
         ObjectKind::Directory => fs::read(&path)
-            .is_ok_and(|bytes| Digest::of(&bytes) == *d && Directory::decode(&bytes).is_ok()),
+            .map(|bytes| Digest::of(&bytes) == *d && Directory::decode(&bytes).is_ok()),
+    };
+    match intact {
+        Ok(true) => Found::Intact,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Found::Absent,
+        Ok(false) | Err(_) => Found::Damaged,
     }
 }
 
@@ -519,6 +537,36 @@ mod tests {
             "the store was scanned for holes"
         );
         assert!(logs(&store).is_empty());
+    }
+
+    #[test]
+    fn in_the_same_boot_a_damaged_named_object_is_still_removed_with_its_trees() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let txn = store.txn().unwrap();
+        let torn = txn.put_blob(b"written whole").unwrap();
+        let tree = txn
+            .put_directory(&dir_of(&[("t", file(torn, 13))]))
+            .unwrap();
+        txn.commit().unwrap();
+        let boot = boot_id().expect("this kernel names its boot");
+        dead_log(
+            &store,
+            "log-7-8-9",
+            &format!("boot {boot}\nb {}\n", torn.hex()),
+        );
+        let p = store.object_path(ObjectKind::Blob, &torn);
+        fs::set_permissions(&p, fs::Permissions::from_mode(0o644)).unwrap();
+        fs::write(&p, b"half of it").unwrap();
+        let r = recover(&store).unwrap();
+        assert_eq!((r.intact, r.never_came), (0, 0), "{r:?}");
+        let mut removed = r.removed.clone();
+        removed.sort();
+        let mut want = vec![torn, tree];
+        want.sort();
+        assert_eq!(removed, want);
+        let report = crate::verify::verify(&store, None, &()).unwrap();
+        assert!(report.is_clean(), "{:?}", report.problems);
     }
 
     #[test]
