@@ -163,9 +163,8 @@ for round in 1 2 3; do
   warm=$(secs "$a" "$b")
   stop_worker
   drop "$WORK/w2-$round"
-  bytes=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]["uploaded"]; print(r["bytes"])')
-  up_secs=$(echo "$out" | python3 -c 'import json,sys; print(json.load(sys.stdin)["remote"]["upload_seconds"])')
-  files=$(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]["uploaded"]; print(r["blobs"], "blobs,", r["directories"], "directories")')
+  read -r bytes up_secs nblobs ndirs < <(echo "$out" | python3 -c 'import json,sys; r=json.load(sys.stdin)["remote"]; u=r["uploaded"]; print(u["bytes"], r["upload_seconds"], u["blobs"], u["directories"])')
+  files="$nblobs blobs, $ndirs directories"
   awk -v n="$bytes" -v s="$up_secs" 'BEGIN{printf "%.1f\n", n/s/1e6}' >>"$WORK/.up"
   awk -v n="$bytes" -v a="$cold" -v b="$warm" 'BEGIN{printf "%.1f\n", n/(a-b)/1e6}' >>"$WORK/.upb"
   dest "$WORK/cp-dest"
