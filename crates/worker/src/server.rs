@@ -737,6 +737,23 @@ fn check_children(
 }
 
 impl CasImpl {
+    /// Hold objects just found in the store for this client: rooted, then
+    /// looked for again, so one a gc took in between is never promised.
+    /// Returns those gone.
+    fn hold(
+        &self,
+        here: impl IntoIterator<Item = (ObjectKind, Digest)>,
+    ) -> Result<Vec<(ObjectKind, Digest)>, capnp::Error> {
+        let here: Vec<(ObjectKind, Digest)> = here.into_iter().collect();
+        let digests: Vec<Digest> = here.iter().map(|(_, d)| *d).collect();
+        self.roots.add(&digests).map_err(store_err)?;
+        let store = &self.shared.store;
+        Ok(here
+            .into_iter()
+            .filter(|(k, d)| !store.has(*k, d))
+            .collect())
+    }
+
     /// This client's reservation of blob `d`, or a fresh claim (waiting for
     /// another writer); `None` once the store has it.
     async fn claim_blob(&self, d: Digest) -> Option<Claim> {
@@ -802,27 +819,21 @@ impl cas::Server for CasImpl {
         let blobs = data_list(p.get_blobs()?)?;
         let dirs = data_list(p.get_directories()?)?;
         let store = &self.shared.store;
-        // What is here is rooted first and looked for again after: an
-        // object a gc took in between is reported missing, never promised.
-        // What was absent is reported missing without a second look.
+        // What is here is held (see `hold`); what was absent is reported
+        // missing without a second look.
         let split = |kind, ds: &[Digest]| -> (Vec<Digest>, Vec<Digest>) {
             ds.iter().partition(|d| store.has(kind, d))
         };
         let (blobs_here, mut mb) = split(ObjectKind::Blob, &blobs);
         let (dirs_here, mut md) = split(ObjectKind::Directory, &dirs);
-        self.roots
-            .add(&[blobs_here.as_slice(), dirs_here.as_slice()].concat())
-            .map_err(store_err)?;
-        mb.extend(
-            blobs_here
-                .into_iter()
-                .filter(|d| !store.has(ObjectKind::Blob, d)),
-        );
-        md.extend(
-            dirs_here
-                .into_iter()
-                .filter(|d| !store.has(ObjectKind::Directory, d)),
-        );
+        let here = (blobs_here.into_iter().map(|d| (ObjectKind::Blob, d)))
+            .chain(dirs_here.into_iter().map(|d| (ObjectKind::Directory, d)));
+        for (kind, d) in self.hold(here)? {
+            match kind {
+                ObjectKind::Blob => mb.push(d),
+                ObjectKind::Directory => md.push(d),
+            }
+        }
         let mut r = results.get();
         let mut l = r.reborrow().init_blobs(mb.len() as u32);
         for (i, d) in mb.iter().enumerate() {
@@ -1040,13 +1051,9 @@ impl cas::Server for CasImpl {
             claim(d, &mut here);
         }
         // What is here is held for this client, as `find_missing` holds
-        // it: rooted, then looked for again, and claimed after all if a
-        // gc took it in between.
-        self.roots.add(&here).map_err(store_err)?;
-        for d in here {
-            if !self.shared.store.has(ObjectKind::Blob, &d) {
-                claim(d, &mut Vec::new());
-            }
+        // it, and claimed after all if a gc took it in between.
+        for (_, d) in self.hold(here.into_iter().map(|d| (ObjectKind::Blob, d)))? {
+            claim(d, &mut Vec::new());
         }
         // What this client will send, named in the unsynced log now in
         // one write: each batch's commit then waits for no disk.
