@@ -954,16 +954,10 @@ impl cas::Server for CasImpl {
         let store = self.shared.store.clone();
         let n = todo.len() as u64;
         let bytes: u64 = todo.iter().map(|b| b.bytes().len() as u64).sum();
-        tokio::task::spawn_blocking(move || -> Result<(), castore::Error> {
-            let txn = store.txn()?;
-            for b in &todo {
-                txn.put_checked_blob(b)?;
-            }
-            txn.commit_unsynced()
-        })
-        .await
-        .map_err(join_err)?
-        .map_err(store_err)?;
+        tokio::task::spawn_blocking(move || store.put_blobs_unsynced(&todo))
+            .await
+            .map_err(join_err)?
+            .map_err(store_err)?;
         drop(claims);
         let c = &self.shared.counters;
         c.blobs_written.fetch_add(n, Ordering::SeqCst);

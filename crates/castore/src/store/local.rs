@@ -17,14 +17,14 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use rustix::fs::{Access, AtFlags, Mode, OFlags};
 
 use super::unsynced::Unsynced;
 use super::{BlobStore, DirectoryStore, Txn};
 use crate::error::io;
-use crate::{Digest, Directory, Error, Result};
+use crate::{CheckedBlob, Digest, Directory, Error, Result};
 
 /// Object kinds the local store keeps, each in its own sharded subdirectory.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -59,6 +59,9 @@ pub struct LocalStore {
 struct ObjectDirs {
     blobs: OwnedFd,
     dirs: OwnedFd,
+    /// Whether an unnamed file can be linked into place here (see
+    /// [`LocalStore::put_blobs_unsynced`]): learnt at the first use.
+    links_unnamed: OnceLock<bool>,
 }
 
 impl ObjectDirs {
@@ -75,6 +78,7 @@ impl ObjectDirs {
         Ok(ObjectDirs {
             blobs: open(ObjectKind::Blob)?,
             dirs: open(ObjectKind::Directory)?,
+            links_unnamed: OnceLock::new(),
         })
     }
 
@@ -109,6 +113,11 @@ impl ShardedName {
 
     fn as_str(&self) -> &str {
         self.as_cstr().to_str().unwrap_or_default()
+    }
+
+    /// `ab`: the shard directory's name.
+    fn shard(&self) -> &str {
+        self.as_str().get(..2).unwrap_or_default()
     }
 }
 
@@ -165,6 +174,92 @@ impl LocalStore {
     /// `unsynced`). Naming one that never comes is harmless.
     pub fn intend_unsynced(&self, objects: &[(ObjectKind, Digest)]) -> Result<()> {
         self.unsynced.name(self, objects)
+    }
+
+    /// Put blobs, hashed already, into the store as
+    /// [`Txn::commit_unsynced`] would: visible at once, durable at the next
+    /// [`flush_unsynced`](Self::flush_unsynced), named in the log first.
+    /// Each is written as an unnamed file (`O_TMPFILE`) in its shard
+    /// directory and linked under its name once whole, so no reader ever
+    /// sees part of one, and there is no staging directory to make and
+    /// remove and no rename: per blob one file is created and one link
+    /// made. A batch of an upload is many small files: 11,500 files of 32
+    /// KiB took 0.63 s staged and renamed against 0.52 s linked in place
+    /// (fresh ext4), and the worker's CPU for an upload of the hello
+    /// toolchain fell by about a tenth.
+    /// Where the store's file system or the caller's privileges allow no
+    /// such link (`linkat(AT_EMPTY_PATH)` takes `CAP_DAC_READ_SEARCH`),
+    /// they go through a transaction instead. Blobs appear one by one, not
+    /// all at once: each stands alone.
+    pub fn put_blobs_unsynced<B: AsRef<[u8]>>(&self, blobs: &[CheckedBlob<B>]) -> Result<()> {
+        if !self.links_unnamed() {
+            let txn = self.txn()?;
+            for b in blobs {
+                txn.put_checked_blob(b)?;
+            }
+            return txn.commit_unsynced();
+        }
+        // As a transaction's: no gc sweeps while these are written.
+        let _writer = super::txn::lock_shared(self)?;
+        let names: Vec<(ObjectKind, Digest)> = blobs
+            .iter()
+            .map(|b| (ObjectKind::Blob, *b.digest()))
+            .collect();
+        self.unsynced.commit(self, &names, || {
+            blobs.iter().try_for_each(|b| {
+                if self.has(ObjectKind::Blob, b.digest()) {
+                    return Ok(());
+                }
+                self.link_blob_in(b.digest(), b.bytes())
+            })
+        })
+    }
+
+    /// Write `bytes` as an unnamed file in the blob's shard directory and
+    /// link it under the blob's name; a blob already there is kept.
+    fn link_blob_in(&self, d: &Digest, bytes: &[u8]) -> Result<()> {
+        let name = ShardedName::new(d);
+        let blobs = &self.object_dirs.blobs;
+        let fail = |op: &'static str| {
+            let path = self.object_path(ObjectKind::Blob, d);
+            move |e: rustix::io::Errno| io(op, &path)(e.into())
+        };
+        let fd = rustix::fs::openat(
+            blobs,
+            name.shard(),
+            OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
+            Mode::from_raw_mode(0o444),
+        )
+        .map_err(fail("create"))?;
+        let mut f = File::from(fd);
+        std::io::Write::write_all(&mut f, bytes)
+            .map_err(io("write", self.object_path(ObjectKind::Blob, d)))?;
+        match rustix::fs::linkat(&f, c"", blobs, name.as_cstr(), AtFlags::EMPTY_PATH) {
+            Ok(()) | Err(rustix::io::Errno::EXIST) => Ok(()),
+            Err(e) => Err(fail("link into store")(e)),
+        }
+    }
+
+    /// Whether [`link_blob_in`](Self::link_blob_in) works here: tried
+    /// once per opened store, on a file linked into `tmp/` and removed.
+    fn links_unnamed(&self) -> bool {
+        *self.object_dirs.links_unnamed.get_or_init(|| {
+            let tmp = self.tmp_dir();
+            let probe = tmp.join(super::unique_name(".link-probe-"));
+            let Ok(fd) = rustix::fs::open(
+                &tmp,
+                OFlags::TMPFILE | OFlags::WRONLY | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o444),
+            ) else {
+                return false;
+            };
+            let linked =
+                rustix::fs::linkat(&fd, c"", rustix::fs::CWD, &probe, AtFlags::EMPTY_PATH).is_ok();
+            if linked {
+                let _ = fs::remove_file(&probe);
+            }
+            linked
+        })
     }
 
     /// Whether objects committed with [`Txn::commit_unsynced`] await

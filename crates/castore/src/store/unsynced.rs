@@ -20,7 +20,10 @@
 //!   blobs a client claimed), in one append and one `fdatasync`; a commit
 //!   of objects the log already names then writes nothing and waits for no
 //!   disk. On a disk where a flush costs milliseconds, one per batch of an
-//!   upload was most of its time. Each log starts with the machine's boot
+//!   upload was most of its time.
+//!   [`LocalStore::put_blobs_unsynced`] goes one step further for blobs:
+//!   named first, each is then linked into place as soon as it is written
+//!   whole, with no staging at all. Each log starts with the machine's boot
 //!   id: a recovery in the same boot (the writer was killed, the machine
 //!   stayed up, so whatever it renamed into place is still there) takes a
 //!   named object that is absent for one that never came.
@@ -502,6 +505,56 @@ mod tests {
         let names = logs(&store);
         assert_eq!(names.len(), 1, "{names:?}");
         assert_eq!(named_in(&store, &names[0]), format!("b {}\n", coming.hex()));
+    }
+
+    #[test]
+    fn blobs_put_unsynced_appear_whole_under_their_names_and_are_named_first() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let small = crate::CheckedBlob::new(b"claimed ahead".to_vec());
+        let large = crate::CheckedBlob::new(vec![7u8; 300_000]);
+        store
+            .intend_unsynced(&[(ObjectKind::Blob, *small.digest())])
+            .unwrap();
+        store
+            .put_blobs_unsynced(&[small.clone(), large.clone()])
+            .unwrap();
+        for b in [&small, &large] {
+            assert_eq!(store.read_blob(b.digest()).unwrap(), b.bytes());
+            let path = store.object_path(ObjectKind::Blob, b.digest());
+            let mode = fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o444, "{}", path.display());
+        }
+        // Named before they appeared: the one claimed ahead once, the
+        // other appended.
+        let names = logs(&store);
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert_eq!(
+            named_in(&store, &names[0]),
+            format!("b {}\nb {}\n", small.digest().hex(), large.digest().hex())
+        );
+        // No staging, no probe left behind.
+        let left: Vec<_> = fs::read_dir(store.root().join("tmp")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+
+        // Again: what is there is kept, nothing fails.
+        let before = fs::metadata(store.object_path(ObjectKind::Blob, large.digest()))
+            .unwrap()
+            .modified()
+            .unwrap();
+        store
+            .put_blobs_unsynced(std::slice::from_ref(&large))
+            .unwrap();
+        let after = fs::metadata(store.object_path(ObjectKind::Blob, large.digest()))
+            .unwrap()
+            .modified()
+            .unwrap();
+        assert_eq!(before, after);
+
+        assert!(store.flush_unsynced().unwrap());
+        assert!(logs(&store).is_empty());
+        assert_eq!(store.read_blob(large.digest()).unwrap(), large.bytes());
     }
 
     /// A tree with a hole no log names (not recovery's to touch unless it
