@@ -2,12 +2,13 @@
 //! and leaves it in `OUT_DIR` for `include_bytes!`.
 //!
 //! Why `rustc` directly rather than a second crate: the supervisor runs as
-//! PID 1 inside a root that holds no host libc, so it must be linked with
-//! `-C target-feature=+crt-static`. Setting that flag for one binary of a
-//! workspace is not expressible in Cargo without also building proc-macros
-//! and every dependency static (which breaks proc-macros). The supervisor
-//! uses only `std` and a handful of hand-declared libc functions, so one
-//! `rustc` invocation here builds it with exactly the flags it needs.
+//! PID 1 inside a root that holds no host libc, so it links none: it is
+//! `no_std` with its own `_start` and raw system calls, linked static with
+//! no start files and no default libraries. Those link flags for one
+//! binary of a workspace are not expressible in Cargo without also
+//! applying them to build scripts and proc-macros. The supervisor uses
+//! only `core`, so one `rustc` invocation here builds it with exactly the
+//! flags it needs.
 
 use std::env;
 use std::path::PathBuf;
@@ -33,9 +34,11 @@ fn main() {
         .args(["--target", &target])
         .args(["-C", "opt-level=2"])
         .args(["-C", "panic=abort"])
-        .args(["-C", "target-feature=+crt-static"])
         // Not position-independent: no self-relocation at every start.
         .args(["-C", "relocation-model=static"])
+        .args(["-C", "link-arg=-nostartfiles"])
+        .args(["-C", "link-arg=-nostdlib"])
+        .args(["-C", "link-arg=-static"])
         .args(["-C", "strip=symbols"])
         .args(["-C", "codegen-units=1"])
         .arg("-o")
@@ -46,8 +49,8 @@ fn main() {
         .unwrap_or_else(|e| panic!("could not run {rustc:?} to build the supervisor: {e}"));
     if !status.success() {
         panic!(
-            "building the static fhsx-supervisor failed ({status}); a static build needs the \
-             libc static archive (Debian: `apt-get install libc6-dev`)"
+            "building the static fhsx-supervisor failed ({status}); it is linked by the C \
+             compiler rustc uses (Debian: `apt-get install gcc`)"
         );
     }
     // A content tag for the installed copy's file name (FNV-1a 64), so a run

@@ -23,26 +23,10 @@
 //! Once the kernel accepted a ruleset, failing to enforce it fails the
 //! command instead.
 
-use std::ffi::OsString;
-use std::os::raw::c_int;
-use std::os::unix::ffi::OsStrExt;
+use crate::sys::{self, CStr, Errno};
 
-extern "C" {
-    fn syscall(n: i64, ...) -> i64;
-    fn open(path: *const u8, flags: c_int, ...) -> c_int;
-    fn close(fd: c_int) -> c_int;
-}
-
-// The same numbers on every architecture (allocated after the unification).
-const SYS_LANDLOCK_CREATE_RULESET: i64 = 444;
-const SYS_LANDLOCK_ADD_RULE: i64 = 445;
-const SYS_LANDLOCK_RESTRICT_SELF: i64 = 446;
-const SYS_PRCTL: i64 = if cfg!(target_arch = "aarch64") { 167 } else { 157 };
-const PR_SET_NO_NEW_PRIVS: i64 = 38;
-const CREATE_RULESET_VERSION: u32 = 1;
-const RULE_PATH_BENEATH: i64 = 1;
-const O_PATH: c_int = 0o10000000;
-const O_CLOEXEC: c_int = 0o2000000;
+const CREATE_RULESET_VERSION: usize = 1;
+const RULE_PATH_BENEATH: usize = 1;
 
 const WRITE_FILE: u64 = 1 << 1;
 const REMOVE_DIR: u64 = 1 << 4;
@@ -76,12 +60,12 @@ struct PathBeneathAttr {
 
 /// A ruleset the kernel accepted, ready to enforce in the command's child.
 pub struct Ruleset {
-    fd: c_int,
-    pub abi: i64,
+    fd: i32,
+    pub abi: usize,
 }
 
 /// Every write-type right this kernel's Landlock knows.
-fn write_rights(abi: i64) -> u64 {
+fn write_rights(abi: usize) -> u64 {
     let mut r = WRITE_FILE
         | REMOVE_DIR
         | REMOVE_FILE
@@ -103,22 +87,28 @@ fn write_rights(abi: i64) -> u64 {
 
 /// The Landlock ABI version, or 0 where the kernel has none (or has it
 /// disabled).
-pub fn abi() -> i64 {
+pub fn abi() -> usize {
     // SAFETY: the version query takes no attribute pointer.
-    let v = unsafe {
-        syscall(
-            SYS_LANDLOCK_CREATE_RULESET,
-            std::ptr::null::<RulesetAttr>(),
-            0usize,
-            CREATE_RULESET_VERSION,
+    unsafe {
+        sys::syscall(
+            sys::SYS_LANDLOCK_CREATE_RULESET,
+            [0, 0, CREATE_RULESET_VERSION, 0, 0, 0],
         )
-    };
-    v.max(0)
+    }
+    .unwrap_or(0)
+}
+
+/// What failed while building a ruleset: the call, the path (if any) and
+/// the errno.
+pub struct Failure {
+    pub call: &'static str,
+    pub path: Option<CStr>,
+    pub errno: Errno,
 }
 
 /// Build the ruleset: all write rights beneath `rw`, writes to existing
 /// files beneath `files`, both scopes where known. `Ok(None)`: no Landlock.
-pub fn build(rw: &[OsString], files: &[OsString]) -> Result<Option<Ruleset>, String> {
+pub fn build(rw: &[CStr], files: &[CStr]) -> Result<Option<Ruleset>, Failure> {
     let abi = abi();
     if abi == 0 {
         return Ok(None);
@@ -137,26 +127,30 @@ pub fn build(rw: &[OsString], files: &[OsString]) -> Result<Option<Ruleset>, Str
     // must be zero, which they are below ABI 6.
     // SAFETY: attr is valid for its size.
     let fd = unsafe {
-        syscall(
-            SYS_LANDLOCK_CREATE_RULESET,
-            &attr as *const RulesetAttr,
-            std::mem::size_of::<RulesetAttr>(),
-            0u32,
+        sys::syscall(
+            sys::SYS_LANDLOCK_CREATE_RULESET,
+            [
+                &attr as *const RulesetAttr as usize,
+                core::mem::size_of::<RulesetAttr>(),
+                0,
+                0,
+                0,
+                0,
+            ],
         )
-    };
-    if fd < 0 {
-        return Err(format!(
-            "landlock_create_ruleset failed (errno {})",
-            super::errno()
-        ));
     }
+    .map_err(|errno| Failure {
+        call: "landlock_create_ruleset",
+        path: None,
+        errno,
+    })?;
     let rs = Ruleset {
-        fd: fd as c_int,
+        fd: fd as i32,
         abi,
     };
     let existing = rights & (WRITE_FILE | TRUNCATE);
     for (paths, allowed) in [(rw, rights), (files, existing)] {
-        for p in paths {
+        for &p in paths {
             rs.allow_beneath(p, allowed)?;
         }
     }
@@ -164,52 +158,49 @@ pub fn build(rw: &[OsString], files: &[OsString]) -> Result<Option<Ruleset>, Str
 }
 
 impl Ruleset {
-    fn allow_beneath(&self, path: &OsString, allowed: u64) -> Result<(), String> {
-        let mut c = path.as_bytes().to_vec();
-        c.push(0);
-        // SAFETY: c is NUL-terminated.
-        let dir = unsafe { open(c.as_ptr(), O_PATH | O_CLOEXEC) };
-        if dir < 0 {
+    fn allow_beneath(&self, path: CStr, allowed: u64) -> Result<(), Failure> {
+        // SAFETY: path comes from argv: NUL-terminated.
+        let Ok(dir) = (unsafe { sys::open(path, sys::O_PATH | sys::O_CLOEXEC) }) else {
             // A writable place the layout did not create grants nothing.
             return Ok(());
-        }
+        };
         let rule = PathBeneathAttr {
             allowed_access: allowed,
             parent_fd: dir,
         };
-        // SAFETY: rule is valid for the call; dir is ours to close.
+        // SAFETY: rule is valid for the call.
         let r = unsafe {
-            let r = syscall(
-                SYS_LANDLOCK_ADD_RULE,
-                self.fd as i64,
-                RULE_PATH_BENEATH,
-                &rule as *const PathBeneathAttr,
-                0u32,
-            );
-            close(dir);
-            r
+            sys::syscall(
+                sys::SYS_LANDLOCK_ADD_RULE,
+                [
+                    self.fd as usize,
+                    RULE_PATH_BENEATH,
+                    &rule as *const PathBeneathAttr as usize,
+                    0,
+                    0,
+                    0,
+                ],
+            )
         };
-        if r < 0 {
-            return Err(format!(
-                "landlock_add_rule({}) failed (errno {})",
-                path.to_string_lossy(),
-                super::errno()
-            ));
-        }
-        Ok(())
+        sys::close(dir);
+        r.map(|_| ()).map_err(|errno| Failure {
+            call: "landlock_add_rule",
+            path: Some(path),
+            errno,
+        })
     }
 
-    /// Enforce on the calling thread and what it execs; only raw syscalls,
-    /// so it is safe between fork and exec. Returns the errno on failure.
-    pub fn restrict_self(&self) -> Result<(), c_int> {
-        // SAFETY: plain syscalls on integers.
+    /// Enforce on the calling process and what it execs; raw syscalls
+    /// only, so it is safe between fork and exec. The errno on failure.
+    pub fn restrict_self(&self) -> Result<(), Errno> {
+        sys::prctl(sys::PR_SET_NO_NEW_PRIVS, 1)?;
+        // SAFETY: integer arguments.
         unsafe {
-            if syscall(SYS_PRCTL, PR_SET_NO_NEW_PRIVS, 1i64, 0i64, 0i64, 0i64) != 0
-                || syscall(SYS_LANDLOCK_RESTRICT_SELF, self.fd as i64, 0u32) != 0
-            {
-                return Err(super::errno());
-            }
+            sys::syscall(
+                sys::SYS_LANDLOCK_RESTRICT_SELF,
+                [self.fd as usize, 0, 0, 0, 0, 0],
+            )
         }
-        Ok(())
+        .map(|_| ())
     }
 }
