@@ -144,10 +144,7 @@ pub fn build(rw: &[CStr], files: &[CStr]) -> Result<Option<Ruleset>, Failure> {
         path: None,
         errno,
     })?;
-    let rs = Ruleset {
-        fd: fd as i32,
-        abi,
-    };
+    let rs = Ruleset { fd: fd as i32, abi };
     let existing = rights & (WRITE_FILE | TRUNCATE);
     for (paths, allowed) in [(rw, rights), (files, existing)] {
         for &p in paths {

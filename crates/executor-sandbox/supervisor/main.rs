@@ -237,7 +237,9 @@ unsafe fn parse_args(argc: usize, argv: *const CStr) -> Args {
     while let Some(flag) = arg(i) {
         let value = arg(i + 1);
         match flag {
-            b"--control-fd" => a.control_fd = Some(number(flag, value, 10).min(i32::MAX as u64) as i32),
+            b"--control-fd" => {
+                a.control_fd = Some(number(flag, value, 10).min(i32::MAX as u64) as i32)
+            }
             b"--umask" => a.umask = number(flag, value, 8) as u32 & 0o777,
             b"--nproc" => a.nproc = Some(number(flag, value, 10)),
             b"--rlimit-fsize" | b"--rlimit-nofile" | b"--rlimit-as" => {
@@ -260,7 +262,8 @@ unsafe fn parse_args(argc: usize, argv: *const CStr) -> Args {
                 a.proxy_port = Some(p as u16);
             }
             b"--proxy-socket" => {
-                a.proxy_socket = Some(value.unwrap_or_else(|| die(&[b"--proxy-socket needs a path"])));
+                a.proxy_socket =
+                    Some(value.unwrap_or_else(|| die(&[b"--proxy-socket needs a path"])));
             }
             b"--landlock-rw" | b"--landlock-files" => {
                 if value.is_none() {
@@ -309,7 +312,7 @@ fn count_others() -> u32 {
     // SAFETY: a NUL-terminated path.
     let Ok(fd) = (unsafe {
         sys::open(
-            b"/proc\0".as_ptr(),
+            c"/proc".as_ptr().cast(),
             sys::O_RDONLY | sys::O_DIRECTORY | sys::O_CLOEXEC,
         )
     }) else {
@@ -387,7 +390,7 @@ fn standard_fds_open() {
         if f.revents & sys::POLLNVAL != 0 {
             // SAFETY: a NUL-terminated path. Opened on the lowest free
             // descriptor, which is this one.
-            let _ = unsafe { sys::open(b"/dev/null\0".as_ptr(), sys::O_RDWR) };
+            let _ = unsafe { sys::open(c"/dev/null".as_ptr().cast(), sys::O_RDWR) };
         }
     }
 }
@@ -466,7 +469,10 @@ unsafe fn main(argc: usize, argv: *const CStr, envp: *const CStr) -> ! {
     let ruleset = if args.n_rw == 0 && args.n_files == 0 {
         None
     } else {
-        match landlock::build(&args.landlock_rw[..args.n_rw], &args.landlock_files[..args.n_files]) {
+        match landlock::build(
+            &args.landlock_rw[..args.n_rw],
+            &args.landlock_files[..args.n_files],
+        ) {
             Ok(r) => {
                 control.send(
                     Line::new()

@@ -144,10 +144,10 @@ impl Proxy {
         *n += 1;
         for c in self.conns.iter().flatten() {
             let [a, b] = &c.flows;
-            let ev_tcp = if a.wants_read() { POLLIN } else { 0 }
-                | if b.wants_write() { POLLOUT } else { 0 };
-            let ev_unix = if b.wants_read() { POLLIN } else { 0 }
-                | if a.wants_write() { POLLOUT } else { 0 };
+            let ev_tcp =
+                if a.wants_read() { POLLIN } else { 0 } | if b.wants_write() { POLLOUT } else { 0 };
+            let ev_unix =
+                if b.wants_read() { POLLIN } else { 0 } | if a.wants_write() { POLLOUT } else { 0 };
             for (fd, events) in [(c.tcp, ev_tcp), (c.unix, ev_unix)] {
                 fds[*n] = PollFd {
                     fd: if events != 0 { fd } else { -1 },

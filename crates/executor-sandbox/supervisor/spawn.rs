@@ -84,7 +84,7 @@ fn prepare(setup: &Setup) -> Result<(), Errno> {
     // SAFETY: a NUL-terminated path.
     if let Ok(fd) = unsafe {
         sys::open(
-            b"/proc/self/oom_score_adj\0".as_ptr(),
+            c"/proc/self/oom_score_adj".as_ptr().cast(),
             sys::O_WRONLY | sys::O_CLOEXEC,
         )
     } {
@@ -169,14 +169,14 @@ unsafe fn exec_or_sh(path: CStr, argv: *const CStr, envp: *const CStr) -> Errno 
         return sys::ENOMEM;
     };
     let sh_argv = mem as *mut CStr;
-    *sh_argv = b"/bin/sh\0".as_ptr();
+    *sh_argv = c"/bin/sh".as_ptr().cast();
     *sh_argv.add(1) = path;
     for i in 1..argc {
         *sh_argv.add(i + 1) = *argv.add(i);
     }
     *sh_argv.add(argc + 1) = core::ptr::null();
     // As glibc's: what stopped the shell is what is reported.
-    let sh = sys::execve(b"/bin/sh\0".as_ptr(), sh_argv, envp);
+    let sh = sys::execve(c"/bin/sh".as_ptr().cast(), sh_argv, envp);
     sys::unmap(mem, len);
     sh
 }

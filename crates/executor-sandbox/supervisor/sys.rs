@@ -187,12 +187,22 @@ pub unsafe fn bytes_of(p: CStr) -> &'static [u8] {
 
 pub fn read(fd: i32, buf: &mut [u8]) -> SysResult {
     // SAFETY: buf is writable for its length.
-    unsafe { syscall(nr::READ, [fd as usize, buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0]) }
+    unsafe {
+        syscall(
+            nr::READ,
+            [fd as usize, buf.as_mut_ptr() as usize, buf.len(), 0, 0, 0],
+        )
+    }
 }
 
 pub fn write(fd: i32, buf: &[u8]) -> SysResult {
     // SAFETY: buf is readable for its length.
-    unsafe { syscall(nr::WRITE, [fd as usize, buf.as_ptr() as usize, buf.len(), 0, 0, 0]) }
+    unsafe {
+        syscall(
+            nr::WRITE,
+            [fd as usize, buf.as_ptr() as usize, buf.len(), 0, 0, 0],
+        )
+    }
 }
 
 /// Write all of `buf`, retrying on EINTR; gives up quietly on an error
@@ -221,7 +231,11 @@ pub fn close_range(first: u32, last: u32) {
 /// # Safety
 /// `path` must be NUL-terminated.
 pub unsafe fn open(path: CStr, flags: usize) -> Result<i32, Errno> {
-    syscall(nr::OPENAT, [AT_FDCWD as usize, path as usize, flags, 0, 0, 0]).map(|fd| fd as i32)
+    syscall(
+        nr::OPENAT,
+        [AT_FDCWD as usize, path as usize, flags, 0, 0, 0],
+    )
+    .map(|fd| fd as i32)
 }
 
 pub fn fcntl(fd: i32, cmd: usize, arg: usize) -> SysResult {
@@ -376,7 +390,10 @@ pub fn fork() -> Result<i32, Errno> {
 /// # Safety
 /// `path` NUL-terminated; `argv` and `envp` NULL-terminated arrays of them.
 pub unsafe fn execve(path: CStr, argv: *const CStr, envp: *const CStr) -> Errno {
-    match syscall(nr::EXECVE, [path as usize, argv as usize, envp as usize, 0, 0, 0]) {
+    match syscall(
+        nr::EXECVE,
+        [path as usize, argv as usize, envp as usize, 0, 0, 0],
+    ) {
         Err(e) => e,
         Ok(_) => 0,
     }
@@ -392,7 +409,12 @@ pub fn exit(code: i32) -> ! {
 pub fn pipe() -> Result<(i32, i32), Errno> {
     let mut fds = [0i32; 2];
     // SAFETY: fds holds two ints.
-    unsafe { syscall(nr::PIPE2, [fds.as_mut_ptr() as usize, O_CLOEXEC, 0, 0, 0, 0]) }?;
+    unsafe {
+        syscall(
+            nr::PIPE2,
+            [fds.as_mut_ptr() as usize, O_CLOEXEC, 0, 0, 0, 0],
+        )
+    }?;
     Ok((fds[0], fds[1]))
 }
 
@@ -447,7 +469,14 @@ pub fn map(len: usize) -> Result<*mut u8, Errno> {
     unsafe {
         syscall(
             nr::MMAP,
-            [0, len, PROT_READ_WRITE, MAP_PRIVATE_ANONYMOUS, usize::MAX, 0],
+            [
+                0,
+                len,
+                PROT_READ_WRITE,
+                MAP_PRIVATE_ANONYMOUS,
+                usize::MAX,
+                0,
+            ],
         )
     }
     .map(|p| p as *mut u8)
@@ -498,7 +527,14 @@ pub fn bind<T>(fd: i32, addr: &T) -> SysResult {
     unsafe {
         syscall(
             nr::BIND,
-            [fd as usize, addr as *const T as usize, core::mem::size_of::<T>(), 0, 0, 0],
+            [
+                fd as usize,
+                addr as *const T as usize,
+                core::mem::size_of::<T>(),
+                0,
+                0,
+                0,
+            ],
         )
     }
 }
@@ -508,7 +544,14 @@ pub fn connect<T>(fd: i32, addr: &T) -> SysResult {
     unsafe {
         syscall(
             nr::CONNECT,
-            [fd as usize, addr as *const T as usize, core::mem::size_of::<T>(), 0, 0, 0],
+            [
+                fd as usize,
+                addr as *const T as usize,
+                core::mem::size_of::<T>(),
+                0,
+                0,
+                0,
+            ],
         )
     }
 }
@@ -528,7 +571,14 @@ pub fn send(fd: i32, buf: &[u8]) -> SysResult {
     unsafe {
         syscall(
             nr::SENDTO,
-            [fd as usize, buf.as_ptr() as usize, buf.len(), MSG_NOSIGNAL, 0, 0],
+            [
+                fd as usize,
+                buf.as_ptr() as usize,
+                buf.len(),
+                MSG_NOSIGNAL,
+                0,
+                0,
+            ],
         )
     }
 }
