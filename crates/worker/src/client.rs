@@ -144,6 +144,36 @@ fn digests(l: capnp::data_list::Reader) -> Result<Vec<Digest>, capnp::Error> {
     l.iter().map(|d| crate::digest_from(d?)).collect()
 }
 
+/// What a UNIX socket's send buffer is widened to: a few upload batches.
+const UNIX_SEND_BUFFER: libc::c_int = 4 << 20;
+
+/// Widen the send buffer of the connection to a worker over a UNIX socket.
+/// A stream socket there holds at most its sender's buffer in flight —
+/// 208 KiB by default, a fifth of one upload batch — so each batch went
+/// over in a dozen rounds of the two event loops waking each other; 4 MiB
+/// took a tenth off the hello toolchain's upload (interleaved runs). As
+/// root past `net.core.wmem_max`; otherwise up to it. TCP keeps the
+/// kernel's autotuning, which setting a size would turn off. Best effort.
+fn widen_send_buffer(s: &tokio::net::UnixStream) {
+    use std::os::fd::AsRawFd;
+    let size = UNIX_SEND_BUFFER;
+    let set = |opt| {
+        // SAFETY: a valid socket and an int-sized option value.
+        unsafe {
+            libc::setsockopt(
+                s.as_raw_fd(),
+                libc::SOL_SOCKET,
+                opt,
+                (&size as *const libc::c_int).cast(),
+                std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+            )
+        }
+    };
+    if set(libc::SO_SNDBUFFORCE) != 0 {
+        set(libc::SO_SNDBUF);
+    }
+}
+
 impl Client {
     /// Connect (TLS on TCP), check the protocol version and, on TCP, that
     /// the TLS certificate is bound to the worker's record key — and that
@@ -193,6 +223,7 @@ impl Client {
                     let s = tokio::net::UnixStream::connect(p)
                         .await
                         .map_err(io("connect to the worker at"))?;
+                    widen_send_buffer(&s);
                     let (r, w) = s.compat().split();
                     (Box::new(r), Box::new(w))
                 }
