@@ -102,6 +102,8 @@ pub(crate) fn say(parts: &[&[u8]]) {
     for p in parts {
         line.push(p);
     }
+    // A cut line still ends.
+    line.len = line.len.min(line.buf.len() - 1);
     line.push(b"\n");
     sys::write_all(2, line.bytes());
 }
