@@ -101,9 +101,23 @@ pub fn load_any(store: &LocalStore, digest: &Digest) -> Result<StoredRecord, Err
     }
 }
 
-/// The key whose signature over the record verifies, if it does.
-pub fn signature_key(rec: &SignedRecord) -> Option<VerifyingKey> {
-    signed_by(&rec.public_key, &rec.signature, &rec.record.canonical())
+/// The key bytes a record claims to be signed with (`ed25519:<hex>`),
+/// unchecked: neither that they are a key nor that the signature holds.
+/// What a trust list is compared with before any signature is checked.
+pub fn claimed_key(rec: &SignedRecord) -> Option<[u8; 32]> {
+    let h = rec.public_key.trim().strip_prefix("ed25519:")?;
+    let mut b = [0u8; 32];
+    hex::decode_to_slice(h, &mut b).ok()?;
+    Some(b)
+}
+
+/// Whether `rec`'s signature holds for `key`.
+pub fn signed_with(rec: &SignedRecord, key: &VerifyingKey) -> bool {
+    let mut sig = [0u8; 64];
+    hex::decode_to_slice(&rec.signature, &mut sig).is_ok()
+        && key
+            .verify_strict(&rec.record.canonical(), &Signature::from_bytes(&sig))
+            .is_ok()
 }
 
 fn signed_by(public_key: &str, signature: &str, message: &[u8]) -> Option<VerifyingKey> {
