@@ -118,7 +118,14 @@ impl Unsynced {
             source: e.into(),
         })?;
         // A removal lost in a crash only costs the next open a re-hash.
-        fs::remove_file(&l.path).map_err(io("remove", &l.path))?;
+        // A log already gone (removed by hand, or the store's directory
+        // mounted over) names nothing a later open could check: done too,
+        // rather than failing every flush from now on.
+        match fs::remove_file(&l.path) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(io("remove", &l.path)(e)),
+        }
         *log = None;
         Ok(true)
     }
@@ -463,6 +470,21 @@ mod tests {
         assert!(store.flush_unsynced().unwrap());
         assert!(!store.has_unsynced());
         assert!(logs(&store).is_empty());
+        assert!(!store.flush_unsynced().unwrap());
+    }
+
+    #[test]
+    fn a_flush_whose_log_is_already_gone_succeeds_and_forgets_it() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let txn = store.txn().unwrap();
+        txn.put_blob(b"sent").unwrap();
+        txn.commit_unsynced().unwrap();
+        let names = logs(&store);
+        assert_eq!(names.len(), 1, "{names:?}");
+        fs::remove_file(store.root().join(DIR).join(&names[0])).unwrap();
+        assert!(store.flush_unsynced().unwrap());
+        assert!(!store.has_unsynced());
         assert!(!store.flush_unsynced().unwrap());
     }
 
