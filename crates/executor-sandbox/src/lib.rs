@@ -30,8 +30,8 @@
 //!   listens on `127.0.0.1:<port>` ([`DEFAULT_PROXY_PORT`] 3128) *before*
 //!   the command starts and forwards each connection to the socket, both
 //!   ways, passing half-closes on, at most 64 at a time (more wait in the
-//!   backlog). Its threads run as the sandbox uid and so count toward
-//!   [`SandboxSpec::nproc`] (at most 65). Setting `http_proxy` and friends
+//!   backlog), in the supervisor's own poll loop: no thread of its own
+//!   counts toward [`SandboxSpec::nproc`]. Setting `http_proxy` and friends
 //!   is the caller's policy ([`SandboxSpec::set_env`]).
 //! - **Extra read-only files** ([`SandboxSpec::ro_bind_file`]), e.g. the
 //!   proxy's CA bundle at [`PROXY_CA_PATH`] (variables: [`CA_BUNDLE_ENV`]):

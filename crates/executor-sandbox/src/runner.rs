@@ -570,15 +570,11 @@ impl Runtime {
         // Processes: RLIMIT_NPROC (set by the supervisor) does not bind
         // host root (the kernel exempts it); a cgroup's pids.max does, so
         // it is set as well where the run has one with that controller.
-        // The cgroup also holds bwrap, the supervisor and its forwarder
-        // threads: room is left for those.
+        // The cgroup also holds bwrap and the supervisor (whose proxy
+        // forwarder is no thread: it runs in the supervisor's poll loop):
+        // room is left for those.
         if let Some(n) = spec.nproc {
-            let proxy = if spec.proxy.is_some() {
-                PROXY_THREADS
-            } else {
-                0
-            };
-            reaper.set_pids_max(n.saturating_add(RUNTIME_TASKS + proxy));
+            reaper.set_pids_max(n.saturating_add(RUNTIME_TASKS));
         }
         let (argv, split) = spec.argv_parts_with(host_env, command, memory_in_cgroup);
         // bwrap reads NUL-separated options: a NUL inside one (a path built
@@ -997,9 +993,6 @@ impl Drop for Runtime {
 /// Tasks of a run besides the command's: bwrap and the supervisor, with
 /// slack.
 const RUNTIME_TASKS: u64 = 8;
-/// The supervisor's proxy forwarder threads at most (64 connections and
-/// the acceptor).
-const PROXY_THREADS: u64 = 65;
 
 /// How often a run with a cancel flag looks at it.
 const CANCEL_POLL_MS: i32 = 50;

@@ -500,8 +500,7 @@ impl SandboxSpec {
     /// Cap the number of processes the sandbox user may have (fork bombs):
     /// `RLIMIT_NPROC` of the command, and the run cgroup's `pids.max` when
     /// it has one with the pids controller (`RLIMIT_NPROC` does not bind a
-    /// caller that is host root). The supervisor's proxy forwarder threads
-    /// (at most 65) count toward `RLIMIT_NPROC`.
+    /// caller that is host root).
     pub fn nproc(&mut self, n: Option<u64>) -> &mut Self {
         self.nproc = n;
         self
