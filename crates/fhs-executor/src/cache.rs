@@ -86,7 +86,7 @@ impl<'s> ActionCache<'s> {
         rejected: &mut Vec<(Digest, String)>,
     ) -> Result<Option<Found>, Error> {
         for digest in self.indexed(Index::Commands, command)? {
-            let checked = self.usable(&digest).and_then(|record| {
+            let checked = self.usable(&digest, None).and_then(|record| {
                 let rs = castore_fuse::ReadSet::load(
                     self.store,
                     &record.record.observed_read_set_digest,
@@ -130,7 +130,7 @@ impl<'s> ActionCache<'s> {
     pub fn lookup(&self, action: &Digest) -> Result<Lookup, Error> {
         let mut found = Lookup::default();
         for digest in self.records(action)? {
-            match self.answers(action, &digest) {
+            match self.usable(&digest, Some(action)) {
                 Ok(record) => {
                     found.hit = Some(Found { digest, record });
                     break;
@@ -141,27 +141,18 @@ impl<'s> ActionCache<'s> {
         Ok(found)
     }
 
-    /// The record `digest`, if it answers `action`; else why not.
-    fn answers(&self, action: &Digest, digest: &Digest) -> Result<SignedRecord, String> {
-        self.usable_for(digest, Some(action))
-    }
-
-    /// The record `digest`, if it may answer a build at all: current
+    /// The record `digest`, if it may answer a build at all — current
     /// format, a valid signature by a trusted key, a successful build that
-    /// was not a check, a complete read set, and every output present.
-    fn usable(&self, digest: &Digest) -> Result<SignedRecord, String> {
-        self.usable_for(digest, None)
-    }
-
-    /// [`usable`](Self::usable), and of `action` if one is given. What
-    /// the record's own fields refuse is refused before its signature is
-    /// checked: an action's index gathers records that can never answer
-    /// here (other signers', `--check` rebuilds', failures), and each of
-    /// them used to cost an ed25519 verification — with 220 of them ahead
-    /// of the hit, a cache hit took 17.7 ms, and 7.2 ms once they were
-    /// refused first. A record whose claims pass
-    /// still answers only if the trusted key it names signed it.
-    fn usable_for(&self, digest: &Digest, action: Option<&Digest>) -> Result<SignedRecord, String> {
+    /// was not a check, a complete read set, every output present — and,
+    /// given one, answers `action`; else why not. What the record's own
+    /// fields refuse is refused before its signature is checked: an
+    /// action's index gathers records that can never answer here (other
+    /// signers', `--check` rebuilds', failures), and each of them used to
+    /// cost an ed25519 verification — with 220 of them ahead of the hit, a
+    /// cache hit took 17.7 ms, and 7.2 ms once they were refused first. A
+    /// record whose claims pass still answers only if the trusted key it
+    /// names signed it.
+    fn usable(&self, digest: &Digest, action: Option<&Digest>) -> Result<SignedRecord, String> {
         if !self.store.has(ObjectKind::Blob, digest) {
             return Err("the record is no longer in the store".into());
         }
@@ -173,7 +164,7 @@ impl<'s> ActionCache<'s> {
                 r.format
             ));
         }
-        let claimed = sign::claimed_key(&rec);
+        let claimed = keys::public_key_bytes(&rec.public_key);
         let Some(key) = self
             .trust
             .iter()

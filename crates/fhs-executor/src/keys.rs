@@ -24,10 +24,17 @@ pub fn public_key_string(k: &VerifyingKey) -> String {
 /// Parse `ed25519:<hex>`.
 pub fn parse_public_key(s: &str) -> Result<VerifyingKey, Error> {
     let bad = || Error::BadKey(format!("{s:?} is not `ed25519:<64 hex digits>`"));
-    let h = s.trim().strip_prefix("ed25519:").ok_or_else(bad)?;
-    let mut b = [0u8; 32];
-    hex::decode_to_slice(h, &mut b).map_err(|_| bad())?;
+    let b = public_key_bytes(s).ok_or_else(bad)?;
     VerifyingKey::from_bytes(&b).map_err(|_| bad())
+}
+
+/// The 32 bytes `ed25519:<hex>` spells, not yet checked to be a key: what
+/// a trust list can be compared with before any curve arithmetic.
+pub fn public_key_bytes(s: &str) -> Option<[u8; 32]> {
+    let h = s.trim().strip_prefix("ed25519:")?;
+    let mut b = [0u8; 32];
+    hex::decode_to_slice(h, &mut b).ok()?;
+    Some(b)
 }
 
 /// Create a new key at `path`; refuses to overwrite one.

@@ -101,32 +101,23 @@ pub fn load_any(store: &LocalStore, digest: &Digest) -> Result<StoredRecord, Err
     }
 }
 
-/// The key bytes a record claims to be signed with (`ed25519:<hex>`),
-/// unchecked: neither that they are a key nor that the signature holds.
-/// What a trust list is compared with before any signature is checked.
-pub fn claimed_key(rec: &SignedRecord) -> Option<[u8; 32]> {
-    let h = rec.public_key.trim().strip_prefix("ed25519:")?;
-    let mut b = [0u8; 32];
-    hex::decode_to_slice(h, &mut b).ok()?;
-    Some(b)
-}
-
-/// Whether `rec`'s signature holds for `key`.
+/// Whether `rec`'s signature holds for `key` (whatever key it names).
 pub fn signed_with(rec: &SignedRecord, key: &VerifyingKey) -> bool {
-    let mut sig = [0u8; 64];
-    hex::decode_to_slice(&rec.signature, &mut sig).is_ok()
-        && key
-            .verify_strict(&rec.record.canonical(), &Signature::from_bytes(&sig))
-            .is_ok()
+    verifies(key, &rec.signature, &rec.record.canonical())
 }
 
 fn signed_by(public_key: &str, signature: &str, message: &[u8]) -> Option<VerifyingKey> {
     let key = parse_public_key(public_key).ok()?;
+    verifies(&key, signature, message).then_some(key)
+}
+
+/// Whether the hex `signature` over `message` holds for `key`.
+fn verifies(key: &VerifyingKey, signature: &str, message: &[u8]) -> bool {
     let mut sig = [0u8; 64];
-    hex::decode_to_slice(signature, &mut sig).ok()?;
-    key.verify_strict(message, &Signature::from_bytes(&sig))
-        .ok()
-        .map(|_| key)
+    hex::decode_to_slice(signature, &mut sig).is_ok()
+        && key
+            .verify_strict(message, &Signature::from_bytes(&sig))
+            .is_ok()
 }
 
 /// What `verify` found.
