@@ -159,7 +159,7 @@ impl Line {
     }
 }
 
-/// ` (errno N, its text)`.
+/// `errno N, its text` (the text where [`sys::strerror`] has one).
 fn errno_text(e: sys::Errno) -> Line {
     let mut l = Line::new();
     l.push(b"errno ").num(e as u64);

@@ -217,24 +217,28 @@ impl Proxy {
 /// A connection to the proxy's socket, non-blocking once made.
 fn connect_unix(addr: &SockaddrUn) -> Option<i32> {
     let fd = sys::socket(sys::AF_UNIX, sys::SOCK_STREAM | sys::SOCK_CLOEXEC).ok()?;
-    let timeout: [i64; 2] = [CONNECT_TIMEOUT_S, 0];
-    let connected = sys::setsockopt(fd, sys::SOL_SOCKET, sys::SO_SNDTIMEO, &timeout).is_ok()
-        && loop {
-            match sys::connect(fd, addr) {
-                Ok(_) => break true,
-                Err(sys::EINTR) => {}
-                Err(_) => break false,
-            }
+    match connect_then_unblock(fd, addr) {
+        Ok(()) => Some(fd),
+        Err(_) => {
+            sys::close(fd);
+            None
         }
-        && sys::fcntl(fd, sys::F_GETFL, 0)
-            .and_then(|fl| sys::fcntl(fd, sys::F_SETFL, fl | sys::O_NONBLOCK))
-            .is_ok();
-    if connected {
-        Some(fd)
-    } else {
-        sys::close(fd);
-        None
     }
+}
+
+/// Connect `fd` to `addr`, waiting at most [`CONNECT_TIMEOUT_S`], then
+/// make it non-blocking.
+fn connect_then_unblock(fd: i32, addr: &SockaddrUn) -> Result<(), Errno> {
+    let timeout: [i64; 2] = [CONNECT_TIMEOUT_S, 0];
+    sys::setsockopt(fd, sys::SOL_SOCKET, sys::SO_SNDTIMEO, &timeout)?;
+    while let Err(e) = sys::connect(fd, addr) {
+        if e != sys::EINTR {
+            return Err(e);
+        }
+    }
+    let flags = sys::fcntl(fd, sys::F_GETFL, 0)?;
+    sys::fcntl(fd, sys::F_SETFL, flags | sys::O_NONBLOCK)?;
+    Ok(())
 }
 
 impl Conn {

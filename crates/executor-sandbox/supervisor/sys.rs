@@ -521,39 +521,19 @@ pub fn setsockopt<T>(fd: i32, level: usize, name: usize, value: &T) -> SysResult
     }
 }
 
-/// `bind` or `connect` to the socket address `addr`.
 pub fn bind<T>(fd: i32, addr: &T) -> SysResult {
-    // SAFETY: addr is readable for its size.
-    unsafe {
-        syscall(
-            nr::BIND,
-            [
-                fd as usize,
-                addr as *const T as usize,
-                core::mem::size_of::<T>(),
-                0,
-                0,
-                0,
-            ],
-        )
-    }
+    with_address(nr::BIND, fd, addr)
 }
 
 pub fn connect<T>(fd: i32, addr: &T) -> SysResult {
+    with_address(nr::CONNECT, fd, addr)
+}
+
+/// `bind` or `connect` (`call`) of `fd` to the socket address `addr`.
+fn with_address<T>(call: usize, fd: i32, addr: &T) -> SysResult {
+    let len = core::mem::size_of::<T>();
     // SAFETY: addr is readable for its size.
-    unsafe {
-        syscall(
-            nr::CONNECT,
-            [
-                fd as usize,
-                addr as *const T as usize,
-                core::mem::size_of::<T>(),
-                0,
-                0,
-                0,
-            ],
-        )
-    }
+    unsafe { syscall(call, [fd as usize, addr as *const T as usize, len, 0, 0, 0]) }
 }
 
 pub fn listen(fd: i32, backlog: usize) -> SysResult {

@@ -58,17 +58,22 @@ fn run_in(
     .unwrap()
 }
 
+/// The command exited with `code`; else fail showing its stderr.
+fn assert_exited(r: &executor_sandbox::RunReport, code: i32) {
+    assert_eq!(
+        r.outcome,
+        executor_sandbox::Outcome::Exited(code),
+        "{}",
+        common::err(r)
+    );
+}
+
 #[test]
 fn a_bare_command_name_is_found_on_path_or_the_default_path() {
     let ws = common::workspace();
     // No PATH in the sandbox's environment: execvp's default, /bin:/usr/bin.
     let r = run_in(ws.path(), None, &["true"]);
-    assert_eq!(
-        r.outcome,
-        executor_sandbox::Outcome::Exited(0),
-        "{}",
-        common::err(&r)
-    );
+    assert_exited(&r, 0);
     // A PATH naming the workspace first: the tool there, not a host one.
     let tool = ws.path().join("true");
     std::fs::write(&tool, "#!/bin/sh\necho workspace-true \"$@\"\n").unwrap();
@@ -78,12 +83,7 @@ fn a_bare_command_name_is_found_on_path_or_the_default_path() {
         Some("/workspace:/usr/bin:/bin"),
         &["true", "a b"],
     );
-    assert_eq!(
-        r.outcome,
-        executor_sandbox::Outcome::Exited(0),
-        "{}",
-        common::err(&r)
-    );
+    assert_exited(&r, 0);
     assert_eq!(common::out(&r), "workspace-true a b\n");
 }
 
@@ -94,12 +94,7 @@ fn a_script_without_an_interpreter_line_runs_under_bin_sh() {
     std::fs::write(&script, "echo plain-script \"$1\"; exit 7\n").unwrap();
     std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)).unwrap();
     let r = run_in(ws.path(), None, &["/workspace/plain", "arg"]);
-    assert_eq!(
-        r.outcome,
-        executor_sandbox::Outcome::Exited(7),
-        "{}",
-        common::err(&r)
-    );
+    assert_exited(&r, 7);
     assert_eq!(common::out(&r), "plain-script arg\n");
 }
 
@@ -111,7 +106,7 @@ fn a_name_found_nowhere_on_path_exits_127_naming_it() {
         Some("/workspace:/usr/bin"),
         &["no-such-tool-here"],
     );
-    assert_eq!(r.outcome, executor_sandbox::Outcome::Exited(127));
+    assert_exited(&r, 127);
     let e = common::err(&r);
     assert!(
         e.contains("cannot run \"no-such-tool-here\"") && e.contains("No such file or directory"),
@@ -125,7 +120,7 @@ fn a_name_found_nowhere_on_path_exits_127_naming_it() {
     )
     .unwrap();
     let r = run_in(ws.path(), Some("/workspace:/usr/bin"), &["noexec"]);
-    assert_eq!(r.outcome, executor_sandbox::Outcome::Exited(127));
+    assert_exited(&r, 127);
     assert!(
         common::err(&r).contains("Permission denied"),
         "{}",
