@@ -480,6 +480,24 @@ impl DirectoryStore for LocalStore {
 mod tests {
     use super::*;
 
+    /// Where no unnamed file can be linked (no `CAP_DAC_READ_SEARCH`, no
+    /// `O_TMPFILE`), the same blobs go through a transaction: visible,
+    /// whole, named in the log, and nothing left staged.
+    #[test]
+    fn blobs_put_unsynced_go_through_a_transaction_where_no_link_is_allowed() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let _ = store.object_dirs.links_unnamed.set(false);
+        let blob = CheckedBlob::new(b"staged and renamed".to_vec());
+        store
+            .put_blobs_unsynced(std::slice::from_ref(&blob))
+            .unwrap();
+        assert_eq!(store.read_blob(blob.digest()).unwrap(), blob.bytes());
+        assert!(store.has_unsynced(), "not named in a log");
+        assert_eq!(fs::read_dir(store.tmp_dir()).unwrap().count(), 0);
+        assert!(store.flush_unsynced().unwrap());
+    }
+
     #[test]
     fn an_object_is_looked_up_under_its_sharded_name_and_no_other() {
         let t = tempfile::tempdir().unwrap();
