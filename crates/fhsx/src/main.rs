@@ -18,6 +18,9 @@ fn main() {
     }
     fixed_mmap_threshold();
     let cli = cmd::Cli::parse();
+    if cli.command.streams_objects() {
+        padded_heap();
+    }
     let code = match cmd::dispatch(cli) {
         Ok(code) => code,
         Err(err) => exit::report(&err),
@@ -39,5 +42,21 @@ fn fixed_mmap_threshold() {
     // thread starts.
     unsafe {
         libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
+    }
+}
+
+/// Grow and trim the heap 16 MiB beyond what is in use, for a process that
+/// streams objects in batches just under 1 MiB. glibc otherwise hands the
+/// heap's top back as soon as 128 KiB of it are free, and asks for it
+/// again with the next batch, so every message was faulted in and zeroed
+/// by the kernel page by page: an upload of the hello toolchain spent a
+/// fifth of the worker's CPU there (`bench/worker.sh`, DESIGN). Only
+/// these commands: keeping freed heap made `fhsx store import` slower.
+fn padded_heap() {
+    #[cfg(target_env = "gnu")]
+    // SAFETY: mallopt only sets an allocator parameter; called before any
+    // thread starts.
+    unsafe {
+        libc::mallopt(libc::M_TOP_PAD, 16 << 20);
     }
 }

@@ -70,6 +70,18 @@ pub enum Command {
     Materialize(materialize::MaterializeArgs),
 }
 
+impl Command {
+    /// Whether this command moves objects over the wire in a stream of
+    /// batches: the worker, and a build sent to one.
+    pub fn streams_objects(&self) -> bool {
+        match self {
+            Command::Worker(_) => true,
+            Command::Build(a) => a.remote.is_some(),
+            _ => false,
+        }
+    }
+}
+
 /// Global options every subcommand sees.
 pub struct Globals {
     pub store: Option<PathBuf>,
