@@ -790,12 +790,11 @@ impl CasImpl {
                 check_children(&store, d, dir, &batch)?;
                 batch.insert(*d, dir.size());
             }
-            let txn = store.txn().map_err(|e| e.to_string())?;
-            for (_, dir) in &todo {
-                txn.put_directory(dir).map_err(|e| e.to_string())?;
-            }
+            let dirs: Vec<Directory> = todo.into_iter().map(|(_, dir)| dir).collect();
             // Answered before durable, as every upload (see `flush_uploads`).
-            txn.commit_unsynced().map_err(|e| e.to_string())
+            store
+                .put_directories_unsynced(&dirs)
+                .map_err(|e| e.to_string())
         })
         .await
         .map_err(join_err)?

@@ -396,6 +396,7 @@ fn remove_object(store: &LocalStore, kind: ObjectKind, d: &Digest) -> Result<boo
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::store::DirectoryStore;
     use crate::{Directory, Name, Node};
     use std::os::unix::fs::PermissionsExt;
 
@@ -577,6 +578,50 @@ mod tests {
         assert!(store.flush_unsynced().unwrap());
         assert!(logs(&store).is_empty());
         assert_eq!(store.read_blob(large.digest()).unwrap(), large.bytes());
+    }
+
+    #[test]
+    fn directories_put_unsynced_appear_whole_children_first_and_are_named_first() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let txn = store.txn().unwrap();
+        let blob = txn.put_blob(b"leaf").unwrap();
+        txn.commit().unwrap();
+        let child = dir_of(&[("f", file(blob, 4))]);
+        let child_digest = Digest::of(&child.encode());
+        let parent = dir_of(&[(
+            "d",
+            Node::Directory {
+                digest: child_digest,
+                size: child.size(),
+            },
+        )]);
+        let parent_digest = Digest::of(&parent.encode());
+        store
+            .put_directories_unsynced(&[child.clone(), parent.clone()])
+            .unwrap();
+        for (d, dir) in [(&child_digest, &child), (&parent_digest, &parent)] {
+            assert_eq!(&store.get_directory(d).unwrap(), dir);
+            let path = store.object_path(ObjectKind::Directory, d);
+            let mode = fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o444, "{}", path.display());
+        }
+        let names = logs(&store);
+        assert_eq!(names.len(), 1, "{names:?}");
+        assert_eq!(
+            named_in(&store, &names[0]),
+            format!("d {}\nd {}\n", child_digest.hex(), parent_digest.hex())
+        );
+        let left: Vec<_> = fs::read_dir(store.root().join("tmp")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+        // Again: kept, nothing fails.
+        store
+            .put_directories_unsynced(std::slice::from_ref(&parent))
+            .unwrap();
+        assert!(store.flush_unsynced().unwrap());
+        assert!(logs(&store).is_empty());
+        assert_eq!(store.get_directory(&parent_digest).unwrap(), parent);
     }
 
     /// A tree with a hole no log names (not recovery's to touch unless it
