@@ -205,12 +205,9 @@ impl LocalStore {
             .map(|b| (ObjectKind::Blob, *b.digest()))
             .collect();
         self.unsynced.commit(self, &names, || {
-            blobs.iter().try_for_each(|b| {
-                if self.has(ObjectKind::Blob, b.digest()) {
-                    return Ok(());
-                }
-                self.link_in(ObjectKind::Blob, b.digest(), b.bytes())
-            })
+            blobs
+                .iter()
+                .try_for_each(|b| self.link_in(ObjectKind::Blob, b.digest(), b.bytes()))
         })
     }
 
@@ -246,18 +243,16 @@ impl LocalStore {
             .map(|(d, _)| (ObjectKind::Directory, *d))
             .collect();
         self.unsynced.commit(self, &names, || {
-            encoded.iter().try_for_each(|(d, bytes)| {
-                if self.has(ObjectKind::Directory, d) {
-                    return Ok(());
-                }
-                self.link_in(ObjectKind::Directory, d, bytes)
-            })
+            encoded
+                .iter()
+                .try_for_each(|(d, bytes)| self.link_in(ObjectKind::Directory, d, bytes))
         })
     }
 
     /// Write `bytes` as an unnamed file in the object's shard directory
     /// and link it under the object's name; an object already there is
-    /// kept.
+    /// kept (the link finds it). Not looked for first: callers put what
+    /// they found missing, and the look was a path walk per object.
     fn link_in(&self, kind: ObjectKind, d: &Digest, bytes: &[u8]) -> Result<()> {
         let name = ShardedName::new(d);
         let objects = self.object_dirs.of(kind);
