@@ -212,7 +212,7 @@ impl Client {
                     let name = rustls::pki_types::ServerName::try_from(crate::tls::SERVER_NAME)
                         .map_err(|e| Error::Usage(e.to_string()))?;
                     let t = tokio_rustls::TlsConnector::from(cfg)
-                        .connect(name, s)
+                        .connect(name, crate::tls::buffered(s))
                         .await
                         .map_err(io("finish the TLS handshake with the worker at"))?;
                     tls_cert = seen.lock().unwrap_or_else(|p| p.into_inner()).take();

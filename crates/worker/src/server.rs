@@ -373,7 +373,11 @@ async fn accept(listener: &Listener, bootstrap: gate::Client) -> std::io::Result
                 // it holds up nobody else, and gives up after a while.
                 open.set(open.get() + 1);
                 tokio::task::spawn_local(async move {
-                    let shaken = tokio::time::timeout(HANDSHAKE_TIMEOUT, tls.accept(s)).await;
+                    let shaken = tokio::time::timeout(
+                        HANDSHAKE_TIMEOUT,
+                        tls.accept(crate::tls::buffered(s)),
+                    )
+                    .await;
                     open.set(open.get().saturating_sub(1));
                     match shaken {
                         Ok(Ok(t)) => {
