@@ -10,6 +10,7 @@
 //! ROOT/lock             shared by writers, exclusive for gc
 //! ```
 
+use std::collections::HashMap;
 use std::ffi::CStr;
 use std::fs::{self, File};
 use std::io::{Read, Seek, SeekFrom};
@@ -18,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use std::sync::{Arc, OnceLock};
 
+use rayon::prelude::*;
 use rustix::fs::{Access, AtFlags, Mode, OFlags};
 
 use super::unsynced::Unsynced;
@@ -213,13 +215,16 @@ impl LocalStore {
 
     /// Put directories into the store as [`put_blobs_unsynced`] puts
     /// blobs: each written unnamed and linked under its name once whole,
-    /// named in the unsynced log first. `dirs` come children first, and
-    /// each is linked only after those before it, so a directory is never
-    /// visible before a child it names from this same call; children from
-    /// elsewhere the caller has checked are here. An upload's directories
-    /// are a few thousand small files, and staging and renaming each was
-    /// most of their time (`bench/worker.sh`, DESIGN). Where no unnamed
-    /// file can be linked, they go through a transaction instead.
+    /// named in the unsynced log first. `dirs` come children first. They
+    /// are linked a level at a time — first those naming no directory of
+    /// this call, then those whose children are all linked — and the
+    /// directories of one level on several threads, so a directory is
+    /// never visible before a child it names from this same call;
+    /// children from elsewhere the caller has checked are here. An
+    /// upload's directories are a few thousand small files, and staging
+    /// and renaming each was most of their time (`bench/worker.sh`,
+    /// DESIGN). Where no unnamed file can be linked, they go through a
+    /// transaction instead.
     ///
     /// [`put_blobs_unsynced`]: Self::put_blobs_unsynced
     pub fn put_directories_unsynced(&self, dirs: &[Directory]) -> Result<()> {
@@ -242,10 +247,14 @@ impl LocalStore {
             .iter()
             .map(|(d, _)| (ObjectKind::Directory, *d))
             .collect();
+        let levels = levels_children_first(dirs, &encoded);
         self.unsynced.commit(self, &names, || {
-            encoded
-                .iter()
-                .try_for_each(|(d, bytes)| self.link_in(ObjectKind::Directory, d, bytes))
+            levels.iter().try_for_each(|level| {
+                level.par_iter().try_for_each(|&i| {
+                    let (d, bytes) = &encoded[i];
+                    self.link_in(ObjectKind::Directory, d, bytes)
+                })
+            })
         })
     }
 
@@ -512,9 +521,82 @@ impl DirectoryStore for LocalStore {
     }
 }
 
+/// The indices of `dirs` (children first, `encoded[i]` being the digest
+/// and bytes of `dirs[i]`) in levels: level 0 names no directory that
+/// comes before it in `dirs`, and each later one names at least one of
+/// the level before. Nothing in a level names anything in its own or a
+/// later level.
+fn levels_children_first(dirs: &[Directory], encoded: &[(Digest, Vec<u8>)]) -> Vec<Vec<usize>> {
+    // The first of the same directory given twice: the one linked first.
+    let mut index: HashMap<Digest, usize> = HashMap::with_capacity(encoded.len());
+    for (i, (d, _)) in encoded.iter().enumerate() {
+        index.entry(*d).or_insert(i);
+    }
+    let mut level = vec![0usize; dirs.len()];
+    for (i, dir) in dirs.iter().enumerate() {
+        for (_, node) in dir.entries() {
+            if let crate::Node::Directory { digest, .. } = node {
+                if let Some(&j) = index.get(digest).filter(|&&j| j < i) {
+                    level[i] = level[i].max(level[j] + 1);
+                }
+            }
+        }
+    }
+    let mut levels: Vec<Vec<usize>> = Vec::new();
+    for (i, l) in level.into_iter().enumerate() {
+        if levels.len() <= l {
+            levels.resize_with(l + 1, Vec::new);
+        }
+        levels[l].push(i);
+    }
+    levels
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Directories linked a level at a time: a leaf and an empty sibling
+    /// first, then each parent after the child it names, however many
+    /// come between.
+    #[test]
+    fn directories_are_leveled_after_the_children_they_name() {
+        fn named(entries: &[(&str, &Directory)]) -> Directory {
+            let mut dir = Directory::new();
+            for (n, child) in entries {
+                dir.insert(
+                    crate::Name::new(n.as_bytes()).unwrap(),
+                    crate::Node::Directory {
+                        digest: Digest::of(&child.encode()),
+                        size: child.size(),
+                    },
+                )
+                .unwrap();
+            }
+            dir
+        }
+        let leaf = Directory::new();
+        let mid = named(&[("leaf", &leaf)]);
+        let other_leaf = named(&[]);
+        let top = named(&[("mid", &mid), ("leaf", &leaf)]);
+        // `other_leaf` encodes like `leaf`: the same object twice is fine.
+        let dirs = vec![leaf.clone(), mid.clone(), other_leaf, top.clone()];
+        let encoded: Vec<(Digest, Vec<u8>)> = dirs
+            .iter()
+            .map(|d| (Digest::of(&d.encode()), d.encode()))
+            .collect();
+        assert_eq!(
+            levels_children_first(&dirs, &encoded),
+            vec![vec![0, 2], vec![1], vec![3]]
+        );
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        store.put_directories_unsynced(&dirs).unwrap();
+        assert_eq!(
+            store.get_directory(&Digest::of(&top.encode())).unwrap(),
+            top
+        );
+    }
 
     /// Where no unnamed file can be linked (no `CAP_DAC_READ_SEARCH`, no
     /// `O_TMPFILE`), the same blobs and directories go through a
