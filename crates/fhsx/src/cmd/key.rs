@@ -8,6 +8,7 @@ use super::store::open_store;
 use super::Globals;
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum KeyCmd {
     /// Create the store's signing key (refuses to replace an existing one).
     Generate,

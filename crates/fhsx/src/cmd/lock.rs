@@ -14,6 +14,7 @@ use super::Globals;
 use crate::exit::Classified;
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum LockCmd {
     /// Check that every entry's blob is in the store and matches its size, BLAKE3 and SHA-256.
     Verify { file: PathBuf },

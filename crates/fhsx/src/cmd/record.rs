@@ -10,6 +10,7 @@ use crate::exit::Classified;
 use executor_core::ExitClass;
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum RecordCmd {
     /// Print a BuildRecord.
     Show { record: Digest },

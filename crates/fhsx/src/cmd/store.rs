@@ -15,6 +15,7 @@ use crate::progress::Bar;
 use executor_core::ExitClass;
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum StoreCmd {
     /// Import directories, tarballs (.tar, .tar.gz, .tar.xz, .tar.zst) or .debs; print each root digest.
     Import {
@@ -51,6 +52,7 @@ pub enum StoreCmd {
 }
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum RootCmd {
     /// Keep what each TARGET names until the root is removed: a digest (a
     /// tree, a composed view, a blob), a toolchain file (its atoms), or an

@@ -11,6 +11,7 @@ use super::Globals;
 use crate::exit::Classified;
 
 #[derive(Subcommand, Debug)]
+#[command(defer = true)]
 pub enum ToolchainCmd {
     /// Resolve PKG… and their dependencies with the host's apt, import each
     /// `.deb` as an atom (once), and write a toolchain file actions can name
