@@ -524,8 +524,9 @@ impl DirectoryStore for LocalStore {
 /// The indices of `dirs` (children first, `encoded[i]` being the digest
 /// and bytes of `dirs[i]`) in levels: level 0 names no directory that
 /// comes before it in `dirs`, and each later one names at least one of
-/// the level before. Nothing in a level names anything in its own or a
-/// later level.
+/// the level before. A directory's level is above the level of every
+/// directory it names that comes before it (a child given after its
+/// parent breaks the children-first order and is not waited for).
 fn levels_children_first(dirs: &[Directory], encoded: &[(Digest, Vec<u8>)]) -> Vec<Vec<usize>> {
     // The first of the same directory given twice: the one linked first.
     let mut index: HashMap<Digest, usize> = HashMap::with_capacity(encoded.len());
