@@ -242,12 +242,12 @@ impl LocalStore {
                 (Digest::of(&bytes), bytes)
             })
             .collect();
-        let _writer = super::txn::lock_shared(self)?;
         let names: Vec<(ObjectKind, Digest)> = encoded
             .iter()
             .map(|(d, _)| (ObjectKind::Directory, *d))
             .collect();
-        let levels = levels_children_first(dirs, &encoded);
+        let levels = levels_children_first(dirs, names.iter().map(|(_, d)| d));
+        let _writer = super::txn::lock_shared(self)?;
         self.unsynced.commit(self, &names, || {
             levels.iter().try_for_each(|level| {
                 level.par_iter().try_for_each(|&i| {
@@ -521,16 +521,19 @@ impl DirectoryStore for LocalStore {
     }
 }
 
-/// The indices of `dirs` (children first, `encoded[i]` being the digest
-/// and bytes of `dirs[i]`) in levels: level 0 names no directory that
-/// comes before it in `dirs`, and each later one names at least one of
-/// the level before. A directory's level is above the level of every
-/// directory it names that comes before it (a child given after its
-/// parent breaks the children-first order and is not waited for).
-fn levels_children_first(dirs: &[Directory], encoded: &[(Digest, Vec<u8>)]) -> Vec<Vec<usize>> {
+/// The indices of `dirs` (children first; `digests` yields the digest of
+/// each in turn) in levels: level 0 names no directory that comes before
+/// it in `dirs`, and each later one names at least one of the level
+/// before. A directory's level is above the level of every directory it
+/// names that comes before it (a child given after its parent breaks the
+/// children-first order and is not waited for).
+fn levels_children_first<'a>(
+    dirs: &[Directory],
+    digests: impl IntoIterator<Item = &'a Digest>,
+) -> Vec<Vec<usize>> {
     // The first of the same directory given twice: the one linked first.
-    let mut index: HashMap<Digest, usize> = HashMap::with_capacity(encoded.len());
-    for (i, (d, _)) in encoded.iter().enumerate() {
+    let mut index: HashMap<Digest, usize> = HashMap::with_capacity(dirs.len());
+    for (i, d) in digests.into_iter().enumerate() {
         index.entry(*d).or_insert(i);
     }
     let mut level = vec![0usize; dirs.len()];
@@ -582,12 +585,9 @@ mod tests {
         let top = named(&[("mid", &mid), ("leaf", &leaf)]);
         // `other_leaf` encodes like `leaf`: the same object twice is fine.
         let dirs = vec![leaf.clone(), mid.clone(), other_leaf, top.clone()];
-        let encoded: Vec<(Digest, Vec<u8>)> = dirs
-            .iter()
-            .map(|d| (Digest::of(&d.encode()), d.encode()))
-            .collect();
+        let digests: Vec<Digest> = dirs.iter().map(|d| Digest::of(&d.encode())).collect();
         assert_eq!(
-            levels_children_first(&dirs, &encoded),
+            levels_children_first(&dirs, &digests),
             vec![vec![0, 2], vec![1], vec![3]]
         );
         let t = tempfile::tempdir().unwrap();
