@@ -530,9 +530,31 @@ mod tests {
         assert_eq!(named_in(&store, &names[0]), format!("b {}\n", coming.hex()));
     }
 
+    /// What an unsynced put leaves: each of `digests` read-only under its
+    /// name, all named in one log in this order, nothing staged in `tmp/`.
+    fn assert_put_unsynced(store: &LocalStore, kind: ObjectKind, digests: &[Digest]) {
+        for d in digests {
+            let path = store.object_path(kind, d);
+            let mode = fs::metadata(&path).unwrap().permissions().mode();
+            assert_eq!(mode & 0o777, 0o444, "{}", path.display());
+        }
+        let names = logs(store);
+        assert_eq!(names.len(), 1, "{names:?}");
+        let letter = match kind {
+            ObjectKind::Blob => 'b',
+            ObjectKind::Directory => 'd',
+        };
+        let named: String = digests
+            .iter()
+            .map(|d| format!("{letter} {}\n", d.hex()))
+            .collect();
+        assert_eq!(named_in(store, &names[0]), named);
+        let left: Vec<_> = fs::read_dir(store.root().join("tmp")).unwrap().collect();
+        assert!(left.is_empty(), "{left:?}");
+    }
+
     #[test]
     fn blobs_put_unsynced_appear_whole_under_their_names_and_are_named_first() {
-        use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();
         let store = LocalStore::open(t.path().join("s")).unwrap();
         let small = crate::CheckedBlob::new(b"claimed ahead".to_vec());
@@ -545,21 +567,14 @@ mod tests {
             .unwrap();
         for b in [&small, &large] {
             assert_eq!(store.read_blob(b.digest()).unwrap(), b.bytes());
-            let path = store.object_path(ObjectKind::Blob, b.digest());
-            let mode = fs::metadata(&path).unwrap().permissions().mode();
-            assert_eq!(mode & 0o777, 0o444, "{}", path.display());
         }
         // Named before they appeared: the one claimed ahead once, the
-        // other appended.
-        let names = logs(&store);
-        assert_eq!(names.len(), 1, "{names:?}");
-        assert_eq!(
-            named_in(&store, &names[0]),
-            format!("b {}\nb {}\n", small.digest().hex(), large.digest().hex())
+        // other appended. No staging, no probe left behind.
+        assert_put_unsynced(
+            &store,
+            ObjectKind::Blob,
+            &[*small.digest(), *large.digest()],
         );
-        // No staging, no probe left behind.
-        let left: Vec<_> = fs::read_dir(store.root().join("tmp")).unwrap().collect();
-        assert!(left.is_empty(), "{left:?}");
 
         // Again: what is there is kept, nothing fails.
         let before = fs::metadata(store.object_path(ObjectKind::Blob, large.digest()))
@@ -582,7 +597,6 @@ mod tests {
 
     #[test]
     fn directories_put_unsynced_appear_whole_children_first_and_are_named_first() {
-        use std::os::unix::fs::PermissionsExt;
         let t = tempfile::tempdir().unwrap();
         let store = LocalStore::open(t.path().join("s")).unwrap();
         let txn = store.txn().unwrap();
@@ -603,18 +617,12 @@ mod tests {
             .unwrap();
         for (d, dir) in [(&child_digest, &child), (&parent_digest, &parent)] {
             assert_eq!(&store.get_directory(d).unwrap(), dir);
-            let path = store.object_path(ObjectKind::Directory, d);
-            let mode = fs::metadata(&path).unwrap().permissions().mode();
-            assert_eq!(mode & 0o777, 0o444, "{}", path.display());
         }
-        let names = logs(&store);
-        assert_eq!(names.len(), 1, "{names:?}");
-        assert_eq!(
-            named_in(&store, &names[0]),
-            format!("d {}\nd {}\n", child_digest.hex(), parent_digest.hex())
+        assert_put_unsynced(
+            &store,
+            ObjectKind::Directory,
+            &[child_digest, parent_digest],
         );
-        let left: Vec<_> = fs::read_dir(store.root().join("tmp")).unwrap().collect();
-        assert!(left.is_empty(), "{left:?}");
         // Again: kept, nothing fails.
         store
             .put_directories_unsynced(std::slice::from_ref(&parent))
