@@ -38,11 +38,7 @@ fn main() {
 /// (`bench/worker.sh` round trip).
 fn fixed_mmap_threshold() {
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets an allocator parameter; called before any
-    // thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 1 << 20);
-    }
+    set_malloc_option(libc::M_MMAP_THRESHOLD, 1 << 20);
 }
 
 /// Grow and trim the heap 16 MiB beyond what is in use, for a process that
@@ -54,9 +50,16 @@ fn fixed_mmap_threshold() {
 /// these commands: keeping freed heap made `fhsx store import` slower.
 fn padded_heap() {
     #[cfg(target_env = "gnu")]
-    // SAFETY: mallopt only sets an allocator parameter; called before any
-    // thread starts.
+    set_malloc_option(libc::M_TOP_PAD, 16 << 20);
+}
+
+/// One of glibc's allocator parameters, set in `main` before any thread
+/// starts.
+#[cfg(target_env = "gnu")]
+fn set_malloc_option(param: libc::c_int, value: libc::c_int) {
+    // SAFETY: mallopt only sets an allocator parameter, and no other
+    // thread allocates yet.
     unsafe {
-        libc::mallopt(libc::M_TOP_PAD, 16 << 20);
+        libc::mallopt(param, value);
     }
 }
