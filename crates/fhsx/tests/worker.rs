@@ -1407,3 +1407,77 @@ fn a_recycled_scratch_shows_nothing_of_the_build_before() {
     );
     drop(w);
 }
+
+/// The worker's resident memory, in KiB.
+fn resident_kib(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
+
+/// Whether the worker has closed `s` (end of file or reset), without waiting.
+fn closed_by_peer(s: &std::net::TcpStream) -> bool {
+    s.set_nonblocking(true).unwrap();
+    let mut b = [0u8; 1];
+    match s.peek(&mut b) {
+        Ok(0) => true,
+        Ok(_) => false,
+        Err(e) => e.kind() != std::io::ErrorKind::WouldBlock,
+    }
+}
+
+/// A peer that opens TCP connections and never starts TLS holds a slot —
+/// and the TLS layer's read buffer — each until the handshake times out.
+/// Beyond `MAX_CONNECTIONS` the worker closes new ones at once, so its
+/// memory grows by no more than the cap's buffers (DESIGN: 512 KiB a
+/// connection, 128 MiB at most), and it serves again once they are gone.
+#[test]
+fn silent_connections_beyond_the_cap_are_closed_and_memory_stays_bounded() {
+    use worker::server::MAX_CONNECTIONS;
+    let t = tempfile::tempdir().unwrap();
+    let w = Worker::start(&t.path().join("ws"), t.path(), 1, &[]);
+    w.client().stats().unwrap();
+    let before = resident_kib(w.child.id());
+    let extra = 40;
+    let flood: Vec<std::net::TcpStream> = (0..MAX_CONNECTIONS + extra)
+        .map(|_| std::net::TcpStream::connect(&w.addr).unwrap())
+        .collect();
+    // Well inside the 10 s handshake timeout: only the refused ones close.
+    let end = Instant::now() + Duration::from_secs(5);
+    let mut closed = 0;
+    while Instant::now() < end {
+        std::thread::sleep(Duration::from_millis(200));
+        closed = flood.iter().filter(|s| closed_by_peer(s)).count();
+        if closed >= extra {
+            break;
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    closed = closed.max(flood.iter().filter(|s| closed_by_peer(s)).count());
+    assert_eq!(
+        closed, extra,
+        "of {} silent connections the worker should close exactly those beyond its cap of {MAX_CONNECTIONS}",
+        flood.len()
+    );
+    let grown = resident_kib(w.child.id()).saturating_sub(before);
+    assert!(
+        grown < 160 << 10,
+        "the worker grew by {grown} KiB holding {MAX_CONNECTIONS} silent connections"
+    );
+    drop(flood);
+    // Their slots come back as the worker sees them end.
+    let end = Instant::now() + Duration::from_secs(20);
+    loop {
+        match Client::connect(&Endpoint::parse(&w.addr), b"", &[]).and_then(|c| c.stats()) {
+            Ok(_) => break,
+            Err(e) => assert!(
+                Instant::now() < end,
+                "the worker stopped serving after the flood: {e}"
+            ),
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
