@@ -735,6 +735,16 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
     .unwrap();
     let e = err(c.put_directory_raw(&liar.encode()));
     assert!(e.contains("999"), "{e}");
+    // In one call, a parent before the child it names is refused (the
+    // children are checked side by side, each only against those before
+    // it), and a directory given twice is stored once.
+    let e = err(c.put_directories_raw(&[&parent.encode(), &d.encode()]));
+    assert!(
+        e.contains("does not have") && e.contains(&d.digest().to_string()),
+        "{e}"
+    );
+    c.put_directories_raw(&[&d.encode(), &d.encode(), &parent.encode()])
+        .unwrap();
     assert_eq!(c.put_directory_raw(&d.encode()).unwrap(), d.digest());
     assert_eq!(
         c.put_directory_raw(&parent.encode()).unwrap(),

@@ -460,6 +460,17 @@ impl Client {
         })
     }
 
+    /// `putDirectories` of raw bytes, in the order given (for tests of
+    /// hostile input).
+    pub fn put_directories_raw(&self, dirs: &[&[u8]]) -> Result<(), Error> {
+        self.run(async {
+            let mut req = self.cas.put_directories_request();
+            raw_list(req.get().init_directories(dirs.len() as u32), dirs);
+            req.send().promise.await?;
+            Ok(())
+        })
+    }
+
     /// A blob's bytes, checked against its digest.
     pub fn get_blob(&self, digest: &Digest, limit: u64) -> Result<Vec<u8>, Error> {
         self.run(self.get_blob_async(*digest, limit))

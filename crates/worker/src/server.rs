@@ -26,6 +26,7 @@ use castore::{CheckedBlob, Digest, Directory, Node};
 use executor_core::{Action, CachePolicy, ExitClass};
 use fhs_executor::FhsExecutor;
 use futures::AsyncReadExt;
+use rayon::prelude::*;
 use tokio::sync::{mpsc, watch};
 
 use crate::runner::{Job, JobResult, Runner};
@@ -87,6 +88,18 @@ struct Counters {
 /// (is a blob, digest).
 type ClaimKey = (bool, Digest);
 
+fn key_kind(key: ClaimKey) -> ObjectKind {
+    if key.0 {
+        ObjectKind::Blob
+    } else {
+        ObjectKind::Directory
+    }
+}
+
+/// Fewer lookups than this are made on the event loop: handing them to
+/// another thread costs more than they do.
+const PRESENT_ON_LOOP: usize = 64;
+
 /// The worker's state, shared by every connection.
 struct Shared {
     store: LocalStore,
@@ -121,12 +134,7 @@ impl Shared {
     /// after waiting for another connection that was writing it).
     async fn claim(self: &Rc<Self>, key: ClaimKey) -> Option<Claim> {
         loop {
-            let kind = if key.0 {
-                ObjectKind::Blob
-            } else {
-                ObjectKind::Directory
-            };
-            if self.store.has(kind, &key.1) {
+            if self.store.has(key_kind(key), &key.1) {
                 return None;
             }
             let waiting = self.claims.borrow().get(&key).cloned();
@@ -134,35 +142,51 @@ impl Shared {
                 Some(mut rx) => {
                     let _ = rx.wait_for(|d| *d).await;
                 }
-                None => {
-                    let (tx, rx) = watch::channel(false);
-                    self.claims.borrow_mut().insert(key, rx);
-                    return Some(Claim {
-                        shared: self.clone(),
-                        key,
-                        done: tx,
-                    });
-                }
+                None => return Some(self.reserve(key)),
             }
         }
     }
 
-    /// Claim `key` if nobody holds it and the store lacks it; else whether
-    /// another writer holds it (`Err(true)`) or the store has it (`Err(false)`).
-    fn try_claim(self: &Rc<Self>, key: ClaimKey) -> Result<Claim, bool> {
-        if self.store.has(ObjectKind::Blob, &key.1) {
-            return Err(false);
-        }
+    /// Claim `key` unless another writer holds it (`None`), without
+    /// looking at the store: the caller looks after, for many at once
+    /// ([`present`](Self::present)), and drops the claims on what is there.
+    /// Claimed first, nothing can land between the look and the claim.
+    fn try_reserve(self: &Rc<Self>, key: ClaimKey) -> Option<Claim> {
         if self.claims.borrow().contains_key(&key) {
-            return Err(true);
+            return None;
         }
+        Some(self.reserve(key))
+    }
+
+    /// The claim on `key`, which nobody holds.
+    fn reserve(self: &Rc<Self>, key: ClaimKey) -> Claim {
         let (tx, rx) = watch::channel(false);
         self.claims.borrow_mut().insert(key, rx);
-        Ok(Claim {
+        Claim {
             shared: self.clone(),
             key,
             done: tx,
-        })
+        }
+    }
+
+    /// Which of `digests` the store has, in order. Many at once (a fresh
+    /// worker's first upload asks about thousands) are looked up off the
+    /// event loop, on rayon's threads: one by one on the loop, each a
+    /// negative lookup of a few microseconds, they held everything else
+    /// the worker reads and answers.
+    async fn present(
+        &self,
+        kind: ObjectKind,
+        digests: &[Digest],
+    ) -> Result<Vec<bool>, capnp::Error> {
+        if digests.len() < PRESENT_ON_LOOP {
+            return Ok(digests.iter().map(|d| self.store.has(kind, d)).collect());
+        }
+        let store = self.store.clone();
+        let digests = digests.to_vec();
+        tokio::task::spawn_blocking(move || store.has_each(kind, &digests))
+            .await
+            .map_err(join_err)
     }
 
     /// Wait until nobody is writing `key`.
@@ -694,18 +718,20 @@ fn data_list(l: capnp::data_list::Reader) -> Result<Vec<Digest>, capnp::Error> {
 }
 
 /// Check a decoded directory's children are in the store (or in `batch`,
-/// uploaded before it in the same call) and that their sizes agree.
+/// which maps each directory of the same call to its place in it and its
+/// size, before the directory's own place `at`) and that their sizes agree.
 fn check_children(
     store: &LocalStore,
     digest: &Digest,
     dir: &Directory,
-    batch: &HashMap<Digest, u64>,
+    batch: &HashMap<Digest, (usize, u64)>,
+    at: usize,
 ) -> Result<(), String> {
     for (name, node) in dir.entries() {
         match node {
             Node::Directory { digest: d, size } => {
-                let have = match batch.get(d) {
-                    Some(s) => Some(*s),
+                let have = match batch.get(d).filter(|(i, _)| *i < at) {
+                    Some((_, s)) => Some(*s),
                     None if store.has(ObjectKind::Directory, d) => {
                         Some(store.get_directory(d).map_err(|e| e.to_string())?.size())
                     }
@@ -744,18 +770,36 @@ impl CasImpl {
     /// Hold objects just found in the store for this client: rooted, then
     /// looked for again, so one a gc took in between is never promised.
     /// Returns those gone.
-    fn hold(
+    async fn hold(
         &self,
         here: impl IntoIterator<Item = (ObjectKind, Digest)>,
     ) -> Result<Vec<(ObjectKind, Digest)>, capnp::Error> {
-        let here: Vec<(ObjectKind, Digest)> = here.into_iter().collect();
-        let digests: Vec<Digest> = here.iter().map(|(_, d)| *d).collect();
-        self.roots.add(&digests).map_err(store_err)?;
-        let store = &self.shared.store;
-        Ok(here
-            .into_iter()
-            .filter(|(k, d)| !store.has(*k, d))
+        let (blobs, dirs): (Vec<_>, Vec<_>) =
+            here.into_iter().partition(|(k, _)| *k == ObjectKind::Blob);
+        let blobs: Vec<Digest> = blobs.into_iter().map(|(_, d)| d).collect();
+        let dirs: Vec<Digest> = dirs.into_iter().map(|(_, d)| d).collect();
+        let all: Vec<Digest> = blobs.iter().chain(&dirs).copied().collect();
+        self.roots.add(&all).map_err(store_err)?;
+        let (_, blobs_gone) = self.split_present(ObjectKind::Blob, blobs).await?;
+        let (_, dirs_gone) = self.split_present(ObjectKind::Directory, dirs).await?;
+        Ok((blobs_gone.into_iter().map(|d| (ObjectKind::Blob, d)))
+            .chain(dirs_gone.into_iter().map(|d| (ObjectKind::Directory, d)))
             .collect())
+    }
+
+    /// `digests` split into those the store has and those it lacks.
+    async fn split_present(
+        &self,
+        kind: ObjectKind,
+        digests: Vec<Digest>,
+    ) -> Result<(Vec<Digest>, Vec<Digest>), capnp::Error> {
+        let present = self.shared.present(kind, &digests).await?;
+        let (here, absent): (Vec<_>, Vec<_>) =
+            digests.into_iter().zip(present).partition(|(_, p)| *p);
+        Ok((
+            here.into_iter().map(|(d, _)| d).collect(),
+            absent.into_iter().map(|(d, _)| d).collect(),
+        ))
     }
 
     /// This client's reservation of blob `d`, or a fresh claim (waiting for
@@ -778,10 +822,35 @@ impl CasImpl {
         let digests: Vec<Digest> = decoded.iter().map(|(d, _)| *d).collect();
         // Rooted before the claims look at the store (see put_blobs).
         self.roots.add(&digests).map_err(store_err)?;
+        // Claimed, then looked for all at once off the event loop; those
+        // another connection is writing are waited for one by one after.
+        let mut seen = HashSet::new();
+        let mut slots: Vec<(Digest, Directory, Option<Claim>)> = Vec::new();
+        for (d, dir) in decoded {
+            if seen.insert(d) {
+                let claim = self.shared.try_reserve((false, d));
+                slots.push((d, dir, claim));
+            }
+        }
+        let reserved: Vec<Digest> = slots
+            .iter()
+            .filter(|(_, _, c)| c.is_some())
+            .map(|(d, _, _)| *d)
+            .collect();
+        let mut present = self
+            .shared
+            .present(ObjectKind::Directory, &reserved)
+            .await?
+            .into_iter();
         let mut claims = Vec::new();
         let mut todo = Vec::new();
-        for (d, dir) in decoded {
-            if let Some(c) = self.shared.claim((false, d)).await {
+        for (d, dir, claim) in slots {
+            let claim = match claim {
+                Some(c) if present.next() == Some(false) => Some(c),
+                Some(_) => None,
+                None => self.shared.claim((false, d)).await,
+            };
+            if let Some(c) = claim {
                 claims.push(c);
                 todo.push((d, dir));
             }
@@ -789,11 +858,16 @@ impl CasImpl {
         let store = self.shared.store.clone();
         let n = todo.len() as u64;
         tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let mut batch = HashMap::new();
-            for (d, dir) in &todo {
-                check_children(&store, d, dir, &batch)?;
-                batch.insert(*d, dir.size());
-            }
+            // Each directory may name those before it in the call; checked
+            // on rayon's threads, thousands of children's lookups each.
+            let batch: HashMap<Digest, (usize, u64)> = todo
+                .iter()
+                .enumerate()
+                .map(|(i, (d, dir))| (*d, (i, dir.size())))
+                .collect();
+            todo.par_iter()
+                .enumerate()
+                .try_for_each(|(i, (d, dir))| check_children(&store, d, dir, &batch, i))?;
             let dirs: Vec<Directory> = todo.into_iter().map(|(_, dir)| dir).collect();
             // Answered before durable, as every upload (see `flush_uploads`).
             store
@@ -821,17 +895,13 @@ impl cas::Server for CasImpl {
         let p = params.get()?;
         let blobs = data_list(p.get_blobs()?)?;
         let dirs = data_list(p.get_directories()?)?;
-        let store = &self.shared.store;
         // What is here is held (see `hold`); what was absent is reported
         // missing without a second look.
-        let split = |kind, ds: &[Digest]| -> (Vec<Digest>, Vec<Digest>) {
-            ds.iter().partition(|d| store.has(kind, d))
-        };
-        let (blobs_here, mut mb) = split(ObjectKind::Blob, &blobs);
-        let (dirs_here, mut md) = split(ObjectKind::Directory, &dirs);
+        let (blobs_here, mut mb) = self.split_present(ObjectKind::Blob, blobs).await?;
+        let (dirs_here, mut md) = self.split_present(ObjectKind::Directory, dirs).await?;
         let here = (blobs_here.into_iter().map(|d| (ObjectKind::Blob, d)))
             .chain(dirs_here.into_iter().map(|d| (ObjectKind::Directory, d)));
-        for (kind, d) in self.hold(here)? {
+        for (kind, d) in self.hold(here).await? {
             match kind {
                 ObjectKind::Blob => mb.push(d),
                 ObjectKind::Directory => md.push(d),
@@ -1027,30 +1097,46 @@ impl cas::Server for CasImpl {
         mut results: cas::ClaimBlobsResults,
     ) -> Result<(), capnp::Error> {
         let digests = data_list(params.get()?.get_digests()?)?;
-        let (mut mine, mut others, mut here) = (Vec::new(), Vec::new(), Vec::new());
-        let mut coming = Vec::new();
-        let mut claim = |d: Digest, here: &mut Vec<Digest>| {
+        // Claimed, then looked for all at once off the event loop; the
+        // claims on what is there are dropped.
+        let (mut mine, mut others, mut coming) = (Vec::new(), Vec::new(), Vec::new());
+        let mut reserved = Vec::new();
+        for d in digests {
             if self.mine.borrow().contains_key(&d) {
                 mine.push(d);
-                return;
+                continue;
             }
-            match self.shared.try_claim((true, d)) {
-                Ok(c) => {
+            match self.shared.try_reserve((true, d)) {
+                Some(c) => reserved.push((d, c)),
+                None => others.push(d),
+            }
+        }
+        let looked: Vec<Digest> = reserved.iter().map(|(d, _)| *d).collect();
+        let present = self.shared.present(ObjectKind::Blob, &looked).await?;
+        let mut here = Vec::new();
+        for ((d, c), is_here) in reserved.into_iter().zip(present) {
+            if is_here {
+                here.push(d);
+            } else {
+                self.mine.borrow_mut().insert(d, c);
+                mine.push(d);
+                coming.push((ObjectKind::Blob, d));
+            }
+        }
+        // What is here is held for this client, as `find_missing` holds
+        // it, and claimed after all if a gc took it in between.
+        for (_, d) in self
+            .hold(here.into_iter().map(|d| (ObjectKind::Blob, d)))
+            .await?
+        {
+            match self.shared.try_reserve((true, d)) {
+                Some(c) => {
                     self.mine.borrow_mut().insert(d, c);
                     mine.push(d);
                     coming.push((ObjectKind::Blob, d));
                 }
-                Err(true) => others.push(d),
-                Err(false) => here.push(d),
+                None => others.push(d),
             }
-        };
-        for d in digests {
-            claim(d, &mut here);
-        }
-        // What is here is held for this client, as `find_missing` holds
-        // it, and claimed after all if a gc took it in between.
-        for (_, d) in self.hold(here.into_iter().map(|d| (ObjectKind::Blob, d)))? {
-            claim(d, &mut Vec::new());
         }
         // What this client will send, named in the unsynced log now in
         // one write: each batch's commit then waits for no disk.

@@ -346,6 +346,13 @@ impl LocalStore {
         .is_ok()
     }
 
+    /// [`has`](Self::has) for each of `digests`, in order, looked up on
+    /// rayon's threads: a worker's first upload asks about thousands of
+    /// objects at once, each a negative lookup of a few microseconds.
+    pub fn has_each(&self, kind: ObjectKind, digests: &[Digest]) -> Vec<bool> {
+        digests.par_iter().map(|d| self.has(kind, d)).collect()
+    }
+
     /// The size of the object file, if the store has it (looked up as
     /// [`has`](Self::has) does).
     pub fn object_len(&self, kind: ObjectKind, digest: &Digest) -> Option<u64> {
