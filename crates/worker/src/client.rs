@@ -242,10 +242,11 @@ impl Client {
                     let (cfg, seen) = crate::tls::client_config().map_err(Error::Usage)?;
                     let name = rustls::pki_types::ServerName::try_from(crate::tls::SERVER_NAME)
                         .map_err(|e| Error::Usage(e.to_string()))?;
-                    let t = tokio_rustls::TlsConnector::from(cfg)
+                    let mut t = tokio_rustls::TlsConnector::from(cfg)
                         .connect(name, crate::tls::buffered(s))
                         .await
                         .map_err(io("finish the TLS handshake with the worker at"))?;
+                    crate::tls::widen_sends(t.get_mut().1);
                     tls_cert = seen.lock().unwrap_or_else(|p| p.into_inner()).take();
                     let (r, w) = crate::tls::CleanEof(t.compat()).split();
                     (Box::new(r), Box::new(w))

@@ -404,7 +404,8 @@ async fn accept(listener: &Listener, bootstrap: gate::Client) -> std::io::Result
                     .await;
                     open.set(open.get().saturating_sub(1));
                     match shaken {
-                        Ok(Ok(t)) => {
+                        Ok(Ok(mut t)) => {
+                            crate::tls::widen_sends(t.get_mut().1);
                             spawn_connection(crate::tls::CleanEof(t.compat()), bootstrap, open)
                         }
                         Ok(Err(e)) => {

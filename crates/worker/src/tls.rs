@@ -24,13 +24,21 @@ use rustls::{DigitallySignedStruct, SignatureScheme};
 /// The name both sides use in the handshake (nothing checks it).
 pub(crate) const SERVER_NAME: &str = "fhsx-worker";
 
-/// The TCP stream under TLS, read and written through 256 KiB buffers.
-/// rustls reads at most one record (16 KiB) per call and writes one per
-/// call, so unbuffered an upload of the hello toolchain took 22,784
-/// `recvfrom`s on the worker, and as many sends on the client, each one
-/// a system call in the event loop that also decrypts and receives.
-pub(crate) fn buffered(s: tokio::net::TcpStream) -> tokio::io::BufStream<tokio::net::TcpStream> {
-    tokio::io::BufStream::with_capacity(256 << 10, 256 << 10, s)
+/// The TCP stream under TLS, read through a 256 KiB buffer. rustls reads
+/// at most one record (16 KiB) per call, so unbuffered an upload of the
+/// hello toolchain took 22,784 `recvfrom`s on the worker, each one a
+/// system call in the event loop that also decrypts and receives. Writes
+/// are not buffered here: rustls hands its records to the stream as one
+/// vectored write (see [`widen_sends`]), and a buffer would only copy them.
+pub(crate) fn buffered(s: tokio::net::TcpStream) -> tokio::io::BufReader<tokio::net::TcpStream> {
+    tokio::io::BufReader::with_capacity(256 << 10, s)
+}
+
+/// Let a connection encrypt up to 256 KiB ahead of what the socket has
+/// taken, so each vectored write carries 16 records. rustls's default,
+/// 64 KiB, made an upload four records (and one system call) per 64 KiB.
+pub(crate) fn widen_sends<D>(conn: &mut rustls::ConnectionCommon<D>) {
+    conn.set_buffer_limit(Some(256 << 10));
 }
 
 fn provider() -> Arc<rustls::crypto::CryptoProvider> {
