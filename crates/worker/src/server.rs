@@ -1114,14 +1114,12 @@ impl cas::Server for CasImpl {
         }
         let looked: Vec<Digest> = reserved.iter().map(|(d, _)| *d).collect();
         let present = self.shared.present(ObjectKind::Blob, &looked).await?;
-        let mut here = Vec::new();
+        let (mut here, mut kept) = (Vec::new(), Vec::new());
         for ((d, c), is_here) in reserved.into_iter().zip(present) {
             if is_here {
                 here.push(d);
             } else {
-                self.mine.borrow_mut().insert(d, c);
-                mine.push(d);
-                coming.push((ObjectKind::Blob, d));
+                kept.push((d, c));
             }
         }
         // What is here is held for this client, as `find_missing` holds
@@ -1131,13 +1129,14 @@ impl cas::Server for CasImpl {
             .await?
         {
             match self.shared.try_reserve((true, d)) {
-                Some(c) => {
-                    self.mine.borrow_mut().insert(d, c);
-                    mine.push(d);
-                    coming.push((ObjectKind::Blob, d));
-                }
+                Some(c) => kept.push((d, c)),
                 None => others.push(d),
             }
+        }
+        for (d, c) in kept {
+            self.mine.borrow_mut().insert(d, c);
+            mine.push(d);
+            coming.push((ObjectKind::Blob, d));
         }
         // What this client will send, named in the unsynced log now in
         // one write: each batch's commit then waits for no disk.
