@@ -13,7 +13,8 @@
 #     composition of the toolchain and the sync of its durable commit —
 #     a sync that writes the whole upload to disk.
 # Env: FHSX=/path/to/fhsx (default: build this tree in release), RUNS=30
-# (round trips: remote and local interleaved, medians).
+# (round trips: remote and local interleaved, medians), ROUNDS=5 (upload
+# rounds, each an upload and its two cp's; medians).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${FHSX:-}" ]; then
@@ -21,6 +22,7 @@ if [ -z "${FHSX:-}" ]; then
   FHSX=$PWD/target/release/fhsx
 fi
 RUNS=${RUNS:-30}
+ROUNDS=${ROUNDS:-5}
 DEBS=${FHSX_DEB_CACHE:-$PWD/target/tmp/bench-debs}
 WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-worker.XXXXXX")
 # As root builds run as build users, which must pass through $TMPDIR.
@@ -158,8 +160,8 @@ wait_synced() {
 }
 if [ "$FRESH_FS" = 1 ]; then where="each on a fresh loop-mounted ext4"; else where="into $WORK"; fi
 cp_bytes=$(du -sb "$TS/blobs" | cut -f1)
-: >"$WORK/.up"; : >"$WORK/.upb"; : >"$WORK/.cp"; : >"$WORK/.cps"
-for round in 1 2 3; do
+: >"$WORK/.up"; : >"$WORK/.upb"; : >"$WORK/.cp"; : >"$WORK/.cps"; : >"$WORK/.pair"
+for round in $(seq 1 "$ROUNDS"); do
   dest "$WORK/w2-$round"
   sync
   start_worker "$WORK/w2-$round/store"
@@ -180,6 +182,9 @@ for round in 1 2 3; do
   warm_client
   a=$(now); cp -r "$TS/blobs" "$TS/dirs" "$WORK/cp-dest/"; b=$(now)
   awk -v n="$cp_bytes" -v s="$(secs "$a" "$b")" 'BEGIN{printf "%.1f\n", n/s/1e6}' >>"$WORK/.cp"
+  # The same round's upload against its cp, a minute apart at most: the
+  # VM's phase moves both alike.
+  echo "$(ratio "$(tail -n 1 "$WORK/.up")" "$(tail -n 1 "$WORK/.cp")")" >>"$WORK/.pair"
   drop "$WORK/cp-dest"
   dest "$WORK/cp-dest"
   sync
@@ -188,10 +193,11 @@ for round in 1 2 3; do
   awk -v n="$cp_bytes" -v s="$(secs "$a" "$b")" 'BEGIN{printf "%.1f\n", n/s/1e6}' >>"$WORK/.cps"
   drop "$WORK/cp-dest"
 done
-mid() { sort -n "$1" | sed -n 2p; }
+mid() { sort -n "$1" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
 up_mbs=$(mid "$WORK/.up"); upb_mbs=$(mid "$WORK/.upb"); cp_mbs=$(mid "$WORK/.cp"); cps_mbs=$(mid "$WORK/.cps")
-echo "upload: $files, $bytes bytes, $where; medians of 3 rounds: upload ${up_mbs} MB/s, cp -r ${cp_mbs} MB/s, cp -r + sync ${cps_mbs} MB/s"
+echo "upload: $files, $bytes bytes, $where; medians of $ROUNDS rounds: upload ${up_mbs} MB/s, cp -r ${cp_mbs} MB/s, cp -r + sync ${cps_mbs} MB/s"
 echo "upload/cp throughput ratio $(ratio "$up_mbs" "$cp_mbs")x (aim >= 0.9); upload/(cp + sync) $(ratio "$up_mbs" "$cps_mbs")x"
+echo "upload/cp within each round: $(sort -n "$WORK/.pair" | tr '\n' ' ')(median $(mid "$WORK/.pair")x)"
 echo "cold - warm remote build: ${upb_mbs} MB/s; /cp $(ratio "$upb_mbs" "$cp_mbs")x, /(cp + sync) $(ratio "$upb_mbs" "$cps_mbs")x (adds the first build's composition and the sync of the whole upload)"
 upload=$(awk -v n="$bytes" -v r="$up_mbs" 'BEGIN{printf "%.3f", n/r/1e6}')
 
