@@ -85,16 +85,8 @@ struct Counters {
     bytes_received: AtomicU64,
 }
 
-/// (is a blob, digest).
-type ClaimKey = (bool, Digest);
-
-fn key_kind(key: ClaimKey) -> ObjectKind {
-    if key.0 {
-        ObjectKind::Blob
-    } else {
-        ObjectKind::Directory
-    }
-}
+/// What is being written: an object of the store.
+type ClaimKey = (ObjectKind, Digest);
 
 /// Fewer lookups than this are made on the event loop: handing them to
 /// another thread costs more than they do.
@@ -134,7 +126,7 @@ impl Shared {
     /// after waiting for another connection that was writing it).
     async fn claim(self: &Rc<Self>, key: ClaimKey) -> Option<Claim> {
         loop {
-            if self.store.has(key_kind(key), &key.1) {
+            if self.store.has(key.0, &key.1) {
                 return None;
             }
             let waiting = self.claims.borrow().get(&key).cloned();
@@ -809,7 +801,7 @@ impl CasImpl {
         let reserved = self.mine.borrow_mut().remove(&d);
         match reserved {
             Some(c) => Some(c),
-            None => self.shared.claim((true, d)).await,
+            None => self.shared.claim((ObjectKind::Blob, d)).await,
         }
     }
 
@@ -829,7 +821,7 @@ impl CasImpl {
         let mut slots: Vec<(Digest, Directory, Option<Claim>)> = Vec::new();
         for (d, dir) in decoded {
             if seen.insert(d) {
-                let claim = self.shared.try_reserve((false, d));
+                let claim = self.shared.try_reserve((ObjectKind::Directory, d));
                 slots.push((d, dir, claim));
             }
         }
@@ -849,7 +841,7 @@ impl CasImpl {
             let claim = match claim {
                 Some(c) if present.next() == Some(false) => Some(c),
                 Some(_) => None,
-                None => self.shared.claim((false, d)).await,
+                None => self.shared.claim((ObjectKind::Directory, d)).await,
             };
             if let Some(c) = claim {
                 claims.push(c);
@@ -1107,7 +1099,7 @@ impl cas::Server for CasImpl {
                 mine.push(d);
                 continue;
             }
-            match self.shared.try_reserve((true, d)) {
+            match self.shared.try_reserve((ObjectKind::Blob, d)) {
                 Some(c) => reserved.push((d, c)),
                 None => others.push(d),
             }
@@ -1128,7 +1120,7 @@ impl cas::Server for CasImpl {
             .hold(here.into_iter().map(|d| (ObjectKind::Blob, d)))
             .await?
         {
-            match self.shared.try_reserve((true, d)) {
+            match self.shared.try_reserve((ObjectKind::Blob, d)) {
                 Some(c) => kept.push((d, c)),
                 None => others.push(d),
             }
@@ -1167,7 +1159,7 @@ impl cas::Server for CasImpl {
         let digests = data_list(params.get()?.get_digests()?)?;
         let mut missing = Vec::new();
         for d in digests {
-            self.shared.settled((true, d)).await;
+            self.shared.settled((ObjectKind::Blob, d)).await;
             if !self.shared.store.has(ObjectKind::Blob, &d) {
                 missing.push(d);
             }
