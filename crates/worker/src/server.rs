@@ -763,21 +763,12 @@ impl CasImpl {
     /// Hold objects just found in the store for this client: rooted, then
     /// looked for again, so one a gc took in between is never promised.
     /// Returns those gone.
-    async fn hold(
-        &self,
-        here: impl IntoIterator<Item = (ObjectKind, Digest)>,
-    ) -> Result<Vec<(ObjectKind, Digest)>, capnp::Error> {
-        let (blobs, dirs): (Vec<_>, Vec<_>) =
-            here.into_iter().partition(|(k, _)| *k == ObjectKind::Blob);
-        let blobs: Vec<Digest> = blobs.into_iter().map(|(_, d)| d).collect();
-        let dirs: Vec<Digest> = dirs.into_iter().map(|(_, d)| d).collect();
-        let all: Vec<Digest> = blobs.iter().chain(&dirs).copied().collect();
-        self.roots.add(&all).map_err(store_err)?;
-        let (_, blobs_gone) = self.split_present(ObjectKind::Blob, blobs).await?;
-        let (_, dirs_gone) = self.split_present(ObjectKind::Directory, dirs).await?;
-        Ok((blobs_gone.into_iter().map(|d| (ObjectKind::Blob, d)))
-            .chain(dirs_gone.into_iter().map(|d| (ObjectKind::Directory, d)))
-            .collect())
+    async fn hold(&self, kind: ObjectKind, here: Vec<Digest>) -> Result<Vec<Digest>, capnp::Error> {
+        if here.is_empty() {
+            return Ok(here);
+        }
+        self.roots.add(&here).map_err(store_err)?;
+        Ok(self.split_present(kind, here).await?.1)
     }
 
     /// `digests` split into those the store has and those it lacks.
@@ -892,14 +883,8 @@ impl cas::Server for CasImpl {
         // missing without a second look.
         let (blobs_here, mut mb) = self.split_present(ObjectKind::Blob, blobs).await?;
         let (dirs_here, mut md) = self.split_present(ObjectKind::Directory, dirs).await?;
-        let here = (blobs_here.into_iter().map(|d| (ObjectKind::Blob, d)))
-            .chain(dirs_here.into_iter().map(|d| (ObjectKind::Directory, d)));
-        for (kind, d) in self.hold(here).await? {
-            match kind {
-                ObjectKind::Blob => mb.push(d),
-                ObjectKind::Directory => md.push(d),
-            }
-        }
+        mb.extend(self.hold(ObjectKind::Blob, blobs_here).await?);
+        md.extend(self.hold(ObjectKind::Directory, dirs_here).await?);
         let mut r = results.get();
         let mut l = r.reborrow().init_blobs(mb.len() as u32);
         for (i, d) in mb.iter().enumerate() {
@@ -1116,10 +1101,7 @@ impl cas::Server for CasImpl {
         }
         // What is here is held for this client, as `find_missing` holds
         // it, and claimed after all if a gc took it in between.
-        for (_, d) in self
-            .hold(here.into_iter().map(|d| (ObjectKind::Blob, d)))
-            .await?
-        {
+        for d in self.hold(ObjectKind::Blob, here).await? {
             match self.shared.try_reserve((ObjectKind::Blob, d)) {
                 Some(c) => kept.push((d, c)),
                 None => others.push(d),
