@@ -578,7 +578,7 @@ mod tests {
                 dir.insert(
                     crate::Name::new(n.as_bytes()).unwrap(),
                     crate::Node::Directory {
-                        digest: Digest::of(&child.encode()),
+                        digest: child.digest(),
                         size: child.size(),
                     },
                 )
@@ -592,7 +592,7 @@ mod tests {
         let top = named(&[("mid", &mid), ("leaf", &leaf)]);
         // `other_leaf` encodes like `leaf`: the same object twice is fine.
         let dirs = vec![leaf.clone(), mid.clone(), other_leaf, top.clone()];
-        let digests: Vec<Digest> = dirs.iter().map(|d| Digest::of(&d.encode())).collect();
+        let digests: Vec<Digest> = dirs.iter().map(Directory::digest).collect();
         assert_eq!(
             levels_children_first(&dirs, &digests),
             vec![vec![0, 2], vec![1], vec![3]]
@@ -600,10 +600,7 @@ mod tests {
         let t = tempfile::tempdir().unwrap();
         let store = LocalStore::open(t.path().join("s")).unwrap();
         store.put_directories_unsynced(&dirs).unwrap();
-        assert_eq!(
-            store.get_directory(&Digest::of(&top.encode())).unwrap(),
-            top
-        );
+        assert_eq!(store.get_directory(&top.digest()).unwrap(), top);
     }
 
     /// Where no unnamed file can be linked (no `CAP_DAC_READ_SEARCH`, no
@@ -633,10 +630,7 @@ mod tests {
         store
             .put_directories_unsynced(std::slice::from_ref(&dir))
             .unwrap();
-        assert_eq!(
-            store.get_directory(&Digest::of(&dir.encode())).unwrap(),
-            dir
-        );
+        assert_eq!(store.get_directory(&dir.digest()).unwrap(), dir);
         assert!(store.has_unsynced(), "not named in a log");
         assert_eq!(fs::read_dir(store.tmp_dir()).unwrap().count(), 0);
         assert!(store.flush_unsynced().unwrap());

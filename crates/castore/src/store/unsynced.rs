@@ -603,7 +603,7 @@ mod tests {
         let blob = txn.put_blob(b"leaf").unwrap();
         txn.commit().unwrap();
         let child = dir_of(&[("f", file(blob, 4))]);
-        let child_digest = Digest::of(&child.encode());
+        let child_digest = child.digest();
         let parent = dir_of(&[(
             "d",
             Node::Directory {
@@ -611,7 +611,7 @@ mod tests {
                 size: child.size(),
             },
         )]);
-        let parent_digest = Digest::of(&parent.encode());
+        let parent_digest = parent.digest();
         store
             .put_directories_unsynced(&[child.clone(), parent.clone()])
             .unwrap();
