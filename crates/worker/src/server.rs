@@ -821,17 +821,20 @@ impl CasImpl {
             .filter(|(_, _, c)| c.is_some())
             .map(|(d, _, _)| *d)
             .collect();
-        let mut present = self
+        let looked = self
             .shared
             .present(ObjectKind::Directory, &reserved)
-            .await?
-            .into_iter();
+            .await?;
+        let here: HashSet<Digest> = reserved
+            .into_iter()
+            .zip(looked)
+            .filter_map(|(d, is_here)| is_here.then_some(d))
+            .collect();
         let mut claims = Vec::new();
         let mut todo = Vec::new();
         for (d, dir, claim) in slots {
             let claim = match claim {
-                Some(c) if present.next() == Some(false) => Some(c),
-                Some(_) => None,
+                Some(c) => (!here.contains(&d)).then_some(c),
                 None => self.shared.claim((ObjectKind::Directory, d)).await,
             };
             if let Some(c) = claim {
