@@ -74,11 +74,49 @@ impl UploadState {
         stop
     }
 
+    /// The size of blob `d`, as its directory named it or else as the
+    /// local store has it; counted as sent.
+    fn size_of(&self, store: &LocalStore, d: Digest) -> Result<u64, capnp::Error> {
+        let named = self.blob_sizes.borrow().get(&d).copied();
+        let size = match named.or_else(|| store.object_len(ObjectKind::Blob, &d)) {
+            Some(s) => s,
+            None => {
+                return Err(self.local_error(castore::Error::Missing {
+                    digest: d,
+                    path: None,
+                }))
+            }
+        };
+        let mut t = self.transfer.borrow_mut();
+        t.blobs += 1;
+        t.bytes += size;
+        Ok(size)
+    }
+
     /// The upload's error: a local store error kept by
     /// [`local_error`](Self::local_error) rather than the RPC failure it
     /// stopped the upload with.
     fn failure(&self, e: Error) -> Error {
         self.local.take().map(Error::Store).unwrap_or(e)
+    }
+}
+
+/// Small blobs gathered into one `putBlobs` call of at most
+/// [`BATCH_BYTES`] (or one blob, if bigger).
+#[derive(Default)]
+struct Batch {
+    blobs: Vec<(Digest, u64)>,
+    bytes: usize,
+}
+
+impl Batch {
+    /// Add a blob; the batch before it, if it would not fit.
+    fn add(&mut self, d: Digest, size: u64) -> Option<Vec<(Digest, u64)>> {
+        let full = (self.bytes + size as usize > BATCH_BYTES && !self.blobs.is_empty())
+            .then(|| std::mem::take(self).blobs);
+        self.bytes += size as usize;
+        self.blobs.push((d, size));
+        full
     }
 }
 
@@ -722,36 +760,19 @@ impl Client {
         let (big_tx, big_rx) = mpsc::unbounded::<(Digest, u64)>();
         let plan = async move {
             futures::pin_mut!(lists);
-            let mut small = Vec::new();
-            let mut filled = 0usize;
+            let mut batch = Batch::default();
             while let Some(list) = lists.next().await {
                 for d in list? {
-                    let size = match st.blob_sizes.borrow().get(&d) {
-                        Some(s) => *s,
-                        None => store.object_len(ObjectKind::Blob, &d).ok_or_else(|| {
-                            st.local_error(castore::Error::Missing {
-                                digest: d,
-                                path: None,
-                            })
-                        })?,
-                    };
-                    let mut t = st.transfer.borrow_mut();
-                    t.blobs += 1;
-                    t.bytes += size;
+                    let size = st.size_of(store, d)?;
                     if size >= STREAM_MIN {
                         let _ = big_tx.unbounded_send((d, size));
-                        continue;
+                    } else if let Some(full) = batch.add(d, size) {
+                        let _ = batch_tx.unbounded_send(full);
                     }
-                    if filled + size as usize > BATCH_BYTES && !small.is_empty() {
-                        let _ = batch_tx.unbounded_send(std::mem::take(&mut small));
-                        filled = 0;
-                    }
-                    filled += size as usize;
-                    small.push((d, size));
                 }
             }
-            if !small.is_empty() {
-                let _ = batch_tx.unbounded_send(small);
+            if !batch.blobs.is_empty() {
+                let _ = batch_tx.unbounded_send(batch.blobs);
             }
             Ok::<(), capnp::Error>(())
         };
@@ -1134,4 +1155,25 @@ fn post_order(roots: &[Digest], dirs: &HashMap<Digest, Directory>) -> Vec<Digest
         }
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch is sent when the next blob would take it past
+    /// `BATCH_BYTES`; a blob bigger than that goes alone.
+    #[test]
+    fn batches_fill_up_to_their_bytes_and_a_big_blob_goes_alone() {
+        let d = |i: u8| Digest::of(&[i]);
+        let half = (BATCH_BYTES / 2) as u64;
+        let mut batch = Batch::default();
+        assert_eq!(batch.add(d(1), half), None);
+        assert_eq!(batch.add(d(2), half), None);
+        assert_eq!(batch.add(d(3), 1), Some(vec![(d(1), half), (d(2), half)]));
+        let big = BATCH_BYTES as u64 + 1;
+        assert_eq!(batch.add(d(4), big), Some(vec![(d(3), 1)]));
+        assert_eq!(batch.add(d(5), 1), Some(vec![(d(4), big)]));
+        assert_eq!(batch.blobs, vec![(d(5), 1)]);
+    }
 }
