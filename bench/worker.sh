@@ -116,7 +116,7 @@ printf '[inputs]\ntoolchain = ["gcc.toolchain"]\n[run]\ncommand = ["/bin/mkdir",
 # client's waits were in `filemap_read`), while each cp right after it
 # read what the upload had just brought back in.
 warm_client() { find "$TS/blobs" "$TS/dirs" -type f -print0 | xargs -0 cat > /dev/null; }
-# Three rounds, interleaved: an upload into a fresh worker store, a `cp -r`
+# ROUNDS rounds (five by default), interleaved: an upload into a fresh worker store, a `cp -r`
 # of the same objects, and the same `cp -r` followed by `sync -f`. The
 # worker answers an upload once it is in the store, before it is durable,
 # as plain cp leaves its copy in the page cache; it syncs once uploads
