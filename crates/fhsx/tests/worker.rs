@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use castore::store::{DirectoryStore, LocalStore};
+use castore::store::{DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Node};
 use support::{busybox, fhsx, import, inputs, mirror, text};
 use worker::client::Client;
@@ -648,6 +648,39 @@ fn err<T>(r: Result<T, worker::Error>) -> String {
         Ok(_) => panic!("accepted"),
         Err(e) => e.to_string(),
     }
+}
+
+/// A directory the client's own store has lost is found while the upload
+/// is already sending: the build fails as a local store error (exit 2)
+/// naming it, not as a broken connection, and the worker serves on.
+#[test]
+fn an_upload_missing_a_local_directory_fails_naming_it_and_the_worker_serves_on() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("client-store");
+    let ws = t.path().join("worker-store");
+    let bb = busybox(&cs);
+    let action = sh_action(t.path(), "a.toml", &bb, "echo done > $out/f");
+    let root: Digest = bb.parse().unwrap();
+    let store = LocalStore::open(&cs).unwrap();
+    let lost = store
+        .get_directory(&root)
+        .unwrap()
+        .entries()
+        .find_map(|(_, n)| match n {
+            Node::Directory { digest, .. } => Some(*digest),
+            _ => None,
+        })
+        .expect("the busybox tree has a subdirectory");
+    fs::remove_file(store.object_path(ObjectKind::Directory, &lost)).unwrap();
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    let o = remote(&cs, &w, &action, false).output().unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains(&lost.to_string()) && text(&o).contains("not in the store"),
+        "{}",
+        text(&o)
+    );
+    assert!(w.client().stats().is_ok(), "the worker stopped serving");
 }
 
 /// Every malformed input is refused with a clear error, the store keeps
