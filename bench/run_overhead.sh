@@ -3,6 +3,15 @@
 # namespaces and mounts (`bwrap --unshare-all … /bin/true`, no supervisor,
 # no RPC bridge, no reaper). Prints both means and their ratio (issue 18: target <= 1.3).
 #
+# A third command splits the gap: bwrap with what fhsx adds inside the
+# sandbox (the supervisor as PID 1 with its Landlock rules and its start
+# and exit messages, the socket's bind mount, the extra variable) but
+# without the fhsx process around it. Only the seccomp filter is left out
+# (fhsx hands it over on a memfd and does not print it). So "inside"
+# against bare is what the sandbox's content costs, and fhsx against
+# "inside" what the fhsx process costs: its start, the probe, the cgroup,
+# the socket, the spawn and the exit chain.
+#
 # Usage: bench/run_overhead.sh [ITERATIONS]   (default 200)
 # Env:   FHSX=path/to/fhsx (default: target/release/fhsx, built if missing)
 set -euo pipefail
@@ -46,29 +55,52 @@ done
 (( ${#bare[@]} > 3 )) || { echo "could not get the argv from $FHSX run --print-argv" >&2; exit 1; }
 "${bare[@]}" || { echo "the bare bwrap command failed: ${bare[*]}" >&2; exit 1; }
 
-# Interleaved: one bare run, one fhsx run, N times, so load drifting on a
-# shared machine hits both alike, which goes first taking turns (a
-# sandbox's network namespace is freed by the kernel after it exits, and
-# whatever runs next pays). Timed with bash's $EPOCHREALTIME (no extra
-# process per sample). Reports the median and the mean of each.
-cd "$ws"
-for _ in 1 2 3 4 5; do "${bare[@]}" >/dev/null; "$FHSX" run --workspace "$ws" -- /bin/true >/dev/null; done
-: >"$ws/.bare"; : >"$ws/.fhsx"
-for ((k = 0; k < N; k++)); do
-  if ((k % 2)); then
-    t0=${EPOCHREALTIME/./}; "${bare[@]}" >/dev/null; t1=${EPOCHREALTIME/./}
-    "$FHSX" run --workspace "$ws" -- /bin/true >/dev/null; t2=${EPOCHREALTIME/./}
-    echo $((t1 - t0)) >>"$ws/.bare"; echo $((t2 - t1)) >>"$ws/.fhsx"
-  else
-    t0=${EPOCHREALTIME/./}; "$FHSX" run --workspace "$ws" -- /bin/true >/dev/null; t1=${EPOCHREALTIME/./}
-    "${bare[@]}" >/dev/null; t2=${EPOCHREALTIME/./}
-    echo $((t1 - t0)) >>"$ws/.fhsx"; echo $((t2 - t1)) >>"$ws/.bare"
+# The same argv with what goes inside kept: the socket's bind gets an
+# empty file in its place (the real socket exists only during a run), the
+# filter's fd is dropped, and the supervisor's control fd 3 is a pipe
+# nobody writes (fd 9 below, handed over as 3 to this command only).
+: >"$ws/.sock"
+inside=()
+i=0
+while (( i < ${#full[@]} )); do
+  a=${full[$i]}
+  if [[ $a == --ro-bind && ${full[$((i + 2))]:-} == /run/wf.sock ]]; then
+    inside+=(--ro-bind "$ws/.sock" /run/wf.sock); i=$((i + 3)); continue
   fi
+  if [[ $a == --seccomp ]]; then
+    i=$((i + 2)); continue
+  fi
+  inside+=("$a"); i=$((i + 1))
+done
+exec 9> >(cat >/dev/null)
+"${inside[@]}" 3>&9 9>&- || { echo "the bwrap command with the supervisor failed: ${inside[*]}" >&2; exit 1; }
+
+# Interleaved: one run of each, N times, so load drifting on a shared
+# machine hits all alike, the order rotating (a sandbox's network
+# namespace is freed by the kernel after it exits, and whatever runs next
+# pays). Timed with bash's $EPOCHREALTIME (no extra process per sample).
+# Reports the median and the mean of each.
+cd "$ws"
+run_bare() { "${bare[@]}" >/dev/null 9>&-; }
+run_inside() { "${inside[@]}" >/dev/null 3>&9 9>&-; }
+run_fhsx() { "$FHSX" run --workspace "$ws" -- /bin/true >/dev/null 9>&-; }
+for _ in 1 2 3 4 5; do run_bare; run_inside; run_fhsx; done
+: >"$ws/.bare"; : >"$ws/.inside"; : >"$ws/.fhsx"
+order=(bare inside fhsx)
+for ((k = 0; k < N; k++)); do
+  for ((j = 0; j < 3; j++)); do
+    which=${order[$(((j + k) % 3))]}
+    t0=${EPOCHREALTIME/./}; "run_$which"; t1=${EPOCHREALTIME/./}
+    echo $((t1 - t0)) >>"$ws/.$which"
+  done
 done
 stats() { sort -n "$1" | awk '{a[NR]=$1; s+=$1} END {printf "%.3f %.3f\n", a[int((NR+1)/2)]/1000, s/NR/1000}'; }
 read -r bare_med bare_mean < <(stats "$ws/.bare")
+read -r inside_med inside_mean < <(stats "$ws/.inside")
 read -r fhsx_med fhsx_mean < <(stats "$ws/.fhsx")
 echo "bare bwrap:            median ${bare_med} ms, mean ${bare_mean} ms (n=$N)"
+echo "bwrap + inside:        median ${inside_med} ms, mean ${inside_mean} ms (supervisor, socket bind; no filter)"
 echo "fhsx run -- /bin/true: median ${fhsx_med} ms, mean ${fhsx_mean} ms (n=$N)"
 echo "ratio (median):        $(echo "scale=2; $fhsx_med / $bare_med" | bc)x (target <= 1.3x)"
 echo "ratio (mean):          $(echo "scale=2; $fhsx_mean / $bare_mean" | bc)x"
+echo "split (median):        inside/bare $(echo "scale=2; $inside_med / $bare_med" | bc)x, fhsx/inside $(echo "scale=2; $fhsx_med / $inside_med" | bc)x"
