@@ -28,14 +28,16 @@ use crate::worker_capnp::{
 };
 use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
 
-/// Blobs at least this big are streamed in chunks; smaller ones are batched.
-const STREAM_MIN: u64 = 16 << 20;
 /// Bytes per `putBlobs` batch: small, so the first leaves after reading
 /// 960 KiB rather than 32 MiB and the worker hashes and writes one while
 /// the next arrives (with 32 MiB batches four were read, 128 MiB, before
 /// anything was sent). And under 1 MiB with the message around it: glibc
 /// serves that from its heap, where `fhsx` maps every block of 1 MiB or
-/// more fresh, each page faulted in (see its `main`).
+/// more fresh, each page faulted in (see its `main`). A blob bigger than
+/// a batch is streamed in [`CHUNK`]s, which stay under 1 MiB too: sent
+/// alone in a `putBlobs` of its size, the hello toolchain's 43 blobs
+/// between 960 KiB and 16 MiB (107 MB) were faulted in twice on the
+/// worker's event loop.
 const BATCH_BYTES: usize = 960 << 10;
 /// Directories per `putDirectories` batch.
 const BATCH_DIRS: usize = 4096;
@@ -102,7 +104,8 @@ impl UploadState {
 }
 
 /// Small blobs gathered into one `putBlobs` call of at most
-/// [`BATCH_BYTES`] (or one blob, if bigger).
+/// [`BATCH_BYTES`] (or one blob, if bigger; `send_lists` streams those
+/// instead).
 #[derive(Default)]
 struct Batch {
     blobs: Vec<(Digest, u64)>,
@@ -764,7 +767,7 @@ impl Client {
             while let Some(list) = lists.next().await {
                 for d in list? {
                     let size = st.size_of(store, d)?;
-                    if size >= STREAM_MIN {
+                    if size > BATCH_BYTES as u64 {
                         let _ = big_tx.unbounded_send((d, size));
                     } else if let Some(full) = batch.add(d, size) {
                         let _ = batch_tx.unbounded_send(full);
@@ -803,7 +806,7 @@ impl Client {
         for (i, (d, size)) in batch.iter().enumerate() {
             let mut b = l.reborrow().get(i as u32);
             b.set_digest(d.as_bytes());
-            // Below STREAM_MIN, so it fits a u32.
+            // At most BATCH_BYTES, so it fits a u32.
             let data = b.init_data(*size as u32);
             open_local_blob(store, d)?
                 .read_exact(data)
