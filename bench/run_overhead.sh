@@ -27,51 +27,41 @@ FHSX=$(realpath "$FHSX")
 ws=$(mktemp -d)
 trap 'rm -rf "$ws"' EXIT
 
-# The bare command: fhsx's own argv minus what only fhsx adds (the RPC
-# socket bind, whose socket exists only during a run, the supervisor, the
-# seccomp filter passed on an fd).
+# Two commands from fhsx's own argv, in one pass over it.
+#  - bare: minus what only fhsx adds (the RPC socket's bind, whose socket
+#    exists only during a run, the supervisor, the seccomp filter passed
+#    on an fd), running /bin/true;
+#  - inside: with what goes inside kept. The socket's bind gets an empty
+#    file in its place, the filter's fd is dropped, and the supervisor's
+#    control fd 3 is a pipe nobody writes (fd 9 below, handed over as 3
+#    to this command only).
 mapfile -t full < <(cd "$ws" && "$FHSX" run --print-argv -- /bin/true)
+: >"$ws/.sock"
 bare=()
+inside=()
 i=0
 while (( i < ${#full[@]} )); do
   a=${full[$i]}
-  if [[ $a == --ro-bind && ${full[$((i + 2))]:-} == /run/wf.sock ]]; then
-    i=$((i + 3)); continue
-  fi
-  if [[ $a == --ro-bind && ${full[$((i + 2))]:-} == /run/fhsx/supervisor ]]; then
-    i=$((i + 3)); continue
-  fi
+  target=${full[$((i + 2))]:-}
   if [[ $a == --seccomp ]]; then
     i=$((i + 2)); continue
   fi
-  if [[ $a == --setenv && ${full[$((i + 1))]:-} == WF_RPC_SOCK ]]; then
-    i=$((i + 3)); continue
+  if [[ $a == --ro-bind && $target == /run/wf.sock ]]; then
+    inside+=(--ro-bind "$ws/.sock" /run/wf.sock); i=$((i + 3)); continue
   fi
+  inside+=("$a")
   if [[ $a == -- ]]; then
-    bare+=(-- /bin/true); break
+    bare+=(-- /bin/true)
+    inside+=("${full[@]:$((i + 1))}"); break
+  fi
+  if [[ $a == --ro-bind && $target == /run/fhsx/supervisor ]] ||
+    [[ $a == --setenv && ${full[$((i + 1))]:-} == WF_RPC_SOCK ]]; then
+    inside+=("${full[@]:$((i + 1)):2}"); i=$((i + 3)); continue
   fi
   bare+=("$a"); i=$((i + 1))
 done
 (( ${#bare[@]} > 3 )) || { echo "could not get the argv from $FHSX run --print-argv" >&2; exit 1; }
 "${bare[@]}" || { echo "the bare bwrap command failed: ${bare[*]}" >&2; exit 1; }
-
-# The same argv with what goes inside kept: the socket's bind gets an
-# empty file in its place (the real socket exists only during a run), the
-# filter's fd is dropped, and the supervisor's control fd 3 is a pipe
-# nobody writes (fd 9 below, handed over as 3 to this command only).
-: >"$ws/.sock"
-inside=()
-i=0
-while (( i < ${#full[@]} )); do
-  a=${full[$i]}
-  if [[ $a == --ro-bind && ${full[$((i + 2))]:-} == /run/wf.sock ]]; then
-    inside+=(--ro-bind "$ws/.sock" /run/wf.sock); i=$((i + 3)); continue
-  fi
-  if [[ $a == --seccomp ]]; then
-    i=$((i + 2)); continue
-  fi
-  inside+=("$a"); i=$((i + 1))
-done
 exec 9> >(cat >/dev/null)
 "${inside[@]}" 3>&9 9>&- || { echo "the bwrap command with the supervisor failed: ${inside[*]}" >&2; exit 1; }
 
