@@ -39,6 +39,14 @@ use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
 /// between 960 KiB and 16 MiB (107 MB) were faulted in twice on the
 /// worker's event loop.
 const BATCH_BYTES: usize = 960 << 10;
+/// What one blob adds to a `putBlobs` message besides its bytes, counted
+/// against [`BATCH_BYTES`] so that a batch of many tiny blobs stays under
+/// [`crate::HEAP_MESSAGE_MAX`] too: its list entry (two pointers), its digest,
+/// the padding of its data to a word and, where the builder starts a new
+/// segment, a far pointer (72 bytes for a 1-byte blob, measured by
+/// `no_upload_message_reaches_the_heap_limit`; counted as 64, 15,123
+/// such blobs made a message of 1,088,912 bytes).
+const BLOB_ENTRY_BYTES: usize = 96;
 /// Directories per `putDirectories` batch.
 const BATCH_DIRS: usize = 4096;
 /// Digests per `findMissing` call.
@@ -115,9 +123,10 @@ struct Batch {
 impl Batch {
     /// Add a blob; the batch before it, if it would not fit.
     fn add(&mut self, d: Digest, size: u64) -> Option<Vec<(Digest, u64)>> {
-        let full = (self.bytes + size as usize > BATCH_BYTES && !self.blobs.is_empty())
+        let cost = size as usize + BLOB_ENTRY_BYTES;
+        let full = (self.bytes + cost > BATCH_BYTES && !self.blobs.is_empty())
             .then(|| std::mem::take(self).blobs);
-        self.bytes += size as usize;
+        self.bytes += cost;
         self.blobs.push((d, size));
         full
     }
@@ -1163,13 +1172,15 @@ fn post_order(roots: &[Digest], dirs: &HashMap<Digest, Directory>) -> Vec<Digest
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::worker_capnp::blob_upload;
+    use crate::HEAP_MESSAGE_MAX;
 
     /// A batch is sent when the next blob would take it past
     /// `BATCH_BYTES`; a blob bigger than that goes alone.
     #[test]
     fn batches_fill_up_to_their_bytes_and_a_big_blob_goes_alone() {
         let d = |i: u8| Digest::of(&[i]);
-        let half = (BATCH_BYTES / 2) as u64;
+        let half = (BATCH_BYTES / 2 - BLOB_ENTRY_BYTES) as u64;
         let mut batch = Batch::default();
         assert_eq!(batch.add(d(1), half), None);
         assert_eq!(batch.add(d(2), half), None);
@@ -1178,5 +1189,50 @@ mod tests {
         assert_eq!(batch.add(d(4), big), Some(vec![(d(3), 1)]));
         assert_eq!(batch.add(d(5), 1), Some(vec![(d(4), big)]));
         assert_eq!(batch.blobs, vec![(d(5), 1)]);
+    }
+
+    /// The bytes a message takes on the wire, header included.
+    fn wire_bytes(m: &capnp::message::Builder<capnp::message::HeapAllocator>) -> usize {
+        capnp::serialize::compute_serialized_size_in_words(m) * 8
+    }
+
+    /// What `put_batch` would send for `batch`.
+    fn put_blobs_message(batch: &[(Digest, u64)]) -> usize {
+        let mut m = capnp::message::Builder::new_default();
+        let p = m.init_root::<cas::put_blobs_params::Builder>();
+        let mut l = p.init_blobs(batch.len() as u32);
+        for (i, (d, size)) in batch.iter().enumerate() {
+            let mut b = l.reborrow().get(i as u32);
+            b.set_digest(d.as_bytes());
+            b.init_data(*size as u32);
+        }
+        wire_bytes(&m)
+    }
+
+    /// Every upload message stays under `HEAP_MESSAGE_MAX`, so the worker
+    /// takes it from its heap: the fullest batch of tiny blobs, a batch of
+    /// one blob as big as a batch may hold, and a chunk of a streamed one.
+    #[test]
+    fn no_upload_message_reaches_the_heap_limit() {
+        let mut batch = Batch::default();
+        let tiny = (0u32..)
+            .map(|i| batch.add(Digest::of(&i.to_le_bytes()), 1))
+            .find_map(|full| full)
+            .unwrap_or_default();
+        assert!(tiny.len() > 5_000, "{} tiny blobs", tiny.len());
+        let one = vec![(Digest::of(b"one"), (BATCH_BYTES - BLOB_ENTRY_BYTES) as u64)];
+        let mut m = capnp::message::Builder::new_default();
+        m.init_root::<blob_upload::write_params::Builder>()
+            .init_chunk(CHUNK as u32);
+        for (what, bytes) in [
+            ("the fullest batch of tiny blobs", put_blobs_message(&tiny)),
+            ("a batch of one blob", put_blobs_message(&one)),
+            ("a chunk", wire_bytes(&m)),
+        ] {
+            assert!(
+                bytes < HEAP_MESSAGE_MAX,
+                "{what}: {bytes} bytes on the wire, not under {HEAP_MESSAGE_MAX}"
+            );
+        }
     }
 }

@@ -65,6 +65,12 @@ pub const NESTING_LIMIT: i32 = 16;
 /// big blob's bytes were faulted in twice on the worker's event loop (the
 /// message, then its copy for the writer).
 pub const CHUNK: usize = 960 << 10;
+/// The size every message carrying blob bytes (a batch, a chunk) stays
+/// below, header included: `fhsx` sets glibc's mmap threshold to it (its
+/// `main`), so below it the reader takes the message from its heap.
+/// Lists of digests and directories may be bigger; there are a few per
+/// upload, not one per megabyte.
+pub const HEAP_MESSAGE_MAX: usize = 1 << 20;
 
 /// Message reader limits for every connection.
 pub fn reader_options() -> capnp::message::ReaderOptions {
