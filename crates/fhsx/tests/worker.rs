@@ -1058,43 +1058,57 @@ fn access_token_gates_the_worker() {
     assert!(text(&o).contains("at least 16"), "{}", text(&o));
 }
 
+/// A loopback relay in front of `to`: for each connection, `up` carries
+/// the client's bytes to the worker and `down` the worker's to the
+/// client, each on a thread of its own. Returns its address.
+fn relay<U, D>(to: &str, up: U, down: D) -> String
+where
+    U: Fn(std::net::TcpStream, std::net::TcpStream) + Clone + Send + 'static,
+    D: Fn(std::net::TcpStream, std::net::TcpStream) + Clone + Send + 'static,
+{
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = l.local_addr().unwrap().to_string();
+    let to = to.to_owned();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(c) = c else { return };
+            let Ok(w) = std::net::TcpStream::connect(&to) else {
+                return;
+            };
+            let (c2, w2) = (c.try_clone().unwrap(), w.try_clone().unwrap());
+            let (up, down) = (up.clone(), down.clone());
+            std::thread::spawn(move || down(w2, c2));
+            std::thread::spawn(move || up(c, w));
+        }
+    });
+    addr
+}
+
 /// A loopback relay in front of `to`, keeping every byte the client sends.
 fn recording_relay(to: &str) -> (String, std::sync::Arc<std::sync::Mutex<Vec<u8>>>) {
     use std::sync::{Arc, Mutex};
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = l.local_addr().unwrap().to_string();
     let seen = Arc::new(Mutex::new(Vec::new()));
-    let (to, keep) = (to.to_owned(), seen.clone());
-    std::thread::spawn(move || {
-        for c in l.incoming() {
-            let Ok(mut c) = c else { return };
-            let Ok(mut w) = std::net::TcpStream::connect(&to) else {
-                return;
-            };
-            let (mut c2, mut w2) = (c.try_clone().unwrap(), w.try_clone().unwrap());
-            std::thread::spawn(move || {
-                let _ = std::io::copy(&mut w2, &mut c2);
-                let _ = c2.shutdown(std::net::Shutdown::Write);
-            });
-            let keep = keep.clone();
-            std::thread::spawn(move || {
-                let mut buf = [0u8; 65536];
-                loop {
-                    match c.read(&mut buf) {
-                        Ok(0) | Err(_) => break,
-                        Ok(n) => {
-                            keep.lock().unwrap().extend_from_slice(&buf[..n]);
-                            if w.write_all(&buf[..n]).is_err() {
-                                break;
-                            }
-                        }
+    let keep = seen.clone();
+    let up = move |mut c: std::net::TcpStream, mut w: std::net::TcpStream| {
+        let mut buf = [0u8; 65536];
+        loop {
+            match c.read(&mut buf) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => {
+                    keep.lock().unwrap().extend_from_slice(&buf[..n]);
+                    if w.write_all(&buf[..n]).is_err() {
+                        break;
                     }
                 }
-                let _ = w.shutdown(std::net::Shutdown::Write);
-            });
+            }
         }
-    });
-    (addr, seen)
+        let _ = w.shutdown(std::net::Shutdown::Write);
+    };
+    let down = |mut w: std::net::TcpStream, mut c: std::net::TcpStream| {
+        let _ = std::io::copy(&mut w, &mut c);
+        let _ = c.shutdown(std::net::Shutdown::Write);
+    };
+    (relay(to, up, down), seen)
 }
 
 /// On TCP the token, the action and the inputs cross the wire inside TLS,
@@ -1523,4 +1537,126 @@ fn silent_connections_beyond_the_cap_are_closed_and_memory_stays_bounded() {
         }
         std::thread::sleep(Duration::from_millis(100));
     }
+}
+
+/// A loopback relay in front of `to` that passes everything the client
+/// sends, but of what the worker sends only the first `pass` bytes; then
+/// it stops reading, as a client that stalls would. Returns its address
+/// and the count of bytes it passed to the client.
+fn stalling_relay(to: &str, pass: u64) -> (String, std::sync::Arc<std::sync::atomic::AtomicU64>) {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    let passed = std::sync::Arc::new(AtomicU64::new(0));
+    let count = passed.clone();
+    let up = |mut c: std::net::TcpStream, mut w: std::net::TcpStream| {
+        let _ = std::io::copy(&mut c, &mut w);
+    };
+    let down = move |mut w: std::net::TcpStream, mut c: std::net::TcpStream| {
+        let mut buf = [0u8; 65536];
+        loop {
+            let room = pass.saturating_sub(count.load(Ordering::SeqCst));
+            if room == 0 {
+                // Holds both sockets open and reads no more.
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+            let n = match w.read(&mut buf[..room.min(65536) as usize]) {
+                Ok(0) | Err(_) => break,
+                Ok(n) => n,
+            };
+            if c.write_all(&buf[..n]).is_err() {
+                break;
+            }
+            count.fetch_add(n as u64, Ordering::SeqCst);
+        }
+    };
+    (relay(to, up, down), passed)
+}
+
+/// Clients that stop reading in the middle of downloading a 48 MiB output
+/// cost the worker a few chunks each (under 4 MiB), not the blob: what it
+/// sends waits for the client (each chunk's call, the TLS layer's 256 KiB
+/// of pending records), the blob is read as it goes (a queue of four
+/// chunks), and the worker serves other clients meanwhile and after.
+#[test]
+fn stalled_downloads_cost_the_worker_a_few_chunks_not_the_blob() {
+    use std::sync::atomic::Ordering;
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("client-store");
+    let ws = t.path().join("worker-store");
+    let bb = busybox(&cs);
+    let action = sh_action(
+        t.path(),
+        "big.toml",
+        &bb,
+        "busybox dd if=/dev/zero of=$out/big bs=1048576 count=48 2>/dev/null",
+    );
+    // Stores holding the closure but not the output: one to warm the
+    // worker's path for a download, one per stalled client, one for after.
+    let copy = |name: &str| {
+        let s = t.path().join(name);
+        let o = Command::new("cp")
+            .arg("-a")
+            .arg(&cs)
+            .arg(&s)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        s
+    };
+    let warm = copy("warm");
+    let fresh = copy("fresh");
+    let stalled_stores: Vec<PathBuf> = (0..3).map(|i| copy(&format!("stalled-{i}"))).collect();
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    for s in [&cs, &warm] {
+        let o = remote(s, &w, &action, false).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+    }
+    let before = resident_kib(w.child.id());
+
+    // A handshake, the build's answer and about four chunks get through.
+    let pass = 4 << 20;
+    let mut stalled = Vec::new();
+    for s in &stalled_stores {
+        let (relay, passed) = stalling_relay(&w.addr, pass);
+        let child = fhsx(s)
+            .args(["build", "--remote", &relay])
+            .arg(&action)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        stalled.push((child, passed));
+    }
+    let end = Instant::now() + Duration::from_secs(120);
+    while stalled
+        .iter()
+        .any(|(_, passed)| passed.load(Ordering::SeqCst) < pass)
+    {
+        assert!(
+            Instant::now() < end,
+            "the downloads did not get going: {:?} bytes passed",
+            stalled
+                .iter()
+                .map(|(_, p)| p.load(Ordering::SeqCst))
+                .collect::<Vec<_>>()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    // Long enough for the worker to fill every buffer it would. Measured:
+    // 4.8 MiB for the three; reading ahead into a queue of 1024 chunks
+    // instead of 4 made it 111 MiB.
+    std::thread::sleep(Duration::from_secs(2));
+    let grown = resident_kib(w.child.id()).saturating_sub(before);
+    assert!(
+        grown < 3 * (4 << 10),
+        "three stalled downloads of a 48 MiB blob grew the worker by {grown} KiB"
+    );
+    // Meanwhile another client is served.
+    w.client().stats().unwrap();
+    for (mut child, _) in stalled {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    // And after: a fresh store downloads the whole output.
+    let o = remote(&fresh, &w, &action, false).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
 }
