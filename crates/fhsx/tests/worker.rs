@@ -1573,9 +1573,10 @@ fn stalling_relay(to: &str, pass: u64) -> (String, std::sync::Arc<std::sync::ato
 
 /// Clients that stop reading in the middle of downloading a 48 MiB output
 /// cost the worker a few chunks each (under 4 MiB), not the blob: what it
-/// sends waits for the client (each chunk's call, the TLS layer's 256 KiB
-/// of pending records), the blob is read as it goes (a queue of four
-/// chunks), and the worker serves other clients meanwhile and after.
+/// sends waits for the client (capnp's flow control on the stream of
+/// chunks, the TLS layer's 256 KiB of pending records), the blob is read
+/// as it goes (a queue of four chunks), and the worker serves other
+/// clients meanwhile and after.
 #[test]
 fn stalled_downloads_cost_the_worker_a_few_chunks_not_the_blob() {
     use std::sync::atomic::Ordering;
