@@ -88,6 +88,17 @@ struct Counters {
 /// What is being written: an object of the store.
 type ClaimKey = (ObjectKind, Digest);
 
+/// What [`Shared::reserve_absent`] found for one object.
+enum Reserved {
+    /// Claimed for the caller: the store lacks it and nobody else was
+    /// writing it.
+    Mine(Claim),
+    /// The store has it.
+    Here,
+    /// Another connection is writing it.
+    Busy,
+}
+
 /// Fewer lookups than this are made on the event loop: handing them to
 /// another thread costs more than they do.
 const PRESENT_ON_LOOP: usize = 64;
@@ -140,9 +151,7 @@ impl Shared {
     }
 
     /// Claim `key` unless another writer holds it (`None`), without
-    /// looking at the store: the caller looks after, for many at once
-    /// ([`present`](Self::present)), and drops the claims on what is there.
-    /// Claimed first, nothing can land between the look and the claim.
+    /// looking at the store (see [`reserve_absent`](Self::reserve_absent)).
     fn try_reserve(self: &Rc<Self>, key: ClaimKey) -> Option<Claim> {
         if self.claims.borrow().contains_key(&key) {
             return None;
@@ -159,6 +168,41 @@ impl Shared {
             key,
             done: tx,
         }
+    }
+
+    /// Claim each of `digests` (distinct) that the store lacks and nobody
+    /// is writing; in order, what was found for each. Claimed first (in
+    /// memory), then looked for all at once ([`present`](Self::present)),
+    /// and the claims on what is there dropped: while a claim is held
+    /// nobody else writes its object, so nothing lands between the look
+    /// and the claim (looking first let two clients each write a
+    /// directory both lacked).
+    async fn reserve_absent(
+        self: &Rc<Self>,
+        kind: ObjectKind,
+        digests: &[Digest],
+    ) -> Result<Vec<Reserved>, capnp::Error> {
+        let mut found: Vec<Reserved> = digests
+            .iter()
+            .map(|d| match self.try_reserve((kind, *d)) {
+                Some(c) => Reserved::Mine(c),
+                None => Reserved::Busy,
+            })
+            .collect();
+        let reserved: Vec<Digest> = digests
+            .iter()
+            .zip(&found)
+            .filter(|(_, f)| matches!(f, Reserved::Mine(_)))
+            .map(|(d, _)| *d)
+            .collect();
+        let present = self.present(kind, &reserved).await?;
+        let mine = found.iter_mut().filter(|f| matches!(f, Reserved::Mine(_)));
+        for (f, is_here) in mine.zip(present) {
+            if is_here {
+                *f = Reserved::Here;
+            }
+        }
+        Ok(found)
     }
 
     /// Which of `digests` the store has, in order. Many at once (a fresh
@@ -806,36 +850,22 @@ impl CasImpl {
         let digests: Vec<Digest> = decoded.iter().map(|(d, _)| *d).collect();
         // Rooted before the claims look at the store (see put_blobs).
         self.roots.add(&digests).map_err(store_err)?;
-        // Claimed, then looked for all at once off the event loop; those
-        // another connection is writing are waited for one by one after.
         let mut seen = HashSet::new();
-        let mut slots: Vec<(Digest, Directory, Option<Claim>)> = Vec::new();
-        for (d, dir) in decoded {
-            if seen.insert(d) {
-                let claim = self.shared.try_reserve((ObjectKind::Directory, d));
-                slots.push((d, dir, claim));
-            }
-        }
-        let reserved: Vec<Digest> = slots
-            .iter()
-            .filter(|(_, _, c)| c.is_some())
-            .map(|(d, _, _)| *d)
-            .collect();
-        let looked = self
+        decoded.retain(|(d, _)| seen.insert(*d));
+        let distinct: Vec<Digest> = decoded.iter().map(|(d, _)| *d).collect();
+        let found = self
             .shared
-            .present(ObjectKind::Directory, &reserved)
+            .reserve_absent(ObjectKind::Directory, &distinct)
             .await?;
-        let here: HashSet<Digest> = reserved
-            .into_iter()
-            .zip(looked)
-            .filter_map(|(d, is_here)| is_here.then_some(d))
-            .collect();
         let mut claims = Vec::new();
         let mut todo = Vec::new();
-        for (d, dir, claim) in slots {
-            let claim = match claim {
-                Some(c) => (!here.contains(&d)).then_some(c),
-                None => self.shared.claim((ObjectKind::Directory, d)).await,
+        for ((d, dir), found) in decoded.into_iter().zip(found) {
+            let claim = match found {
+                Reserved::Mine(c) => Some(c),
+                Reserved::Here => None,
+                // Waited for: written by the other connection, or
+                // claimed after all if it failed.
+                Reserved::Busy => self.shared.claim((ObjectKind::Directory, d)).await,
             };
             if let Some(c) = claim {
                 claims.push(c);
@@ -1078,28 +1108,16 @@ impl cas::Server for CasImpl {
         mut results: cas::ClaimBlobsResults,
     ) -> Result<(), capnp::Error> {
         let digests = data_list(params.get()?.get_digests()?)?;
-        // Claimed, then looked for all at once off the event loop; the
-        // claims on what is there are dropped.
-        let (mut mine, mut others, mut coming) = (Vec::new(), Vec::new(), Vec::new());
-        let mut reserved = Vec::new();
-        for d in digests {
-            if self.mine.borrow().contains_key(&d) {
-                mine.push(d);
-                continue;
-            }
-            match self.shared.try_reserve((ObjectKind::Blob, d)) {
-                Some(c) => reserved.push((d, c)),
-                None => others.push(d),
-            }
-        }
-        let looked: Vec<Digest> = reserved.iter().map(|(d, _)| *d).collect();
-        let present = self.shared.present(ObjectKind::Blob, &looked).await?;
-        let (mut here, mut kept) = (Vec::new(), Vec::new());
-        for ((d, c), is_here) in reserved.into_iter().zip(present) {
-            if is_here {
-                here.push(d);
-            } else {
-                kept.push((d, c));
+        let (mut mine, asked): (Vec<Digest>, Vec<Digest>) = digests
+            .into_iter()
+            .partition(|d| self.mine.borrow().contains_key(d));
+        let found = self.shared.reserve_absent(ObjectKind::Blob, &asked).await?;
+        let (mut here, mut kept, mut others) = (Vec::new(), Vec::new(), Vec::new());
+        for (d, found) in asked.into_iter().zip(found) {
+            match found {
+                Reserved::Mine(c) => kept.push((d, c)),
+                Reserved::Here => here.push(d),
+                Reserved::Busy => others.push(d),
             }
         }
         // What is here is held for this client, as `find_missing` holds
@@ -1110,6 +1128,7 @@ impl cas::Server for CasImpl {
                 None => others.push(d),
             }
         }
+        let mut coming = Vec::new();
         for (d, c) in kept {
             self.mine.borrow_mut().insert(d, c);
             mine.push(d);
