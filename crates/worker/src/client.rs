@@ -33,8 +33,8 @@ use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
 /// the next arrives (with 32 MiB batches four were read, 128 MiB, before
 /// anything was sent). And under 1 MiB with the message around it: glibc
 /// serves that from its heap, where `fhsx` maps every block of 1 MiB or
-/// more fresh, each page faulted in (see its `main`). A blob bigger than
-/// a batch is streamed in [`CHUNK`]s, which stay under 1 MiB too: sent
+/// more fresh, each page faulted in (see its `main`). A blob no batch
+/// holds is streamed in [`CHUNK`]s, which stay under 1 MiB too: sent
 /// alone in a `putBlobs` of its size, the hello toolchain's 43 blobs
 /// between 960 KiB and 16 MiB (107 MB) were faulted in twice on the
 /// worker's event loop.
@@ -112,8 +112,9 @@ impl UploadState {
 }
 
 /// Small blobs gathered into one `putBlobs` call of at most
-/// [`BATCH_BYTES`] (or one blob, if bigger; `send_lists` streams those
-/// instead).
+/// [`BATCH_BYTES`], each counted with its entry. A blob no batch can hold
+/// ([`holds`](Self::holds)) is streamed instead; given one, `add` still
+/// sends it alone.
 #[derive(Default)]
 struct Batch {
     blobs: Vec<(Digest, u64)>,
@@ -121,9 +122,19 @@ struct Batch {
 }
 
 impl Batch {
+    /// What a blob of `size` bytes takes of a batch.
+    fn cost(size: u64) -> u64 {
+        size + BLOB_ENTRY_BYTES as u64
+    }
+
+    /// Whether a batch can hold a blob of `size` bytes at all.
+    fn holds(size: u64) -> bool {
+        Self::cost(size) <= BATCH_BYTES as u64
+    }
+
     /// Add a blob; the batch before it, if it would not fit.
     fn add(&mut self, d: Digest, size: u64) -> Option<Vec<(Digest, u64)>> {
-        let cost = size as usize + BLOB_ENTRY_BYTES;
+        let cost = Self::cost(size) as usize;
         let full = (self.bytes + cost > BATCH_BYTES && !self.blobs.is_empty())
             .then(|| std::mem::take(self).blobs);
         self.bytes += cost;
@@ -776,7 +787,7 @@ impl Client {
             while let Some(list) = lists.next().await {
                 for d in list? {
                     let size = st.size_of(store, d)?;
-                    if size > BATCH_BYTES as u64 {
+                    if !Batch::holds(size) {
                         let _ = big_tx.unbounded_send((d, size));
                     } else if let Some(full) = batch.add(d, size) {
                         let _ = batch_tx.unbounded_send(full);
@@ -815,7 +826,7 @@ impl Client {
         for (i, (d, size)) in batch.iter().enumerate() {
             let mut b = l.reborrow().get(i as u32);
             b.set_digest(d.as_bytes());
-            // At most BATCH_BYTES, so it fits a u32.
+            // A batch holds it (`Batch::holds`), so it fits a u32.
             let data = b.init_data(*size as u32);
             open_local_blob(store, d)?
                 .read_exact(data)
@@ -1220,7 +1231,9 @@ mod tests {
             .find_map(|full| full)
             .unwrap_or_default();
         assert!(tiny.len() > 5_000, "{} tiny blobs", tiny.len());
-        let one = vec![(Digest::of(b"one"), (BATCH_BYTES - BLOB_ENTRY_BYTES) as u64)];
+        let largest = (BATCH_BYTES - BLOB_ENTRY_BYTES) as u64;
+        assert!(Batch::holds(largest) && !Batch::holds(largest + 1));
+        let one = vec![(Digest::of(b"one"), largest)];
         let mut m = capnp::message::Builder::new_default();
         m.init_root::<blob_upload::write_params::Builder>()
             .init_chunk(CHUNK as u32);
