@@ -30,6 +30,17 @@ fn sh_action(dir: &Path, name: &str, closure: &str, script: &str) -> PathBuf {
     p
 }
 
+/// A temporary directory, a client store in it holding busybox-static,
+/// and where a worker's store goes: (the directory, the client store, the
+/// worker store, busybox's closure).
+fn busybox_stores() -> (tempfile::TempDir, PathBuf, PathBuf, String) {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("client-store");
+    let ws = t.path().join("worker-store");
+    let bb = busybox(&cs);
+    (t, cs, ws, bb)
+}
+
 /// A worker process; killed (SIGKILL) when dropped if still running.
 struct Worker {
     child: Child,
@@ -177,10 +188,7 @@ fn wait_gone(marker: &str) {
 /// the log streams to the caller.
 #[test]
 fn remote_busybox_build_matches_local() {
-    let t = tempfile::tempdir().unwrap();
-    let cs = t.path().join("client-store");
-    let ws = t.path().join("worker-store");
-    let bb = busybox(&cs);
+    let (t, cs, ws, bb) = busybox_stores();
     let action = sh_action(
         t.path(),
         "a.toml",
@@ -655,10 +663,7 @@ fn err<T>(r: Result<T, worker::Error>) -> String {
 /// naming it, not as a broken connection, and the worker serves on.
 #[test]
 fn an_upload_missing_a_local_directory_fails_naming_it_and_the_worker_serves_on() {
-    let t = tempfile::tempdir().unwrap();
-    let cs = t.path().join("client-store");
-    let ws = t.path().join("worker-store");
-    let bb = busybox(&cs);
+    let (t, cs, ws, bb) = busybox_stores();
     let action = sh_action(t.path(), "a.toml", &bb, "echo done > $out/f");
     let root: Digest = bb.parse().unwrap();
     let store = LocalStore::open(&cs).unwrap();
@@ -979,10 +984,7 @@ fn remote_replay_uploads_the_lock_and_its_bodies_and_record_is_refused() {
 /// too short to resist guessing is refused.
 #[test]
 fn access_token_gates_the_worker() {
-    let t = tempfile::tempdir().unwrap();
-    let cs = t.path().join("client-store");
-    let ws = t.path().join("worker-store");
-    let bb = busybox(&cs);
+    let (t, cs, ws, bb) = busybox_stores();
     let action = sh_action(t.path(), "a.toml", &bb, "echo built > $out/f");
     let token = t.path().join("token");
     fs::write(&token, "c2VjcmV0LXRva2VuLWZvci10ZXN0cw==\n").unwrap();
@@ -1116,10 +1118,7 @@ fn recording_relay(to: &str) -> (String, std::sync::Arc<std::sync::Mutex<Vec<u8>
 /// before it sends the token.
 #[test]
 fn tcp_is_tls_and_an_untrusted_worker_never_sees_the_token() {
-    let t = tempfile::tempdir().unwrap();
-    let cs = t.path().join("client-store");
-    let ws = t.path().join("worker-store");
-    let bb = busybox(&cs);
+    let (t, cs, ws, bb) = busybox_stores();
     let marker = "MARKER-in-the-action-7f3a";
     let action = sh_action(t.path(), "a.toml", &bb, &format!("echo {marker} > $out/f"));
     let token_text = "dG9rZW4tdGhhdC1tdXN0LW5vdC1sZWFr";
@@ -1580,10 +1579,7 @@ fn stalling_relay(to: &str, pass: u64) -> (String, std::sync::Arc<std::sync::ato
 #[test]
 fn stalled_downloads_cost_the_worker_a_few_chunks_not_the_blob() {
     use std::sync::atomic::Ordering;
-    let t = tempfile::tempdir().unwrap();
-    let cs = t.path().join("client-store");
-    let ws = t.path().join("worker-store");
-    let bb = busybox(&cs);
+    let (t, cs, ws, bb) = busybox_stores();
     let action = sh_action(
         t.path(),
         "big.toml",
