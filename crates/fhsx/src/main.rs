@@ -11,13 +11,11 @@ mod progress;
 use clap::Parser;
 
 fn main() {
-    // Die quietly on a closed pipe (`fhsx store ls … | head`), like any Unix tool.
-    // SAFETY: resetting a signal disposition to its default, before any thread starts.
-    unsafe {
-        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
-    }
     fixed_mmap_threshold();
     let cli = cmd::Cli::parse();
+    if cli.command.holds_no_socket() {
+        die_quietly_on_a_closed_pipe();
+    }
     if cli.command.streams_objects() {
         padded_heap();
     }
@@ -26,6 +24,21 @@ fn main() {
         Err(err) => exit::report(&err),
     };
     std::process::exit(code);
+}
+
+/// End quietly when what this prints goes to a closed pipe (`fhsx store
+/// ls … | head`), like any Unix tool. Only for commands that hold no
+/// socket: a peer that goes away must end in an error the command
+/// handles, and rustls's vectored writes are not sent with
+/// `MSG_NOSIGNAL` — with SIGPIPE at its default, a worker writing a
+/// download to a client that had gone died of it
+/// (`stalled_downloads_cost_the_worker_a_few_chunks_not_the_blob`).
+fn die_quietly_on_a_closed_pipe() {
+    // SAFETY: resetting a signal disposition to its default, before any
+    // thread starts.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
 }
 
 /// Serve every allocation of 1 MiB or more from a fresh mapping, for the

@@ -579,8 +579,8 @@ impl Worker {
         let stdout = child.stdout.take().unwrap();
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            // Read stdout to its end: a closed pipe would kill the worker
-            // (fhsx restores SIGPIPE's default) at its next line.
+            // Read stdout to its end: on a closed pipe the worker's next
+            // line would fail.
             let mut r = BufReader::new(stdout);
             let mut line = String::new();
             let _ = r.read_line(&mut line);

@@ -76,6 +76,27 @@ pub enum Command {
 }
 
 impl Command {
+    /// Whether this command opens no socket: no worker or client, no
+    /// fetch proxy or download, no sandbox with its RPC bridge, no FUSE
+    /// session. Only these may die of SIGPIPE (see `main`).
+    pub fn holds_no_socket(&self) -> bool {
+        match self {
+            Command::Store(_)
+            | Command::Compose(_)
+            | Command::Key(_)
+            | Command::Record(_)
+            | Command::ClosureBloat(_)
+            | Command::Lock(_)
+            | Command::Materialize(_) => true,
+            Command::Build(_)
+            | Command::Run(_)
+            | Command::Mount(_)
+            | Command::Proxy(_)
+            | Command::Worker(_)
+            | Command::Toolchain(_) => false,
+        }
+    }
+
     /// Whether this command moves objects over the wire in a stream of
     /// batches: the worker, and a build sent to one.
     pub fn streams_objects(&self) -> bool {
