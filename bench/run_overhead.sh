@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Overhead of `fhsx run -- /bin/true` against a bare bwrap with the same
 # namespaces and mounts (`bwrap --unshare-all … /bin/true`, no supervisor,
-# no RPC bridge, no reaper). Prints both means and their ratio (issue 18: target <= 1.3).
+# no RPC bridge, no reaper). Prints the medians and means of each command
+# and their ratios (issue 18: target <= 1.3).
 #
 # A third command splits the gap: bwrap with what fhsx adds inside the
 # sandbox (the supervisor as PID 1 with its Landlock rules and its start
