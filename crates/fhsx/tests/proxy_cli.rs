@@ -17,19 +17,26 @@ fn fhsx(store: &Path) -> Command {
 
 /// A tiny upstream: answers every request with BODY, then closes.
 fn upstream() -> u16 {
+    upstream_serving(BODY)
+}
+
+/// An upstream that answers every request with `body`, then closes.
+fn upstream_serving(body: &'static [u8]) -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let port = l.local_addr().unwrap().port();
     std::thread::spawn(move || {
         for s in l.incoming() {
             let Ok(mut s) = s else { continue };
-            let mut buf = [0u8; 4096];
-            let _ = s.read(&mut buf);
-            let _ = write!(
-                s,
-                "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
-                BODY.len()
-            );
-            let _ = s.write_all(BODY);
+            std::thread::spawn(move || {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf);
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 200 OK\r\ncontent-type: text/plain\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                    body.len()
+                );
+                let _ = s.write_all(body);
+            });
         }
     });
     port
@@ -238,4 +245,57 @@ fn the_static_binary_resolves_upstream_host_names() {
     assert_eq!(got, (200, BODY.to_vec()), "proxy log: {err}");
     assert_eq!(code, 0, "{err}");
     assert!(err.contains("\"event\":\"recorded\""), "{err}");
+}
+
+/// Clients that go away in the middle of a body leave the proxy serving:
+/// three curls, each slowed to 64 KiB/s, are killed a moment into a 32 MiB
+/// body, so the proxy is mid-write to each; then the same URL comes back
+/// whole. The proxy's writes to the reset connections fail (ECONNRESET
+/// from its vectored writes, which carry no `MSG_NOSIGNAL`; `fhsx proxy`
+/// keeps SIGPIPE ignored in any case, see `Command::holds_no_socket`).
+#[test]
+fn a_client_that_leaves_mid_body_does_not_end_the_proxy() {
+    static BIG: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let big = BIG.get_or_init(|| (0..32u32 << 20).map(|i| (i % 251) as u8).collect());
+    let dir = tempfile::tempdir().unwrap();
+    let store = dir.path().join("store");
+    let lock = dir.path().join("fetch.lock");
+    let port = upstream_serving(big);
+    let (mut child, addr) = start_proxy(&store, &lock, "record", &["--listen", "127.0.0.1:0"]);
+    for _ in 0..3 {
+        let mut slow = Command::new("curl")
+            .env_remove("http_proxy")
+            .args([
+                "-sS",
+                "--noproxy",
+                "",
+                "--limit-rate",
+                "64K",
+                "-o",
+                "/dev/null",
+            ])
+            .arg("--proxy")
+            .arg(format!("http://{addr}"))
+            .arg(format!("http://127.0.0.1:{port}/big"))
+            .spawn()
+            .unwrap_or_else(|e| panic!("curl is required (apt-get install -y curl): {e}"));
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        slow.kill().unwrap();
+        slow.wait().unwrap();
+    }
+    // Let the proxy meet the closed connections.
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    if let Some(st) = child.try_wait().unwrap() {
+        let mut err = String::new();
+        let _ = child.stderr.take().unwrap().read_to_string(&mut err);
+        panic!("the proxy ended when a client left mid-body ({st}; SIGPIPE is signal 13): {err}");
+    }
+    let (code, body) = curl(&addr, &format!("http://127.0.0.1:{port}/big"));
+    assert_eq!(code, 200);
+    assert!(
+        body == *big,
+        "the whole fetch after the killed ones came back altered"
+    );
+    let (code, err) = stop(child);
+    assert_eq!(code, 0, "{err}");
 }

@@ -113,3 +113,45 @@ fn run_refuses_dsh_home_and_a_missing_workspace() {
     let o = fhsx_run(&ws.path().join("nope"), &["--", "/bin/true"]);
     assert_eq!(o.status.code(), Some(2), "{o:?}");
 }
+
+/// A command that asks the RPC bridge something and hangs up before the
+/// answer leaves the bridge serving: fifty hang-ups, then a ping that
+/// waits for its pong, and `fhsx run` ends with the command's status. The
+/// answers meet closed sockets (EPIPE: std sends them with
+/// `MSG_NOSIGNAL`, seen with strace), and each hung-up connection must
+/// give its slot back — with the slot kept, the bridge refuses every
+/// connection after the sixteenth and this fails.
+#[test]
+fn hang_ups_on_the_rpc_bridge_leave_it_serving() {
+    let ws = tempfile::tempdir().unwrap();
+    let script = "import os, socket, struct, json, time
+def frame(req):
+    body = json.dumps(req).encode()
+    return struct.pack('>I', len(body)) + body
+for _ in range(50):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.environ['WF_RPC_SOCK'])
+    s.sendall(frame({'op': 'status'}))
+    s.close()
+# The hung-up connections count against the bridge's limit until it has
+# served them; until then it answers 'too many connections'.
+for _ in range(100):
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.connect(os.environ['WF_RPC_SOCK'])
+    s.sendall(frame({'op': 'ping'}))
+    n = struct.unpack('>I', s.recv(4, socket.MSG_WAITALL))[0]
+    answer = json.loads(s.recv(n, socket.MSG_WAITALL))
+    s.close()
+    if answer['result'] != 'error':
+        break
+    time.sleep(0.02)
+print(answer['result'])
+";
+    let o = fhsx_run(ws.path(), &["--", "/usr/bin/python3", "-c", script]);
+    assert_eq!(
+        o.status.code(),
+        Some(0),
+        "the command could not reach the bridge after the hang-ups, or fhsx run did not end with its status: {o:?}"
+    );
+    assert_eq!(stdout(&o), "pong\n", "{o:?}");
+}
