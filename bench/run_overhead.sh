@@ -13,6 +13,12 @@
 # "inside" what the fhsx process costs: its start, the probe, the cgroup,
 # the socket, the spawn and the exit chain.
 #
+# A fourth, "wrap", is the cheapest process one can put around that same
+# sandbox: a static C program that only posix_spawns the "inside" command
+# and waits for it (compiled here with cc). wrap/bare is the floor of any
+# design where a process outside the sandbox outlives it (to serve the
+# RPC bridge, reap, clean up); fhsx/wrap is what fhsx's own work costs.
+#
 # Usage: bench/run_overhead.sh [ITERATIONS]   (default 200)
 # Env:   FHSX=path/to/fhsx (default: target/release/fhsx, built if missing)
 set -euo pipefail
@@ -23,10 +29,24 @@ if [[ ! -x $FHSX ]]; then
   cargo build --release -p fhsx >&2
 fi
 command -v bwrap >/dev/null || { echo "bwrap missing: apt-get install bubblewrap" >&2; exit 1; }
+command -v cc >/dev/null || { echo "cc missing (for the wrap command): apt-get install gcc libc6-dev" >&2; exit 1; }
 FHSX=$(realpath "$FHSX")
 
 ws=$(mktemp -d)
 trap 'rm -rf "$ws"' EXIT
+cat >"$ws/wrap.c" <<'C'
+#include <spawn.h>
+#include <sys/wait.h>
+extern char **environ;
+int main(int argc, char **argv) {
+  pid_t pid;
+  int status;
+  if (argc < 2 || posix_spawn(&pid, argv[1], 0, 0, argv + 1, environ) != 0) return 127;
+  if (waitpid(pid, &status, 0) < 0) return 127;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
+}
+C
+cc -O2 -static-pie -o "$ws/wrap" "$ws/wrap.c" || { echo "could not compile the wrap command: apt-get install gcc libc6-dev" >&2; exit 1; }
 
 # Two commands from fhsx's own argv, in one pass over it.
 #  - bare: minus what only fhsx adds (the RPC socket's bind, whose socket
@@ -74,13 +94,15 @@ exec 9> >(cat >/dev/null)
 cd "$ws"
 run_bare() { "${bare[@]}" >/dev/null 9>&-; }
 run_inside() { "${inside[@]}" >/dev/null 3>&9 9>&-; }
+run_wrap() { "$ws/wrap" "${inside[@]}" >/dev/null 3>&9 9>&-; }
 run_fhsx() { "$FHSX" run --workspace "$ws" -- /bin/true >/dev/null 9>&-; }
-for _ in 1 2 3 4 5; do run_bare; run_inside; run_fhsx; done
-: >"$ws/.bare"; : >"$ws/.inside"; : >"$ws/.fhsx"
-order=(bare inside fhsx)
+run_wrap || { echo "the wrap command failed" >&2; exit 1; }
+for _ in 1 2 3 4 5; do run_bare; run_inside; run_wrap; run_fhsx; done
+order=(bare inside wrap fhsx)
+for which in "${order[@]}"; do : >"$ws/.$which"; done
 for ((k = 0; k < N; k++)); do
-  for ((j = 0; j < 3; j++)); do
-    which=${order[$(((j + k) % 3))]}
+  for ((j = 0; j < 4; j++)); do
+    which=${order[$(((j + k) % 4))]}
     t0=${EPOCHREALTIME/./}; "run_$which"; t1=${EPOCHREALTIME/./}
     echo $((t1 - t0)) >>"$ws/.$which"
   done
@@ -88,10 +110,13 @@ done
 stats() { sort -n "$1" | awk '{a[NR]=$1; s+=$1} END {printf "%.3f %.3f\n", a[int((NR+1)/2)]/1000, s/NR/1000}'; }
 read -r bare_med bare_mean < <(stats "$ws/.bare")
 read -r inside_med inside_mean < <(stats "$ws/.inside")
+read -r wrap_med wrap_mean < <(stats "$ws/.wrap")
 read -r fhsx_med fhsx_mean < <(stats "$ws/.fhsx")
 echo "bare bwrap:            median ${bare_med} ms, mean ${bare_mean} ms (n=$N)"
 echo "bwrap + inside:        median ${inside_med} ms, mean ${inside_mean} ms (supervisor, socket bind; no filter)"
+echo "wrap + inside:         median ${wrap_med} ms, mean ${wrap_mean} ms (a C posix_spawn-and-wait around it)"
 echo "fhsx run -- /bin/true: median ${fhsx_med} ms, mean ${fhsx_mean} ms (n=$N)"
 echo "ratio (median):        $(echo "scale=2; $fhsx_med / $bare_med" | bc)x (target <= 1.3x)"
 echo "ratio (mean):          $(echo "scale=2; $fhsx_mean / $bare_mean" | bc)x"
 echo "split (median):        inside/bare $(echo "scale=2; $inside_med / $bare_med" | bc)x, fhsx/inside $(echo "scale=2; $fhsx_med / $inside_med" | bc)x"
+echo "floor (median):        wrap/bare $(echo "scale=2; $wrap_med / $bare_med" | bc)x, fhsx/wrap $(echo "scale=2; $fhsx_med / $wrap_med" | bc)x"
