@@ -1190,3 +1190,88 @@ impl cas::Server for CasImpl {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::future::Future;
+
+    use super::*;
+
+    fn shared(store: LocalStore) -> Rc<Shared> {
+        Rc::new(Shared {
+            runner: Runner::new(store.clone(), 1, crate::runner::BuildOptions::default()),
+            store,
+            public_key: String::new(),
+            tls_binding: Vec::new(),
+            counters: Arc::default(),
+            shutting_down: Cell::new(false),
+            claims: RefCell::default(),
+        })
+    }
+
+    fn is_mine(r: &Reserved) -> bool {
+        matches!(r, Reserved::Mine(_))
+    }
+
+    /// `reserve_absent` claims before it looks, so a second reservation
+    /// made while the first is between its claim and its look finds the
+    /// object busy. Deterministic: the first asks about `PRESENT_ON_LOOP`
+    /// objects, so its look goes off the loop, and it is polled once, up
+    /// to that look; the second asks about one, looked up on the loop
+    /// without yielding. Looking first (the old order) gives the second
+    /// the object too, and both wrote it.
+    #[test]
+    fn a_reservation_between_anothers_claim_and_look_finds_the_object_busy() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(dir.path().join("store")).unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let s = shared(store.clone());
+            let blobs: Vec<Vec<u8>> = (0..PRESENT_ON_LOOP as u32)
+                .map(|i| format!("blob {i}").into_bytes())
+                .collect();
+            let digests: Vec<Digest> = blobs.iter().map(|b| Digest::of(b)).collect();
+            let mut first = Box::pin(s.reserve_absent(ObjectKind::Blob, &digests));
+            let first_waits = std::future::poll_fn(|cx| {
+                std::task::Poll::Ready(first.as_mut().poll(cx).is_pending())
+            })
+            .await;
+            assert!(
+                first_waits,
+                "the first reservation did not wait for its look"
+            );
+
+            let second = s
+                .reserve_absent(ObjectKind::Blob, &digests[..1])
+                .await
+                .unwrap();
+            assert!(
+                matches!(second[0], Reserved::Busy),
+                "a reservation while another was looking got the object too"
+            );
+
+            let first = first.await.unwrap();
+            assert!(first.iter().all(is_mine));
+            drop(first);
+            // Given back unwritten: the next reservation gets it.
+            let third = s
+                .reserve_absent(ObjectKind::Blob, &digests[..1])
+                .await
+                .unwrap();
+            assert!(is_mine(&third[0]));
+            store
+                .put_blobs_unsynced(&[CheckedBlob::new(blobs[0].as_slice())])
+                .unwrap();
+            drop(third);
+            // Written: here, claimed by nobody.
+            let fourth = s
+                .reserve_absent(ObjectKind::Blob, &digests[..1])
+                .await
+                .unwrap();
+            assert!(matches!(fourth[0], Reserved::Here));
+            assert!(s.claims.borrow().is_empty());
+        });
+    }
+}
