@@ -99,12 +99,13 @@ enum Reserved {
     Busy,
 }
 
-/// Fewer lookups than this are made on the event loop: handing them to
-/// another thread costs more than they do. Measured on a warm store
-/// (medians of 400, release, 2 cores): 64 lookups hold the loop 30–38
-/// µs, where handing them to rayon's threads makes the caller wait 72–78
-/// µs (8: 4–7 against 21–23 µs; 256: 150 against 250–273 µs). So fewer
-/// than 64 never hold the loop for more than ~40 µs, and more go off it.
+/// Fewer lookups than this are made on the event loop; more are handed
+/// to rayon's threads, so that one request does not hold every other
+/// connection's reads and answers. Handing off makes the caller wait
+/// longer, so it pays only where the loop's time matters: on a warm store
+/// (medians of 400, release, 2 cores) 64 lookups hold the loop 30–38 µs,
+/// against 72–78 µs for the caller handed off (8: 4–7 against 21–23 µs;
+/// 256: 150 against 250–273 µs).
 const PRESENT_ON_LOOP: usize = 64;
 
 /// The worker's state, shared by every connection.
