@@ -48,10 +48,16 @@ fn die_quietly_on_a_closed_pipe() {
 /// from the heap and are zeroed by hand, page by page. In a worker, or a
 /// graph build running several actions in one process, that made every
 /// view mount after the first take 4.3 ms instead of 0.45 ms
-/// (`bench/worker.sh` round trip).
+/// (`bench/worker.sh` round trip). The threshold is the worker's
+/// `HEAP_MESSAGE_MAX`, one number: every message carrying blob bytes
+/// stays below it, so that message comes from the heap, not a fresh
+/// mapping faulted in page by page.
 fn fixed_mmap_threshold() {
     #[cfg(target_env = "gnu")]
-    set_malloc_option(libc::M_MMAP_THRESHOLD, 1 << 20);
+    set_malloc_option(
+        libc::M_MMAP_THRESHOLD,
+        worker::HEAP_MESSAGE_MAX as libc::c_int,
+    );
 }
 
 /// Grow and trim the heap 16 MiB beyond what is in use, for a process that
