@@ -822,16 +822,11 @@ impl Client {
         batch: Vec<(Digest, u64)>,
     ) -> Result<(), capnp::Error> {
         let mut req = self.cas.put_blobs_request();
-        let mut l = req.get().init_blobs(batch.len() as u32);
-        for (i, (d, size)) in batch.iter().enumerate() {
-            let mut b = l.reborrow().get(i as u32);
-            b.set_digest(d.as_bytes());
-            // A batch holds it (`Batch::holds`), so it fits a u32.
-            let data = b.init_data(*size as u32);
+        lay_out_batch(req.get(), &batch, |d, data| {
             open_local_blob(store, d)?
                 .read_exact(data)
-                .map_err(|e| local_read_error(d, e))?;
-        }
+                .map_err(|e| local_read_error(d, e))
+        })?;
         req.send().promise.await.map(|_| ())
     }
 
@@ -1180,6 +1175,23 @@ fn post_order(roots: &[Digest], dirs: &HashMap<Digest, Directory>) -> Vec<Digest
     out
 }
 
+/// `batch` laid out in a `putBlobs` request: each blob's digest, and its
+/// bytes written in place by `fill`.
+fn lay_out_batch(
+    params: cas::put_blobs_params::Builder<'_>,
+    batch: &[(Digest, u64)],
+    mut fill: impl FnMut(&Digest, &mut [u8]) -> Result<(), capnp::Error>,
+) -> Result<(), capnp::Error> {
+    let mut l = params.init_blobs(batch.len() as u32);
+    for (i, (d, size)) in batch.iter().enumerate() {
+        let mut b = l.reborrow().get(i as u32);
+        b.set_digest(d.as_bytes());
+        // A batch holds it (`Batch::holds`), so it fits a u32.
+        fill(d, b.init_data(*size as u32))?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1207,16 +1219,10 @@ mod tests {
         capnp::serialize::compute_serialized_size_in_words(m) * 8
     }
 
-    /// What `put_batch` would send for `batch`.
+    /// What `put_batch` sends for `batch`, laid out the same way.
     fn put_blobs_message(batch: &[(Digest, u64)]) -> usize {
         let mut m = capnp::message::Builder::new_default();
-        let p = m.init_root::<cas::put_blobs_params::Builder>();
-        let mut l = p.init_blobs(batch.len() as u32);
-        for (i, (d, size)) in batch.iter().enumerate() {
-            let mut b = l.reborrow().get(i as u32);
-            b.set_digest(d.as_bytes());
-            b.init_data(*size as u32);
-        }
+        lay_out_batch(m.init_root(), batch, |_, _| Ok(())).unwrap();
         wire_bytes(&m)
     }
 
