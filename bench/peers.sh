@@ -57,17 +57,10 @@ drv=$(nix-instantiate "$work/t.nix" 2>/dev/null)
 nix-store --realise "$drv" >/dev/null 2>&1
 nix-store --realise --check "$drv" >/dev/null 2>&1 || { echo "nix-store --check failed: is the Nix sandbox usable here?" >&2; nix-store --realise --check "$drv"; exit 1; }
 
-# The floor: fhsx's own bwrap flags, minus what only fhsx adds.
-mapfile -t full < <(cd "$work" && "$F" run --print-argv -- /bin/true)
-bare=(); i=0
-while (( i < ${#full[@]} )); do
-  a=${full[$i]}
-  if [[ $a == --ro-bind && ( ${full[$((i + 2))]:-} == /run/wf.sock || ${full[$((i + 2))]:-} == /run/fhsx/supervisor ) ]]; then i=$((i + 3)); continue; fi
-  if [[ $a == --seccomp ]]; then i=$((i + 2)); continue; fi
-  if [[ $a == --setenv && ${full[$((i + 1))]:-} == WF_RPC_SOCK ]]; then i=$((i + 3)); continue; fi
-  if [[ $a == -- ]]; then bare+=(-- /bin/true); break; fi
-  bare+=("$a"); i=$((i + 1))
-done
+# The floor: fhsx's own bwrap flags, minus what only fhsx adds
+# (bench/run_argv.sh).
+. bench/run_argv.sh
+split_run_argv "$F" "$work" || exit 1
 (cd "$work" && "${bare[@]}") || { echo "the bare bwrap command failed" >&2; exit 1; }
 
 # Interleaved, the order rotated every round: a sandbox's teardown goes on

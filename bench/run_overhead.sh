@@ -48,40 +48,11 @@ int main(int argc, char **argv) {
 C
 cc -O2 -static-pie -o "$ws/wrap" "$ws/wrap.c" || { echo "could not compile the wrap command: apt-get install gcc libc6-dev" >&2; exit 1; }
 
-# Two commands from fhsx's own argv, in one pass over it.
-#  - bare: minus what only fhsx adds (the RPC socket's bind, whose socket
-#    exists only during a run, the supervisor, the seccomp filter passed
-#    on an fd), running /bin/true;
-#  - inside: with what goes inside kept. The socket's bind gets an empty
-#    file in its place, the filter's fd is dropped, and the supervisor's
-#    control fd 3 is a pipe nobody writes (fd 9 below, handed over as 3
-#    to this command only).
-mapfile -t full < <(cd "$ws" && "$FHSX" run --print-argv -- /bin/true)
-: >"$ws/.sock"
-bare=()
-inside=()
-i=0
-while (( i < ${#full[@]} )); do
-  a=${full[$i]}
-  target=${full[$((i + 2))]:-}
-  if [[ $a == --seccomp ]]; then
-    i=$((i + 2)); continue
-  fi
-  if [[ $a == --ro-bind && $target == /run/wf.sock ]]; then
-    inside+=(--ro-bind "$ws/.sock" /run/wf.sock); i=$((i + 3)); continue
-  fi
-  inside+=("$a")
-  if [[ $a == -- ]]; then
-    bare+=(-- /bin/true)
-    inside+=("${full[@]:$((i + 1))}"); break
-  fi
-  if [[ $a == --ro-bind && $target == /run/fhsx/supervisor ]] ||
-    [[ $a == --setenv && ${full[$((i + 1))]:-} == WF_RPC_SOCK ]]; then
-    inside+=("${full[@]:$((i + 1)):2}"); i=$((i + 3)); continue
-  fi
-  bare+=("$a"); i=$((i + 1))
-done
-(( ${#bare[@]} > 3 )) || { echo "could not get the argv from $FHSX run --print-argv" >&2; exit 1; }
+# The bare and inside commands from fhsx's own argv (bench/run_argv.sh);
+# the supervisor's control fd 3 is a pipe nobody writes (fd 9 below,
+# handed over as 3 to the commands that run it only).
+. bench/run_argv.sh
+split_run_argv "$FHSX" "$ws" || exit 1
 "${bare[@]}" || { echo "the bare bwrap command failed: ${bare[*]}" >&2; exit 1; }
 exec 9> >(cat >/dev/null)
 "${inside[@]}" 3>&9 9>&- || { echo "the bwrap command with the supervisor failed: ${inside[*]}" >&2; exit 1; }
