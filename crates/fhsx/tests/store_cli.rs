@@ -382,3 +382,38 @@ fn gc_keeps_persistent_roots_and_refuses_to_empty_an_unrooted_store() {
     let o = run(&store, &["store", "root", "remove", "--name", "atom-a"]);
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// A command that holds no socket ends quietly when what it prints goes
+/// to a closed pipe (`fhsx store cat … | head -c 1`), like any Unix tool:
+/// killed by SIGPIPE, nothing on stderr (`Command::holds_no_socket`; the
+/// commands with a peer keep SIGPIPE ignored).
+#[test]
+fn store_cat_into_a_closed_pipe_ends_quietly_by_sigpipe() {
+    use std::io::Read;
+    use std::os::unix::process::ExitStatusExt;
+    let t = tempfile::tempdir().unwrap();
+    let (src, store) = (t.path().join("src"), t.path().join("store"));
+    // Far more than a pipe holds (64 KiB), so the writer meets the close.
+    let big: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    write(&src.join("big"), &big, 0o644);
+    let root = import(&store, &src);
+    let mut child = fhsx(&store)
+        .args(["store", "cat", &root, "big"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut first = [0u8; 1];
+    child.stdout.take().unwrap().read_exact(&mut first).unwrap();
+    // The read end is closed here, with the rest unread.
+    let mut err = String::new();
+    child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut err)
+        .unwrap();
+    let status = child.wait().unwrap();
+    assert_eq!(status.signal(), Some(libc::SIGPIPE), "{status:?}: {err}");
+    assert_eq!(err, "");
+}
