@@ -1495,10 +1495,15 @@ fn silent_connections_beyond_the_cap_are_closed_and_memory_stays_bounded() {
     use worker::server::MAX_CONNECTIONS;
     let t = tempfile::tempdir().unwrap();
     let w = Worker::start(&t.path().join("ws"), t.path(), 1, &[]);
-    w.client().stats().unwrap();
+    // One connection held open through the flood: it takes one slot for
+    // certain, where a client dropped here might still hold its slot or
+    // not when the flood comes (in a loaded suite it did, and one more
+    // was closed).
+    let held = w.client();
+    held.stats().unwrap();
     let before = resident_kib(w.child.id());
     let extra = 40;
-    let flood: Vec<std::net::TcpStream> = (0..MAX_CONNECTIONS + extra)
+    let flood: Vec<std::net::TcpStream> = (0..MAX_CONNECTIONS - 1 + extra)
         .map(|_| std::net::TcpStream::connect(&w.addr).unwrap())
         .collect();
     // Well inside the 10 s handshake timeout: only the refused ones close.
@@ -1515,7 +1520,7 @@ fn silent_connections_beyond_the_cap_are_closed_and_memory_stays_bounded() {
     closed = closed.max(flood.iter().filter(|s| closed_by_peer(s)).count());
     assert_eq!(
         closed, extra,
-        "of {} silent connections the worker should close exactly those beyond its cap of {MAX_CONNECTIONS}",
+        "of {} silent connections beside one client the worker should close exactly those beyond its cap of {MAX_CONNECTIONS}",
         flood.len()
     );
     let grown = resident_kib(w.child.id()).saturating_sub(before);
@@ -1523,7 +1528,7 @@ fn silent_connections_beyond_the_cap_are_closed_and_memory_stays_bounded() {
         grown < 160 << 10,
         "the worker grew by {grown} KiB holding {MAX_CONNECTIONS} silent connections"
     );
-    drop(flood);
+    drop((flood, held));
     // Their slots come back as the worker sees them end.
     let end = Instant::now() + Duration::from_secs(20);
     loop {
