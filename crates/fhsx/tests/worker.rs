@@ -1665,3 +1665,70 @@ fn stalled_downloads_cost_the_worker_a_few_chunks_not_the_blob() {
     let o = remote(&fresh, &w, &action, false).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
 }
+
+/// Directories go to the worker in messages bounded by bytes, not by
+/// count: a tree of 4,097 directories of ~18 KB each (~72 MB of
+/// directories, past the 64 MiB one message may carry) uploads whole, and
+/// the worker then holds every directory of it. Batched by count (4,096 a
+/// message), the first message was refused and the upload failed.
+#[test]
+fn a_tree_of_many_large_directories_uploads_whole() {
+    use castore::store::BlobStore;
+    let t = tempfile::tempdir().unwrap();
+    let (cs, ws) = (t.path().join("client-store"), t.path().join("worker-store"));
+    let store = LocalStore::open(&cs).unwrap();
+    let blob = store.put_blob(b"one blob, named many times").unwrap();
+    let file = Node::File {
+        digest: blob,
+        size: 26,
+        executable: false,
+    };
+    // Names near the 255-byte limit, so each directory is big.
+    let long = "n".repeat(240);
+    let mut root = castore::Directory::new();
+    for i in 0..4096 {
+        let mut d = castore::Directory::new();
+        for j in 0..70 {
+            let name = format!("{j:03}-{i:04}-{long}");
+            d.insert(castore::Name::new(name.as_bytes()).unwrap(), file.clone())
+                .unwrap();
+        }
+        let size = d.size();
+        let digest = store.put_directory(&d).unwrap();
+        let name = format!("d{i:04}");
+        root.insert(
+            castore::Name::new(name.as_bytes()).unwrap(),
+            Node::Directory { digest, size },
+        )
+        .unwrap();
+    }
+    let root = store.put_directory(&root).unwrap();
+    let (dirs, blobs) = tree_objects(&cs, &[root]);
+    assert_eq!((dirs.len(), blobs.len()), (4097, 1));
+
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    let sent = w.client().upload(&store, &[root], &[]).unwrap();
+    assert_eq!((sent.directories, sent.blobs), (4097, 1));
+    assert!(
+        holds_all(&ws, &dirs, &blobs),
+        "the worker lacks part of the tree"
+    );
+
+    // One directory bigger than any message (~270,000 long names, ~68 MB
+    // encoded) is refused by the client, naming it, as bad input; the
+    // worker serves on.
+    let mut huge = castore::Directory::new();
+    for j in 0..270_000 {
+        let name = format!("{j:06}-{long}");
+        huge.insert(castore::Name::new(name.as_bytes()).unwrap(), file.clone())
+            .unwrap();
+    }
+    let huge = store.put_directory(&huge).unwrap();
+    let e = w.client().upload(&store, &[huge], &[]).unwrap_err();
+    assert_eq!(e.exit_class(), executor_core::ExitClass::Usage, "{e}");
+    assert!(
+        e.to_string().contains(&huge.to_string()) && e.to_string().contains("split it"),
+        "{e}"
+    );
+    assert!(w.client().stats().is_ok(), "the worker stopped serving");
+}

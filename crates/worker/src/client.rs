@@ -47,8 +47,12 @@ const BATCH_BYTES: usize = 960 << 10;
 /// `no_upload_message_reaches_the_heap_limit`; counted as 64, 15,123
 /// such blobs made a message of 1,088,912 bytes).
 const BLOB_ENTRY_BYTES: usize = 96;
-/// Directories per `putDirectories` batch.
-const BATCH_DIRS: usize = 4096;
+/// What one directory adds to a `putDirectories` message besides its
+/// encoding: its list entry (a pointer) and the padding to a word.
+const DIR_ENTRY_BYTES: usize = 16;
+/// What a call's message takes besides its one big list entry: the
+/// segment table, the RPC call around the parameters, the list pointer.
+const MESSAGE_FRAME_BYTES: usize = 4 << 10;
 /// Digests per `findMissing` call.
 const FIND_BATCH: usize = 50_000;
 /// Upload calls in flight at once, batches and streams each.
@@ -111,17 +115,38 @@ impl UploadState {
     }
 }
 
-/// Small blobs gathered into one `putBlobs` call of at most
-/// [`BATCH_BYTES`], each counted with its entry. A blob no batch can hold
-/// ([`holds`](Self::holds)) is streamed instead; given one, `add` still
-/// sends it alone.
-#[derive(Default)]
-struct Batch {
-    blobs: Vec<(Digest, u64)>,
+/// Objects gathered into one call of at most [`BATCH_BYTES`], each
+/// counted with what its entry adds. One that no batch can hold still goes,
+/// alone.
+struct Batch<T> {
+    items: Vec<T>,
     bytes: usize,
 }
 
-impl Batch {
+impl<T> Default for Batch<T> {
+    fn default() -> Self {
+        Self {
+            items: Vec::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl<T> Batch<T> {
+    /// Add an object taking `cost` bytes; the batch before it, if it would
+    /// not fit.
+    fn push(&mut self, item: T, cost: usize) -> Option<Vec<T>> {
+        let full = (self.bytes + cost > BATCH_BYTES && !self.items.is_empty())
+            .then(|| std::mem::take(self).items);
+        self.bytes += cost;
+        self.items.push(item);
+        full
+    }
+}
+
+/// Small blobs for one `putBlobs` call. A blob no batch can hold
+/// ([`holds`](Self::holds)) is streamed instead.
+impl Batch<(Digest, u64)> {
     /// What a blob of `size` bytes takes of a batch.
     fn cost(size: u64) -> u64 {
         size + BLOB_ENTRY_BYTES as u64
@@ -134,12 +159,7 @@ impl Batch {
 
     /// Add a blob; the batch before it, if it would not fit.
     fn add(&mut self, d: Digest, size: u64) -> Option<Vec<(Digest, u64)>> {
-        let cost = Self::cost(size) as usize;
-        let full = (self.bytes + cost > BATCH_BYTES && !self.blobs.is_empty())
-            .then(|| std::mem::take(self).blobs);
-        self.bytes += cost;
-        self.blobs.push((d, size));
-        full
+        self.push((d, size), Self::cost(size) as usize)
     }
 }
 
@@ -677,20 +697,56 @@ impl Client {
         let order = post_order(roots, &missing_dirs);
         let mut t = st.transfer.take();
         t.directories = order.len() as u64;
-        self.run(async {
-            for chunk in order.chunks(BATCH_DIRS) {
-                let mut req = self.cas.put_directories_request();
-                let enc: Vec<Vec<u8>> = chunk
-                    .iter()
-                    .filter_map(|d| missing_dirs.get(d).map(|x| x.encode()))
-                    .collect();
-                let refs: Vec<&[u8]> = enc.iter().map(|e| e.as_slice()).collect();
-                raw_list(req.get().init_directories(refs.len() as u32), &refs);
-                req.send().promise.await?;
+        self.send_directories(&order, &missing_dirs)?;
+        Ok(t)
+    }
+
+    /// `putDirectories` of `order` (children before parents), in batches
+    /// bounded by bytes, each encoded as its turn comes: a count would let
+    /// a tree of big directories make a message past what the worker reads
+    /// ([`crate::MAX_MESSAGE_BYTES`]). A directory no message can carry
+    /// ends the upload, naming it.
+    fn send_directories(
+        &self,
+        order: &[Digest],
+        dirs: &HashMap<Digest, Directory>,
+    ) -> Result<(), Error> {
+        let too_big = RefCell::new(None);
+        let send = async {
+            let mut batch = Batch::default();
+            for d in order {
+                let Some(dir) = dirs.get(d) else { continue };
+                let encoded = dir.encode();
+                if encoded.len() + MESSAGE_FRAME_BYTES > crate::MAX_MESSAGE_BYTES {
+                    let e = Error::Usage(format!(
+                        "directory {d} has {} entries and encodes to {} bytes, more than the {} \
+                         one message to a worker may carry: split it into subdirectories",
+                        dir.len(),
+                        encoded.len(),
+                        crate::MAX_MESSAGE_BYTES - MESSAGE_FRAME_BYTES,
+                    ));
+                    let stop = capnp::Error::failed(e.to_string());
+                    *too_big.borrow_mut() = Some(e);
+                    return Err(stop);
+                }
+                let cost = encoded.len() + DIR_ENTRY_BYTES;
+                if let Some(full) = batch.push(encoded, cost) {
+                    self.put_directories(&full).await?;
+                }
+            }
+            if !batch.items.is_empty() {
+                self.put_directories(&batch.items).await?;
             }
             Ok(())
-        })?;
-        Ok(t)
+        };
+        self.run(send).map_err(|e| too_big.take().unwrap_or(e))
+    }
+
+    async fn put_directories(&self, encoded: &[Vec<u8>]) -> Result<(), capnp::Error> {
+        let mut req = self.cas.put_directories_request();
+        let refs: Vec<&[u8]> = encoded.iter().map(Vec::as_slice).collect();
+        raw_list(req.get().init_directories(refs.len() as u32), &refs);
+        req.send().promise.await.map(|_| ())
     }
 
     /// Walk the trees at `roots` down through the directories the worker
@@ -783,7 +839,7 @@ impl Client {
         let (big_tx, big_rx) = mpsc::unbounded::<(Digest, u64)>();
         let plan = async move {
             futures::pin_mut!(lists);
-            let mut batch = Batch::default();
+            let mut batch = Batch::<(Digest, u64)>::default();
             while let Some(list) = lists.next().await {
                 for d in list? {
                     let size = st.size_of(store, d)?;
@@ -794,8 +850,8 @@ impl Client {
                     }
                 }
             }
-            if !batch.blobs.is_empty() {
-                let _ = batch_tx.unbounded_send(batch.blobs);
+            if !batch.items.is_empty() {
+                let _ = batch_tx.unbounded_send(batch.items);
             }
             Ok::<(), capnp::Error>(())
         };
@@ -1211,7 +1267,7 @@ mod tests {
         let big = BATCH_BYTES as u64 + 1;
         assert_eq!(batch.add(d(4), big), Some(vec![(d(3), 1)]));
         assert_eq!(batch.add(d(5), 1), Some(vec![(d(4), big)]));
-        assert_eq!(batch.blobs, vec![(d(5), 1)]);
+        assert_eq!(batch.items, vec![(d(5), 1)]);
     }
 
     /// The bytes a message takes on the wire, header included.

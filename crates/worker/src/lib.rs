@@ -68,8 +68,8 @@ pub const CHUNK: usize = 960 << 10;
 /// The size every message carrying blob bytes (a batch, a chunk) stays
 /// below, header included: `fhsx` sets glibc's mmap threshold to it (its
 /// `main`), so below it the reader takes the message from its heap.
-/// Lists of digests and directories may be bigger; there are a few per
-/// upload, not one per megabyte.
+/// Lists of digests may be bigger (50,000 digests a call); there are a
+/// few per upload, not one per megabyte.
 pub const HEAP_MESSAGE_MAX: usize = 1 << 20;
 
 /// Message reader limits for every connection.
