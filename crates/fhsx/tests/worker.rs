@@ -1732,3 +1732,64 @@ fn a_tree_of_many_large_directories_uploads_whole() {
     );
     assert!(w.client().stats().is_ok(), "the worker stopped serving");
 }
+
+/// A client that opens many blob transfers on one connection and stalls
+/// them all holds only that connection's turns (8 uploads, 2 downloads),
+/// each only until the stall timeout, and nobody else's: another client's
+/// build goes through meanwhile, the stalled transfers are ended after the
+/// timeout (finishing one is refused, naming why) and the waiting ones get
+/// their turns. Without turns all 20 uploads (each a blocking thread and a
+/// queue of chunks in the worker) and all 6 downloads (each reading ahead)
+/// were opened at once.
+#[test]
+fn stalled_transfers_take_turns_and_are_ended_after_the_stall_timeout() {
+    let (t, cs, ws, bb) = busybox_stores();
+    let action = sh_action(t.path(), "a.toml", &bb, "echo done > $out/f");
+    let w = Worker::start(&ws, t.path(), 1, &["--stall-timeout", "2s"]);
+    // A blob of four chunks for the stalled downloads.
+    let data: Vec<u8> = (0..3 * worker::CHUNK + 7)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let big = Digest::of(&data);
+    let chunks: Vec<&[u8]> = data.chunks(worker::CHUNK).collect();
+    assert!(w
+        .client()
+        .put_blob_raw(big.as_bytes(), data.len() as u64, &chunks)
+        .unwrap());
+
+    let start = Instant::now();
+    let (probe, hold) = (Duration::from_secs(1), Duration::from_secs(7));
+    let seen = std::thread::scope(|s| {
+        let stalling = s.spawn(|| {
+            let hostile = Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
+            hostile
+                .stall_transfers_raw(20, big, 6, probe, hold)
+                .unwrap()
+        });
+        let o = remote(&cs, &w, &action, false).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            start.elapsed() < hold,
+            "the other client's build ended after the stalling client let go"
+        );
+        stalling.join().unwrap()
+    });
+    let turns = (
+        worker::transfers::UPLOADS_PER_CONNECTION,
+        worker::transfers::DOWNLOADS_PER_CONNECTION,
+    );
+    assert_eq!(
+        (seen.opened_at_probe, seen.begun_at_probe),
+        turns,
+        "{seen:?}"
+    );
+    // Ended at ~2, ~4 and ~6 s; the last had their turns at ~4 s.
+    assert_eq!(
+        (seen.opened_at_hold, seen.begun_at_hold),
+        (20, 6),
+        "{seen:?}"
+    );
+    assert_eq!(seen.finishes_refused, 20, "{seen:?}");
+    assert!(seen.refusal.contains("ended the upload"), "{seen:?}");
+    assert!(w.client().stats().is_ok(), "the worker stopped serving");
+}

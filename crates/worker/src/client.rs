@@ -24,7 +24,8 @@ use futures::channel::mpsc;
 use futures::{AsyncReadExt, StreamExt, TryStreamExt};
 
 use crate::worker_capnp::{
-    byte_sink, cas, executor, gate, log_sink, CachePolicy as WirePolicy, ExitClass as WireClass,
+    blob_upload, byte_sink, cas, executor, gate, log_sink, CachePolicy as WirePolicy,
+    ExitClass as WireClass,
 };
 use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
 
@@ -243,6 +244,30 @@ impl byte_sink::Server for ByteSinkImpl {
             .borrow_mut()
             .write_all(chunk)
             .map_err(|e| capnp::Error::failed(format!("writing a downloaded blob: {e}")))
+    }
+}
+
+/// What [`Client::stall_transfers_raw`] saw.
+#[derive(Debug, Default, Clone)]
+pub struct StalledTransfers {
+    pub opened_at_probe: usize,
+    pub begun_at_probe: usize,
+    pub opened_at_hold: usize,
+    pub begun_at_hold: usize,
+    /// Finishes at `hold` that the worker refused, and the last refusal.
+    pub finishes_refused: usize,
+    pub refusal: String,
+}
+
+/// A download's sink that counts its first chunk and never takes it.
+struct StallingSink {
+    begun: Rc<std::cell::Cell<usize>>,
+}
+
+impl byte_sink::Server for StallingSink {
+    async fn write(self: Rc<Self>, _: byte_sink::WriteParams) -> Result<(), capnp::Error> {
+        self.begun.set(self.begun.get() + 1);
+        futures::future::pending().await
     }
 }
 
@@ -560,6 +585,82 @@ impl Client {
             }
             up.finish_request().send().promise.await?;
             Ok(true)
+        })
+    }
+
+    /// For tests of hostile input: on this one connection, ask at once for
+    /// `uploads` upload streams of made-up blobs, writing one small chunk
+    /// to each the worker opens, and for `downloads` downloads of `blob`
+    /// (bigger than two chunks) into sinks that never take a chunk; then
+    /// hold everything, counting what the worker has opened and begun at
+    /// `probe` and at `hold`. At `hold`, every stream opened by then is
+    /// finished.
+    pub fn stall_transfers_raw(
+        &self,
+        uploads: usize,
+        blob: Digest,
+        downloads: usize,
+        probe: std::time::Duration,
+        hold: std::time::Duration,
+    ) -> Result<StalledTransfers, Error> {
+        let opened: RefCell<Vec<blob_upload::Client>> = RefCell::default();
+        let begun = Rc::new(std::cell::Cell::new(0));
+        self.run(async {
+            let asks = (0..uploads).map(|i| {
+                let opened = &opened;
+                async move {
+                    let mut req = self.cas.put_blob_request();
+                    let made_up = Digest::of(format!("stalled upload {i}").as_bytes());
+                    req.get().set_digest(made_up.as_bytes());
+                    req.get().set_size(1 << 20);
+                    let r = req.send().promise.await?;
+                    let up = r.get()?.get_upload()?;
+                    let mut w = up.write_request();
+                    w.get().set_chunk(&[0; 1024]);
+                    w.send().await?;
+                    opened.borrow_mut().push(up);
+                    futures::future::pending::<()>().await;
+                    Ok::<(), capnp::Error>(())
+                }
+            });
+            let gets = (0..downloads).map(|_| {
+                let begun = begun.clone();
+                async move {
+                    let mut req = self.cas.get_blob_request();
+                    req.get().set_digest(blob.as_bytes());
+                    req.get()
+                        .set_sink(capnp_rpc::new_client(StallingSink { begun }));
+                    // Ended by the worker, or never: either way held.
+                    let _ = req.send().promise.await;
+                    futures::future::pending::<()>().await;
+                    Ok::<(), capnp::Error>(())
+                }
+            });
+            let all = futures::future::try_join(
+                futures::future::try_join_all(asks),
+                futures::future::try_join_all(gets),
+            );
+            futures::pin_mut!(all);
+            let mut seen = StalledTransfers::default();
+            // Ends only by an error: everything else is held.
+            if let Ok(r) = tokio::time::timeout(probe, all.as_mut()).await {
+                r?;
+            }
+            seen.opened_at_probe = opened.borrow().len();
+            seen.begun_at_probe = begun.get();
+            if let Ok(r) = tokio::time::timeout(hold.saturating_sub(probe), all.as_mut()).await {
+                r?;
+            }
+            seen.opened_at_hold = opened.borrow().len();
+            seen.begun_at_hold = begun.get();
+            let streams = opened.borrow().clone();
+            for up in streams {
+                if let Err(e) = up.finish_request().send().promise.await {
+                    seen.finishes_refused += 1;
+                    seen.refusal = e.to_string();
+                }
+            }
+            Ok(seen)
         })
     }
 
@@ -1263,7 +1364,6 @@ fn lay_out_batch(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::worker_capnp::blob_upload;
     use crate::HEAP_MESSAGE_MAX;
 
     /// A batch is sent when the next blob would take it past

@@ -40,6 +40,7 @@ pub mod reapi;
 pub mod runner;
 pub mod server;
 mod tls;
+pub mod transfers;
 
 #[allow(clippy::all, clippy::pedantic, dead_code, unused, unreachable_pub)]
 pub mod worker_capnp {

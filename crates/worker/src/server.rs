@@ -30,6 +30,7 @@ use rayon::prelude::*;
 use tokio::sync::{mpsc, watch};
 
 use crate::runner::{Job, JobResult, Runner};
+use crate::transfers::{Turn, Turns};
 
 use crate::worker_capnp::{
     blob_upload, byte_sink, cas, executor, gate, CachePolicy as WirePolicy, ExitClass as WireClass,
@@ -49,6 +50,9 @@ pub struct WorkerConfig {
     /// listen on anything but loopback or a UNIX socket.
     pub token: Option<Vec<u8>>,
     pub builds: crate::runner::BuildOptions,
+    /// How long a blob transfer may go without progress before it is
+    /// ended (see `transfers`).
+    pub stall_timeout: Duration,
 }
 
 /// The shortest access token accepted: guessing must not be an option.
@@ -121,6 +125,7 @@ struct Shared {
     /// Objects being written right now, and a receiver that sees `true`
     /// once the write is over (committed or not).
     claims: RefCell<HashMap<ClaimKey, watch::Receiver<bool>>>,
+    stall_timeout: Duration,
 }
 
 /// A claim on an object being written; released (and waiters woken) on drop.
@@ -339,16 +344,23 @@ async fn serve_async(
         counters: Arc::new(Counters::default()),
         shutting_down: Cell::new(false),
         claims: RefCell::new(HashMap::new()),
+        stall_timeout: config.stall_timeout,
     });
     drop(exec);
-    let executor: executor::Client = capnp_rpc::new_client(ExecutorImpl {
-        shared: shared.clone(),
-    });
-    let bootstrap: gate::Client = capnp_rpc::new_client(GateImpl {
-        shared: shared.clone(),
-        token: config.token.as_deref().map(blake3::hash),
-        executor,
-    });
+    // Each connection gets its own gate and executor, and so its own
+    // transfer turns.
+    let token = config.token.as_deref().map(blake3::hash);
+    let gate = || -> gate::Client {
+        let executor: executor::Client = capnp_rpc::new_client(ExecutorImpl {
+            shared: shared.clone(),
+            turns: Rc::new(Turns::new()),
+        });
+        capnp_rpc::new_client(GateImpl {
+            shared: shared.clone(),
+            token,
+            executor,
+        })
+    };
     ready(&bound);
     let open = Rc::new(Cell::new(0usize));
     let flusher = tokio::task::spawn_local(flush_uploads(shared.clone()));
@@ -361,7 +373,7 @@ async fn serve_async(
         let accepted: std::io::Result<Start> = tokio::select! {
             _ = term.recv() => break,
             _ = int.recv() => break,
-            r = accept(&listener, bootstrap.clone()) => r,
+            r = accept(&listener, gate()) => r,
         };
         match accepted {
             Ok(start) => {
@@ -540,6 +552,8 @@ impl gate::Server for GateImpl {
 
 struct ExecutorImpl {
     shared: Rc<Shared>,
+    /// This connection's.
+    turns: Rc<Turns>,
 }
 
 /// Sets a build's cancel flag when the call is dropped before it finished
@@ -565,6 +579,7 @@ impl executor::Server for ExecutorImpl {
             shared: self.shared.clone(),
             mine: RefCell::new(HashMap::new()),
             roots: Arc::new(roots),
+            turns: self.turns.clone(),
         }));
         Ok(())
     }
@@ -691,6 +706,8 @@ struct CasImpl {
     /// sent: a gc between its upload and its build must not take its
     /// inputs. Held while the client holds this capability (its connection).
     roots: Arc<castore::TempRoots>,
+    /// The connection's transfer turns.
+    turns: Rc<Turns>,
 }
 
 /// A blob being received in chunks, written by a blocking thread.
@@ -699,9 +716,49 @@ struct UploadImpl {
     digest: Digest,
     size: u64,
     received: Cell<u64>,
-    tx: RefCell<Option<mpsc::Sender<Vec<u8>>>>,
     writer: RefCell<Option<tokio::task::JoinHandle<Result<(), String>>>>,
+    stream: Rc<UploadStream>,
+}
+
+/// What an upload holds while it is open; shared with the watch that ends
+/// it when it stalls.
+struct UploadStream {
+    tx: RefCell<Option<mpsc::Sender<Vec<u8>>>>,
     claim: RefCell<Option<Claim>>,
+    turn: RefCell<Option<Turn>>,
+    /// When the last chunk arrived (or the stream opened).
+    last: Cell<tokio::time::Instant>,
+    stalled: Cell<bool>,
+}
+
+impl UploadStream {
+    /// End the stream: its writer sees the end of its chunks and fails
+    /// (fewer bytes than announced), the claim and the turn go back.
+    fn end(&self) {
+        self.tx.borrow_mut().take();
+        self.claim.borrow_mut().take();
+        self.turn.borrow_mut().take();
+    }
+
+    /// End the stream once no chunk has come for `timeout`; returns when
+    /// it is ended or the upload is gone.
+    async fn watch(stream: std::rc::Weak<UploadStream>, timeout: Duration) {
+        loop {
+            let Some(deadline) = stream.upgrade().map(|s| s.last.get() + timeout) else {
+                return;
+            };
+            tokio::time::sleep_until(deadline).await;
+            let Some(s) = stream.upgrade() else { return };
+            if s.tx.borrow().is_none() {
+                return; // finished or refused
+            }
+            if s.last.get() + timeout <= tokio::time::Instant::now() {
+                s.stalled.set(true);
+                s.end();
+                return;
+            }
+        }
+    }
 }
 
 impl blob_upload::Server for UploadImpl {
@@ -713,23 +770,21 @@ impl blob_upload::Server for UploadImpl {
             .bytes_received
             .fetch_add(chunk.len() as u64, Ordering::SeqCst);
         if total > self.size {
-            self.tx.borrow_mut().take();
+            self.stream.end();
             return Err(fail(format!(
                 "blob {}: more bytes than the announced {}; upload refused",
                 self.digest, self.size
             )));
         }
         self.received.set(total);
-        let tx = self.tx.borrow().clone();
+        self.stream.last.set(tokio::time::Instant::now());
+        let tx = self.stream.tx.borrow().clone();
         match tx {
             Some(tx) => tx
                 .send(chunk.to_vec())
                 .await
                 .map_err(|_| fail(format!("blob {}: the store writer stopped", self.digest))),
-            None => Err(fail(format!(
-                "blob {}: upload already finished or refused",
-                self.digest
-            ))),
+            None => Err(self.closed()),
         }
     }
 
@@ -738,20 +793,41 @@ impl blob_upload::Server for UploadImpl {
         _: blob_upload::FinishParams,
         _: blob_upload::FinishResults,
     ) -> Result<(), capnp::Error> {
-        self.tx.borrow_mut().take();
+        if self.stream.stalled.get() {
+            return Err(self.closed());
+        }
+        self.stream.tx.borrow_mut().take();
         let handle = self
             .writer
             .borrow_mut()
             .take()
             .ok_or_else(|| fail("upload already finished"))?;
         let r = handle.await.map_err(join_err)?;
-        let claim = self.claim.borrow_mut().take();
-        drop(claim);
+        // Given back once the blob is in (or refused): a waiting upload of
+        // the same blob then finds it.
+        self.stream.end();
         r.map_err(fail)?;
         let c = &self.shared.counters;
         c.blobs_written.fetch_add(1, Ordering::SeqCst);
         c.blob_bytes_written.fetch_add(self.size, Ordering::SeqCst);
         Ok(())
+    }
+}
+
+impl UploadImpl {
+    /// Why a chunk or the finish finds the stream closed.
+    fn closed(&self) -> capnp::Error {
+        if self.stream.stalled.get() {
+            fail(format!(
+                "blob {}: no chunk came for {:?}, so the worker ended the upload; send it again",
+                self.digest, self.shared.stall_timeout
+            ))
+        } else {
+            fail(format!(
+                "blob {}: upload already finished or refused",
+                self.digest
+            ))
+        }
     }
 }
 
@@ -943,6 +1019,11 @@ impl cas::Server for CasImpl {
         let p = params.get()?;
         let digest = digest_from(p.get_digest()?)?;
         let size = p.get_size();
+        let turn = self
+            .turns
+            .upload()
+            .await
+            .ok_or_else(|| fail("the worker is shutting down"))?;
         let claim = loop {
             if let Some(claim) = self.claim_blob(digest).await {
                 break claim; // ours to write: rooted just before its commit
@@ -976,14 +1057,24 @@ impl cas::Server for CasImpl {
             roots.add(&[digest]).map_err(|e| e.to_string())?;
             txn.commit_unsynced().map_err(|e| e.to_string())
         });
+        let stream = Rc::new(UploadStream {
+            tx: RefCell::new(Some(tx)),
+            claim: RefCell::new(Some(claim)),
+            turn: RefCell::new(Some(turn)),
+            last: Cell::new(tokio::time::Instant::now()),
+            stalled: Cell::new(false),
+        });
+        tokio::task::spawn_local(UploadStream::watch(
+            Rc::downgrade(&stream),
+            self.shared.stall_timeout,
+        ));
         results.get().set_upload(capnp_rpc::new_client(UploadImpl {
             shared: self.shared.clone(),
             digest,
             size,
             received: Cell::new(0),
-            tx: RefCell::new(Some(tx)),
             writer: RefCell::new(Some(writer)),
-            claim: RefCell::new(Some(claim)),
+            stream,
         }));
         Ok(())
     }
@@ -1089,6 +1180,12 @@ impl cas::Server for CasImpl {
         let p = params.get()?;
         let digest = digest_from(p.get_digest()?)?;
         let sink: byte_sink::Client = p.get_sink()?;
+        let _turn = self
+            .turns
+            .download()
+            .await
+            .ok_or_else(|| fail("the worker is shutting down"))?;
+        let stall = self.shared.stall_timeout;
         let (tx, mut rx) = mpsc::channel::<Result<Vec<u8>, String>>(4);
         let store = self.shared.store.clone();
         let reader = tokio::task::spawn_blocking(move || {
@@ -1100,7 +1197,14 @@ impl cas::Server for CasImpl {
             size += chunk.len() as u64;
             let mut req = sink.write_request();
             req.get().set_chunk(&chunk);
-            req.send().await?;
+            // Ending the call drops `rx`, which ends the reader.
+            tokio::time::timeout(stall, req.send())
+                .await
+                .map_err(|_| {
+                    fail(format!(
+                        "blob {digest}: the client took no chunk for {stall:?}, so the worker ended the download"
+                    ))
+                })??;
         }
         reader.await.map_err(join_err)?;
         results.get().set_size(size);
@@ -1211,6 +1315,7 @@ mod tests {
             counters: Arc::default(),
             shutting_down: Cell::new(false),
             claims: RefCell::default(),
+            stall_timeout: crate::transfers::DEFAULT_STALL_TIMEOUT,
         })
     }
 

@@ -34,6 +34,9 @@ pub struct WorkerArgs {
     /// On SIGTERM, how long running builds may go on before they are cancelled ("90s", "5m").
     #[arg(long, value_name = "DURATION", default_value = "60s")]
     pub shutdown_grace: String,
+    /// How long an upload or download of a blob may go without a chunk moving before the worker ends it and gives its turn to the next ("60s").
+    #[arg(long, value_name = "DURATION", default_value = "60s")]
+    pub stall_timeout: String,
     /// Hash every store file a build opens at its first open in that build.
     /// By default a file an earlier build of this worker hashed, and that
     /// is unchanged since (same inode, size, mtime and ctime), is trusted:
@@ -233,6 +236,8 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
         .map(::worker::read_token_file)
         .transpose()
         .map_err(|e| Classified(e.exit_class(), e.to_string()))?;
+    let stall_timeout: Duration = executor_core::action::parse_duration(&a.stall_timeout)
+        .with_context(|| format!("--stall-timeout {:?}: use 30s, 5m or 1h", a.stall_timeout))?;
     let json = g.json;
     let config = WorkerConfig {
         store,
@@ -240,6 +245,7 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
         shutdown_grace: grace,
         token,
         builds,
+        stall_timeout,
     };
     ::worker::server::serve(config, listen, |addr| {
         if json {
