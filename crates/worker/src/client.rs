@@ -1213,8 +1213,9 @@ impl Client {
             let failed = |e: castore::Error| capnp::Error::failed(e.to_string());
             let mut t = Transfer::default();
             // One at a time: the worker reads each ahead into a queue of
-            // chunks, and with eight at once three stalled clients grew it
-            // by 13-14 MiB, not 5 (`stalled_downloads_…`).
+            // chunks, and three clients stalled mid-download grew it by
+            // ~5 MiB (mostly; `stalled_downloads_…`) one at a time, by
+            // 7-14 MiB two or eight at a time.
             for (d, size) in blobs {
                 let mut f = self.get_blob_file(d, size).await?;
                 let (got, n) = txn.put_blob_reader(&mut f).map_err(failed)?;
