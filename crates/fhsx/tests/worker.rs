@@ -1778,7 +1778,7 @@ fn stalled_transfers_take_turns_and_are_ended_after_the_stall_timeout() {
         let stalling = s.spawn(|| {
             let hostile = Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
             hostile
-                .stall_transfers_raw(20, big, 6, probe, hold)
+                .stall_transfers_raw(20, big, 6, probe, hold, true)
                 .unwrap()
         });
         let o = remote(&cs, &w, &action, false).output().unwrap();
@@ -1806,5 +1806,44 @@ fn stalled_transfers_take_turns_and_are_ended_after_the_stall_timeout() {
     );
     assert_eq!(seen.finishes_refused, 20, "{seen:?}");
     assert!(seen.refusal.contains("ended the upload"), "{seen:?}");
+    assert!(w.client().stats().is_ok(), "the worker stopped serving");
+}
+
+/// A client that sends calls faster than they end — here 20,000
+/// `putBlob`s behind its 8 stalled upload turns, each call waiting holding
+/// its message and its state — gets no more than `CALLS_PER_CONNECTION`
+/// of them read: the worker stops reading that connection, grows by
+/// little, and serves another client meanwhile.
+#[test]
+fn a_connection_flooding_calls_is_not_read_past_its_cap() {
+    let (t, cs, ws, bb) = busybox_stores();
+    let action = sh_action(t.path(), "a.toml", &bb, "echo done > $out/f");
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    w.client().stats().unwrap();
+    let before = resident_kib(w.child.id());
+    let (probe, hold) = (Duration::from_secs(4), Duration::from_secs(5));
+    let (grown, seen) = std::thread::scope(|s| {
+        let flooding = s.spawn(|| {
+            let hostile = Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
+            let any = Digest::of(b"not downloaded");
+            hostile
+                .stall_transfers_raw(20_000, any, 0, probe, hold, false)
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        let grown = resident_kib(w.child.id()).saturating_sub(before);
+        let o = remote(&cs, &w, &action, false).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        (grown, flooding.join().unwrap())
+    });
+    assert_eq!(
+        seen.opened_at_probe,
+        worker::transfers::UPLOADS_PER_CONNECTION,
+        "{seen:?}"
+    );
+    assert!(
+        grown < 16 << 10,
+        "20,000 calls on one connection grew the worker by {grown} KiB"
+    );
     assert!(w.client().stats().is_ok(), "the worker stopped serving");
 }

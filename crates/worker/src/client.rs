@@ -593,8 +593,8 @@ impl Client {
     /// to each the worker opens, and for `downloads` downloads of `blob`
     /// (bigger than two chunks) into sinks that never take a chunk; then
     /// hold everything, counting what the worker has opened and begun at
-    /// `probe` and at `hold`. At `hold`, every stream opened by then is
-    /// finished.
+    /// `probe` and at `hold`. At `hold`, with `finish`, every stream
+    /// opened by then is finished.
     pub fn stall_transfers_raw(
         &self,
         uploads: usize,
@@ -602,6 +602,7 @@ impl Client {
         downloads: usize,
         probe: std::time::Duration,
         hold: std::time::Duration,
+        finish: bool,
     ) -> Result<StalledTransfers, Error> {
         let opened: RefCell<Vec<blob_upload::Client>> = RefCell::default();
         let begun = Rc::new(std::cell::Cell::new(0));
@@ -653,7 +654,11 @@ impl Client {
             }
             seen.opened_at_hold = opened.borrow().len();
             seen.begun_at_hold = begun.get();
-            let streams = opened.borrow().clone();
+            let streams = if finish {
+                opened.borrow().clone()
+            } else {
+                Vec::new()
+            };
             for up in streams {
                 if let Err(e) = up.finish_request().send().promise.await {
                     seen.finishes_refused += 1;

@@ -36,6 +36,7 @@
 
 pub mod client;
 mod error;
+pub mod inflight;
 pub mod reapi;
 pub mod runner;
 pub mod server;

@@ -29,6 +29,7 @@ use futures::AsyncReadExt;
 use rayon::prelude::*;
 use tokio::sync::{mpsc, watch};
 
+use crate::inflight::{Calls, Gated};
 use crate::runner::{Job, JobResult, Runner};
 use crate::transfers::{Turn, Turns};
 
@@ -348,18 +349,22 @@ async fn serve_async(
     });
     drop(exec);
     // Each connection gets its own gate and executor, and so its own
-    // transfer turns.
+    // transfer turns and count of calls.
     let token = config.token.as_deref().map(blake3::hash);
-    let gate = || -> gate::Client {
+    let gate = || -> Connection {
+        let calls = Rc::new(Calls::default());
         let executor: executor::Client = capnp_rpc::new_client(ExecutorImpl {
             shared: shared.clone(),
             turns: Rc::new(Turns::new()),
+            calls: calls.clone(),
         });
-        capnp_rpc::new_client(GateImpl {
+        let gate = capnp_rpc::new_client(GateImpl {
             shared: shared.clone(),
             token,
             executor,
-        })
+            calls: calls.clone(),
+        });
+        (gate, calls)
     };
     ready(&bound);
     let open = Rc::new(Cell::new(0usize));
@@ -438,7 +443,10 @@ async fn flush_unsynced(store: &LocalStore, then: &str) {
 
 type Start = Box<dyn FnOnce(Rc<Cell<usize>>) + 'static>;
 
-async fn accept(listener: &Listener, bootstrap: gate::Client) -> std::io::Result<Start> {
+/// A connection's bootstrap capability and its count of calls in progress.
+type Connection = (gate::Client, Rc<Calls>);
+
+async fn accept(listener: &Listener, bootstrap: Connection) -> std::io::Result<Start> {
     use tokio_util::compat::TokioAsyncReadCompatExt;
     Ok(match listener {
         Listener::Tcp(l, tls) => {
@@ -476,13 +484,16 @@ async fn accept(listener: &Listener, bootstrap: gate::Client) -> std::io::Result
     })
 }
 
-fn spawn_connection<S>(stream: S, bootstrap: gate::Client, open: Rc<Cell<usize>>)
+fn spawn_connection<S>(stream: S, (bootstrap, calls): Connection, open: Rc<Cell<usize>>)
 where
     S: futures::AsyncRead + futures::AsyncWrite + Unpin + 'static,
 {
     let (reader, writer) = stream.split();
     let network = twoparty::VatNetwork::new(
-        futures::io::BufReader::with_capacity(256 << 10, reader),
+        Gated::new(
+            futures::io::BufReader::with_capacity(256 << 10, reader),
+            calls,
+        ),
         futures::io::BufWriter::with_capacity(256 << 10, writer),
         Side::Server,
         reader_options(),
@@ -510,6 +521,8 @@ struct GateImpl {
     /// leaks nothing of the token through timing.
     token: Option<blake3::Hash>,
     executor: executor::Client,
+    /// This connection's.
+    calls: Rc<Calls>,
 }
 
 impl gate::Server for GateImpl {
@@ -518,6 +531,7 @@ impl gate::Server for GateImpl {
         _: gate::VersionParams,
         mut results: gate::VersionResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let mut r = results.get();
         r.set_protocol(PROTOCOL_VERSION);
         r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
@@ -531,6 +545,7 @@ impl gate::Server for GateImpl {
         params: gate::LoginParams,
         mut results: gate::LoginResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let p = params.get()?;
         if p.get_protocol() != PROTOCOL_VERSION {
             return Err(fail(format!(
@@ -554,6 +569,7 @@ struct ExecutorImpl {
     shared: Rc<Shared>,
     /// This connection's.
     turns: Rc<Turns>,
+    calls: Rc<Calls>,
 }
 
 /// Sets a build's cancel flag when the call is dropped before it finished
@@ -574,12 +590,14 @@ impl executor::Server for ExecutorImpl {
         _: executor::CasParams,
         mut results: executor::CasResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let roots = self.shared.store.temp_roots(&[]).map_err(store_err)?;
         results.get().set_cas(capnp_rpc::new_client(CasImpl {
             shared: self.shared.clone(),
             mine: RefCell::new(HashMap::new()),
             roots: Arc::new(roots),
             turns: self.turns.clone(),
+            calls: self.calls.clone(),
         }));
         Ok(())
     }
@@ -589,6 +607,7 @@ impl executor::Server for ExecutorImpl {
         _: executor::StatsParams,
         mut results: executor::StatsResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let c = &self.shared.counters;
         let mut s = results.get().init_stats();
         s.set_blobs_written(c.blobs_written.load(Ordering::SeqCst));
@@ -609,6 +628,7 @@ impl executor::Server for ExecutorImpl {
         params: executor::BuildParams,
         mut results: executor::BuildResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let p = params.get()?;
         let client = p.get_protocol();
         if client != PROTOCOL_VERSION {
@@ -706,8 +726,9 @@ struct CasImpl {
     /// sent: a gc between its upload and its build must not take its
     /// inputs. Held while the client holds this capability (its connection).
     roots: Arc<castore::TempRoots>,
-    /// The connection's transfer turns.
+    /// The connection's transfer turns and count of calls.
     turns: Rc<Turns>,
+    calls: Rc<Calls>,
 }
 
 /// A blob being received in chunks, written by a blocking thread.
@@ -718,6 +739,7 @@ struct UploadImpl {
     received: Cell<u64>,
     writer: RefCell<Option<tokio::task::JoinHandle<Result<(), String>>>>,
     stream: Rc<UploadStream>,
+    calls: Rc<Calls>,
 }
 
 /// What an upload holds while it is open; shared with the watch that ends
@@ -763,6 +785,7 @@ impl UploadStream {
 
 impl blob_upload::Server for UploadImpl {
     async fn write(self: Rc<Self>, params: blob_upload::WriteParams) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let chunk = params.get()?.get_chunk()?;
         let total = self.received.get() + chunk.len() as u64;
         self.shared
@@ -793,6 +816,7 @@ impl blob_upload::Server for UploadImpl {
         _: blob_upload::FinishParams,
         _: blob_upload::FinishResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         if self.stream.stalled.get() {
             return Err(self.closed());
         }
@@ -990,6 +1014,7 @@ impl cas::Server for CasImpl {
         params: cas::FindMissingParams,
         mut results: cas::FindMissingResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let p = params.get()?;
         let blobs = data_list(p.get_blobs()?)?;
         let dirs = data_list(p.get_directories()?)?;
@@ -1016,6 +1041,7 @@ impl cas::Server for CasImpl {
         params: cas::PutBlobParams,
         mut results: cas::PutBlobResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let p = params.get()?;
         let digest = digest_from(p.get_digest()?)?;
         let size = p.get_size();
@@ -1075,6 +1101,7 @@ impl cas::Server for CasImpl {
             received: Cell::new(0),
             writer: RefCell::new(Some(writer)),
             stream,
+            calls: self.calls.clone(),
         }));
         Ok(())
     }
@@ -1084,6 +1111,7 @@ impl cas::Server for CasImpl {
         params: cas::PutBlobsParams,
         _: cas::PutBlobsResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let list = params.get()?.get_blobs()?;
         let mut blobs = Vec::with_capacity(list.len() as usize);
         let mut received = 0u64;
@@ -1150,6 +1178,7 @@ impl cas::Server for CasImpl {
         params: cas::PutDirectoryParams,
         mut results: cas::PutDirectoryResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let bytes = params.get()?.get_directory()?.to_vec();
         let d = self.put_dirs(vec![bytes]).await?;
         if let Some(d) = d.first() {
@@ -1163,6 +1192,7 @@ impl cas::Server for CasImpl {
         params: cas::PutDirectoriesParams,
         _: cas::PutDirectoriesResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let list = params.get()?.get_directories()?;
         let mut v = Vec::with_capacity(list.len() as usize);
         for d in list.iter() {
@@ -1177,6 +1207,7 @@ impl cas::Server for CasImpl {
         params: cas::GetBlobParams,
         mut results: cas::GetBlobResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let p = params.get()?;
         let digest = digest_from(p.get_digest()?)?;
         let sink: byte_sink::Client = p.get_sink()?;
@@ -1216,6 +1247,7 @@ impl cas::Server for CasImpl {
         params: cas::ClaimBlobsParams,
         mut results: cas::ClaimBlobsResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let digests = data_list(params.get()?.get_digests()?)?;
         let (mut mine, asked): (Vec<Digest>, Vec<Digest>) = digests
             .into_iter()
@@ -1269,6 +1301,7 @@ impl cas::Server for CasImpl {
         params: cas::AwaitBlobsParams,
         mut results: cas::AwaitBlobsResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let digests = data_list(params.get()?.get_digests()?)?;
         let mut missing = Vec::new();
         for d in digests {
@@ -1289,6 +1322,7 @@ impl cas::Server for CasImpl {
         params: cas::GetDirectoryParams,
         mut results: cas::GetDirectoryResults,
     ) -> Result<(), capnp::Error> {
+        let _call = self.calls.enter();
         let digest = digest_from(params.get()?.get_digest()?)?;
         let dir = self
             .shared
