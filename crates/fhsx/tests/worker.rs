@@ -1760,6 +1760,13 @@ fn a_tree_of_many_large_directories_uploads_whole() {
 fn stalled_transfers_take_turns_and_are_ended_after_the_stall_timeout() {
     let (t, cs, ws, bb) = busybox_stores();
     let action = sh_action(t.path(), "a.toml", &bb, "echo done > $out/f");
+    // A zero timeout would end every transfer at once: refused as usage.
+    let o = fhsx(&ws)
+        .args(["worker", "--stall-timeout", "0s"])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(text(&o).contains("--stall-timeout 0"), "{}", text(&o));
     let w = Worker::start(&ws, t.path(), 1, &["--stall-timeout", "2s"]);
     // A blob of four chunks for the stalled downloads.
     let data: Vec<u8> = (0..3 * worker::CHUNK + 7)

@@ -238,6 +238,13 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
         .map_err(|e| Classified(e.exit_class(), e.to_string()))?;
     let stall_timeout: Duration = executor_core::action::parse_duration(&a.stall_timeout)
         .with_context(|| format!("--stall-timeout {:?}: use 30s, 5m or 1h", a.stall_timeout))?;
+    if stall_timeout.is_zero() {
+        return Err(Classified(
+            executor_core::ExitClass::Usage,
+            "--stall-timeout 0 would end every transfer before its first chunk: give it a duration such as 30s or 5m".into(),
+        )
+        .into());
+    }
     let json = g.json;
     let config = WorkerConfig {
         store,
