@@ -77,13 +77,15 @@ struct UploadState {
     /// Blobs another client was uploading when claimed.
     others: RefCell<Vec<Digest>>,
     transfer: RefCell<Transfer>,
-    /// A local store error met inside the RPC stages, reported as itself.
-    local: RefCell<Option<castore::Error>>,
+    /// An error of this side met inside the RPC stages (the local store,
+    /// a directory too big to send), reported as itself.
+    local: RefCell<Option<Error>>,
 }
 
 impl UploadState {
     /// Keep `e` to report, and stop the upload.
-    fn local_error(&self, e: castore::Error) -> capnp::Error {
+    fn local_error(&self, e: impl Into<Error>) -> capnp::Error {
+        let e = e.into();
         let stop = capnp::Error::failed(e.to_string());
         *self.local.borrow_mut() = Some(e);
         stop
@@ -108,11 +110,10 @@ impl UploadState {
         Ok(size)
     }
 
-    /// The upload's error: a local store error kept by
-    /// [`local_error`](Self::local_error) rather than the RPC failure it
-    /// stopped the upload with.
+    /// The upload's error: one kept by [`local_error`](Self::local_error)
+    /// rather than the RPC failure it stopped the upload with.
     fn failure(&self, e: Error) -> Error {
-        self.local.take().map(Error::Store).unwrap_or(e)
+        self.local.take().unwrap_or(e)
     }
 }
 
@@ -803,7 +804,8 @@ impl Client {
         let order = post_order(roots, &missing_dirs);
         let mut t = st.transfer.take();
         t.directories = order.len() as u64;
-        self.send_directories(&order, &missing_dirs)?;
+        self.send_directories(&order, &missing_dirs, &st)
+            .map_err(|e| st.failure(e))?;
         Ok(t)
     }
 
@@ -811,29 +813,26 @@ impl Client {
     /// bounded by bytes, each encoded as its turn comes: a count would let
     /// a tree of big directories make a message past what the worker reads
     /// ([`crate::MAX_MESSAGE_BYTES`]). A directory no message can carry
-    /// ends the upload, naming it.
+    /// ends the upload, naming it (kept in `st`).
     fn send_directories(
         &self,
         order: &[Digest],
         dirs: &HashMap<Digest, Directory>,
+        st: &UploadState,
     ) -> Result<(), Error> {
-        let too_big = RefCell::new(None);
-        let send = async {
+        self.run(async {
             let mut batch = Batch::default();
             for d in order {
                 let Some(dir) = dirs.get(d) else { continue };
                 let encoded = dir.encode();
                 if encoded.len() + MESSAGE_FRAME_BYTES > crate::MAX_MESSAGE_BYTES {
-                    let e = Error::Usage(format!(
+                    return Err(st.local_error(Error::Usage(format!(
                         "directory {d} has {} entries and encodes to {} bytes, more than the {} \
                          one message to a worker may carry: split it into subdirectories",
                         dir.len(),
                         encoded.len(),
                         crate::MAX_MESSAGE_BYTES - MESSAGE_FRAME_BYTES,
-                    ));
-                    let stop = capnp::Error::failed(e.to_string());
-                    *too_big.borrow_mut() = Some(e);
-                    return Err(stop);
+                    ))));
                 }
                 let cost = encoded.len() + DIR_ENTRY_BYTES;
                 if let Some(full) = batch.push(encoded, cost) {
@@ -844,8 +843,7 @@ impl Client {
                 self.put_directories(&batch.items).await?;
             }
             Ok(())
-        };
-        self.run(send).map_err(|e| too_big.take().unwrap_or(e))
+        })
     }
 
     async fn put_directories(&self, encoded: &[Vec<u8>]) -> Result<(), capnp::Error> {
