@@ -1045,11 +1045,7 @@ impl cas::Server for CasImpl {
         let p = params.get()?;
         let digest = digest_from(p.get_digest()?)?;
         let size = p.get_size();
-        let turn = self
-            .turns
-            .upload()
-            .await
-            .ok_or_else(|| fail("the worker is shutting down"))?;
+        let turn = self.turns.upload().await;
         let claim = loop {
             if let Some(claim) = self.claim_blob(digest).await {
                 break claim; // ours to write: rooted just before its commit
@@ -1211,11 +1207,7 @@ impl cas::Server for CasImpl {
         let p = params.get()?;
         let digest = digest_from(p.get_digest()?)?;
         let sink: byte_sink::Client = p.get_sink()?;
-        let _turn = self
-            .turns
-            .download()
-            .await
-            .ok_or_else(|| fail("the worker is shutting down"))?;
+        let _turn = self.turns.download().await;
         let stall = self.shared.stall_timeout;
         let (tx, mut rx) = mpsc::channel::<Result<Vec<u8>, String>>(4);
         let store = self.shared.store.clone();

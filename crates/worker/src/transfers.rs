@@ -50,13 +50,22 @@ impl Turns {
         }
     }
 
-    /// Wait for an upload turn (`None` only if the turns were closed).
-    pub(crate) async fn upload(&self) -> Option<Turn> {
-        self.uploads.clone().acquire_owned().await.ok()
+    /// Wait for an upload turn.
+    pub(crate) async fn upload(&self) -> Turn {
+        take(&self.uploads).await
     }
 
-    /// Wait for a download turn (`None` only if the turns were closed).
-    pub(crate) async fn download(&self) -> Option<Turn> {
-        self.downloads.clone().acquire_owned().await.ok()
+    /// Wait for a download turn.
+    pub(crate) async fn download(&self) -> Turn {
+        take(&self.downloads).await
     }
+}
+
+async fn take(turns: &Arc<Semaphore>) -> Turn {
+    // Only a closed semaphore refuses, and these are never closed.
+    turns
+        .clone()
+        .acquire_owned()
+        .await
+        .expect("a connection's turns are never closed")
 }
