@@ -1025,7 +1025,8 @@ impl Client {
     /// present locally is complete): their directories, parents first,
     /// and the blobs they name that `store` lacks. A level at a time, its
     /// directories asked for [`IN_FLIGHT`] at once: one after another, each
-    /// a round trip, an output of 1,500 directories took ~0.15 s more.
+    /// a round trip, an output of 1,500 directories took ~0.1 s more
+    /// (medians 0.43 against 0.33 s from the build's end to the record).
     async fn fetch_trees(
         &self,
         store: &LocalStore,

@@ -126,6 +126,7 @@ struct Shared {
     /// Objects being written right now, and a receiver that sees `true`
     /// once the write is over (committed or not).
     claims: RefCell<HashMap<ClaimKey, watch::Receiver<bool>>>,
+    /// `WorkerConfig::stall_timeout`.
     stall_timeout: Duration,
 }
 
