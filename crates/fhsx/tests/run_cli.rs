@@ -131,7 +131,10 @@ def frame(req):
 for _ in range(50):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.connect(os.environ['WF_RPC_SOCK'])
-    s.sendall(frame({'op': 'status'}))
+    try:
+        s.sendall(frame({'op': 'status'}))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # refused while at its limit: closed before the request
     s.close()
 # The hung-up connections count against the bridge's limit until it has
 # served them; until then it answers 'too many connections'.
