@@ -1854,3 +1854,37 @@ fn a_connection_flooding_calls_is_not_read_past_its_cap() {
     );
     assert!(w.client().stats().is_ok(), "the worker stopped serving");
 }
+
+/// A build on a worker may make a directory bigger than any message can
+/// carry back (here ~17,000 symlinks with ~4 KB targets, ~70 MB
+/// encoded): the download fails with an error naming the directory and
+/// the fix, not capnp's message-size refusal, nothing of the output is
+/// kept, and the worker serves on.
+#[test]
+fn an_output_directory_too_big_for_a_message_fails_clearly() {
+    let (t, cs, ws, bb) = busybox_stores();
+    let part = "a".repeat(250);
+    let prefix = vec![part.as_str(); 16].join("/");
+    let action = sh_action(
+        t.path(),
+        "a.toml",
+        &bb,
+        &format!(
+            "busybox mkdir $out/d && cd $out/d && busybox seq 1 17000 | busybox sed 's|^|{prefix}/|' \
+             | busybox xargs busybox sh -c 'busybox ln -s \"$@\" .' sh"
+        ),
+    );
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    let o = remote(&cs, &w, &action, false).output().unwrap();
+    let out = text(&o);
+    // Like an output ingest refuses, the build's fault: exit 1.
+    assert_eq!(o.status.code(), Some(1), "{out}");
+    assert!(
+        out.contains("output directory")
+            && out.contains("17000 entries")
+            && out.contains("split it"),
+        "{out}"
+    );
+    store_verifies(&cs);
+    assert!(w.client().stats().is_ok(), "the worker stopped serving");
+}

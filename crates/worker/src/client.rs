@@ -51,9 +51,6 @@ const BLOB_ENTRY_BYTES: usize = 96;
 /// What one directory adds to a `putDirectories` message besides its
 /// encoding: its list entry (a pointer) and the padding to a word.
 const DIR_ENTRY_BYTES: usize = 16;
-/// What a call's message takes besides its one big list entry: the
-/// segment table, the RPC call around the parameters, the list pointer.
-const MESSAGE_FRAME_BYTES: usize = 4 << 10;
 /// Digests per `findMissing` call.
 const FIND_BATCH: usize = 50_000;
 /// Upload calls in flight at once, batches and streams each.
@@ -825,14 +822,8 @@ impl Client {
             for d in order {
                 let Some(dir) = dirs.get(d) else { continue };
                 let encoded = dir.encode();
-                if encoded.len() + MESSAGE_FRAME_BYTES > crate::MAX_MESSAGE_BYTES {
-                    return Err(st.local_error(Error::Usage(format!(
-                        "directory {d} has {} entries and encodes to {} bytes, more than the {} \
-                         one message to a worker may carry: split it into subdirectories",
-                        dir.len(),
-                        encoded.len(),
-                        crate::MAX_MESSAGE_BYTES - MESSAGE_FRAME_BYTES,
-                    ))));
+                if let Some(why) = crate::too_big_for_a_message(d, dir.len(), encoded.len()) {
+                    return Err(st.local_error(Error::Usage(why)));
                 }
                 let cost = encoded.len() + DIR_ENTRY_BYTES;
                 if let Some(full) = batch.push(encoded, cost) {

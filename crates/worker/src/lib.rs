@@ -73,6 +73,29 @@ pub const CHUNK: usize = 960 << 10;
 /// Lists of digests may be bigger (50,000 digests a call); there are a
 /// few per upload, not one per megabyte.
 pub const HEAP_MESSAGE_MAX: usize = 1 << 20;
+/// What a call's message takes besides its one big payload: the segment
+/// table, the RPC call or return around it, the pointer to it.
+const MESSAGE_FRAME_BYTES: usize = 4 << 10;
+
+/// Why directory `d` (of `entries` entries, `encoded` bytes encoded)
+/// cannot travel in one message either way, or `None` if it can. The
+/// client asks before it uploads one, the worker before it sends one
+/// back: a build may make a directory no message can carry, and the
+/// reader's own refusal ("Message has N words, which is too large")
+/// names neither the directory nor the fix.
+pub(crate) fn too_big_for_a_message(
+    d: &castore::Digest,
+    entries: usize,
+    encoded: usize,
+) -> Option<String> {
+    (encoded + MESSAGE_FRAME_BYTES > MAX_MESSAGE_BYTES).then(|| {
+        format!(
+            "directory {d} has {entries} entries and encodes to {encoded} bytes, more than the {} bytes \
+             one message between a client and a worker may carry: split it into subdirectories",
+            MAX_MESSAGE_BYTES - MESSAGE_FRAME_BYTES
+        )
+    })
+}
 
 /// Message reader limits for every connection.
 pub fn reader_options() -> capnp::message::ReaderOptions {

@@ -1322,7 +1322,11 @@ impl cas::Server for CasImpl {
             .store
             .get_directory(&digest)
             .map_err(store_err)?;
-        results.get().set_directory(&dir.encode());
+        let encoded = dir.encode();
+        if let Some(why) = crate::too_big_for_a_message(&digest, dir.len(), encoded.len()) {
+            return Err(capnp::Error::failed(format!("the build's output {why}")));
+        }
+        results.get().set_directory(&encoded);
         Ok(())
     }
 }
