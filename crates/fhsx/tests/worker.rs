@@ -1888,3 +1888,51 @@ fn an_output_directory_too_big_for_a_message_fails_clearly() {
     store_verifies(&cs);
     assert!(w.client().stats().is_ok(), "the worker stopped serving");
 }
+
+/// A client that asks and never reads the answers (here 1,500 asks for a
+/// directory of ~290 KB, behind a relay that stops passing the worker's
+/// bytes) is not read past a bounded backlog of answers (16 MiB): capnp-rpc
+/// queues every answer it cannot write, so without a bound the worker grew
+/// by what the asks were worth (408 MiB; 16.6 MiB with it). Other clients
+/// are served meanwhile.
+#[test]
+fn a_client_reading_no_answers_is_not_read_past_a_backlog() {
+    use castore::store::BlobStore;
+    let t = tempfile::tempdir().unwrap();
+    let (cs, ws) = (t.path().join("client-store"), t.path().join("worker-store"));
+    let store = LocalStore::open(&cs).unwrap();
+    let blob = store.put_blob(b"one blob, named many times").unwrap();
+    let file = Node::File {
+        digest: blob,
+        size: 26,
+        executable: false,
+    };
+    let long = "n".repeat(240);
+    let mut dir = castore::Directory::new();
+    for j in 0..1000 {
+        let name = format!("{j:04}-{long}");
+        dir.insert(castore::Name::new(name.as_bytes()).unwrap(), file.clone())
+            .unwrap();
+    }
+    let d = store.put_directory(&dir).unwrap();
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    w.client().upload(&store, &[d], &[]).unwrap();
+    let before = resident_kib(w.child.id());
+    // The handshake and the first answers get through.
+    let (relay, _) = stalling_relay(&w.addr, 256 << 10);
+    let asker = std::thread::spawn(move || {
+        let c = Client::connect(&Endpoint::parse(&relay), b"", &[]).unwrap();
+        c.ask_directory_raw(d, 1500, Duration::from_secs(4))
+            .unwrap()
+    });
+    std::thread::sleep(Duration::from_secs(3));
+    let grown = resident_kib(w.child.id()).saturating_sub(before);
+    // Meanwhile another client is served.
+    w.client().stats().unwrap();
+    let answered = asker.join().unwrap();
+    assert!(answered < 1500, "every answer got through the relay");
+    assert!(
+        grown < 32 << 10,
+        "1,500 unread answers of ~290 KB grew the worker by {grown} KiB"
+    );
+}

@@ -667,6 +667,29 @@ impl Client {
         })
     }
 
+    /// For tests of hostile input: ask `n` times at once for directory `d`
+    /// and wait up to `hold` for the answers; how many came. Behind a
+    /// peer that stops reading, as a client that never reads its answers.
+    pub fn ask_directory_raw(
+        &self,
+        d: Digest,
+        n: usize,
+        hold: std::time::Duration,
+    ) -> Result<usize, Error> {
+        let answered = std::cell::Cell::new(0);
+        self.run(async {
+            let asks = (0..n).map(|_| async {
+                let mut req = self.cas.get_directory_request();
+                req.get().set_digest(d.as_bytes());
+                if req.send().promise.await.is_ok() {
+                    answered.set(answered.get() + 1);
+                }
+            });
+            let _ = tokio::time::timeout(hold, futures::future::join_all(asks)).await;
+            Ok(answered.get())
+        })
+    }
+
     /// `putDirectory` of raw bytes (for tests of hostile input).
     pub fn put_directory_raw(&self, bytes: &[u8]) -> Result<Digest, Error> {
         self.run(async {

@@ -1,6 +1,7 @@
-//! How many calls one connection may have in progress: past
-//! [`CALLS_PER_CONNECTION`], the worker stops reading that connection until
-//! one of them ends.
+//! How much one connection may have outstanding before the worker stops
+//! reading it: [`CALLS_PER_CONNECTION`] calls in progress, or
+//! [`ANSWER_BACKLOG`] bytes of answers not yet written to it. Reading
+//! resumes once a call ends or the answers drain.
 //!
 //! A call in progress holds its message until it returns — a build queued
 //! behind `--jobs`, a transfer waiting for its turn (`transfers`) — and
@@ -10,12 +11,26 @@
 //! bound. Not reading is the back-pressure TCP already has: the client's
 //! sends block, nobody else's.
 //!
-//! The cap is far above what `fhsx build --remote` has in flight (eight
-//! batches, eight upload streams with a chunk or two each, two claims, a
-//! build): an honest client never waits on it. A connection that reaches
-//! it reads nothing more — not even the answers to the worker's own calls
-//! to it (a download's chunks, a build's log) — until one of its calls
-//! ends, which a stalled transfer does at its stall timeout.
+//! An answer, once its call ends, waits in capnp-rpc's write queue, which
+//! has no bound either, until the connection takes it: a client asking
+//! for a directory over and over and reading nothing grew the worker by
+//! what every answer was worth (1,500 answers of ~290 KB: 408 MiB). The
+//! worker cannot see that queue, so it counts what it answers (each
+//! answer's payload, where a method names it, plus [`ANSWER_FRAME_BYTES`])
+//! against what the connection's writer has taken: an answer made when
+//! the writer had taken W bytes is out no sooner than W plus its size,
+//! which makes the count a floor of the queue, never more. Whatever else
+//! the worker writes (its own calls: a download's chunks, a build's log)
+//! is bounded where it is made. So the queue of answers holds at most the
+//! backlog plus the answers of the calls in progress when it was reached.
+//!
+//! The caps are far above what `fhsx build --remote` has outstanding
+//! (eight batches, eight upload streams with a chunk or two each, two
+//! claims, a build; eight directories asked for at once): an honest client
+//! never waits on them. A connection that reaches one reads nothing more —
+//! not even the answers to the worker's own calls to it — until a call
+//! ends, which a stalled transfer does at its stall timeout, or the client
+//! reads.
 
 use std::cell::{Cell, RefCell};
 use std::pin::Pin;
@@ -25,12 +40,27 @@ use std::task::{Context, Poll, Waker};
 /// Calls one connection may have in progress before the worker stops
 /// reading it.
 pub const CALLS_PER_CONNECTION: usize = 64;
+/// Bytes of answers one connection may leave unwritten before the worker
+/// stops reading it: above the most an honest client has coming at once
+/// (eight directories of a big output).
+pub const ANSWER_BACKLOG: u64 = 16 << 20;
+/// What an answer takes besides the payload a method names: capnp-rpc's
+/// `Return`, its framing and a small struct (a `Stats` answer is ~150
+/// bytes). Counted for every call, so that a flood of calls with small
+/// answers is bounded too.
+pub const ANSWER_FRAME_BYTES: u64 = 128;
 
-/// One connection's count of calls in progress.
+/// One connection's calls in progress and answers not yet written.
 #[derive(Default)]
 pub(crate) struct Calls {
     in_progress: Cell<usize>,
-    /// The connection's reader, waiting for a call to end.
+    /// Where the writer's count will be, at least, once every answer made
+    /// so far is written.
+    answered_to: Cell<u64>,
+    /// Bytes the connection's writer has taken.
+    written: Cell<u64>,
+    /// The connection's reader, waiting for a call to end or answers to
+    /// drain.
     reader: RefCell<Option<Waker>>,
 }
 
@@ -38,22 +68,56 @@ impl Calls {
     /// Count a call until the returned guard drops.
     pub(crate) fn enter(self: &Rc<Self>) -> Call {
         self.in_progress.set(self.in_progress.get() + 1);
-        Call(self.clone())
+        Call {
+            calls: self.clone(),
+            payload: Cell::new(0),
+        }
+    }
+
+    fn full(&self) -> bool {
+        self.in_progress.get() >= CALLS_PER_CONNECTION
+            || self.answered_to.get().saturating_sub(self.written.get()) > ANSWER_BACKLOG
+    }
+
+    fn wrote(&self, n: usize) {
+        self.written.set(self.written.get() + n as u64);
+        if !self.full() {
+            self.wake_reader();
+        }
+    }
+
+    fn wake_reader(&self) {
+        if let Some(w) = self.reader.borrow_mut().take() {
+            w.wake();
+        }
     }
 }
 
 /// A call in progress.
-pub(crate) struct Call(Rc<Calls>);
+pub(crate) struct Call {
+    calls: Rc<Calls>,
+    /// Bytes its answer carries besides its frame.
+    payload: Cell<u64>,
+}
+
+impl Call {
+    /// This call's answer carries `bytes` more (a directory, a list).
+    pub(crate) fn answers(&self, bytes: usize) {
+        self.payload.set(self.payload.get() + bytes as u64);
+    }
+}
 
 impl Drop for Call {
     fn drop(&mut self) {
-        let calls = &self.0;
+        let calls = &self.calls;
         calls
             .in_progress
             .set(calls.in_progress.get().saturating_sub(1));
-        if let Some(w) = calls.reader.borrow_mut().take() {
-            w.wake();
-        }
+        let from = calls.answered_to.get().max(calls.written.get());
+        calls
+            .answered_to
+            .set(from + ANSWER_FRAME_BYTES + self.payload.get());
+        calls.wake_reader();
     }
 }
 
@@ -77,10 +141,58 @@ impl<R: futures::AsyncRead + Unpin> futures::AsyncRead for Gated<R> {
         buf: &mut [u8],
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
-        if this.calls.in_progress.get() >= CALLS_PER_CONNECTION {
+        if this.calls.full() {
             *this.calls.reader.borrow_mut() = Some(cx.waker().clone());
             return Poll::Pending;
         }
         Pin::new(&mut this.inner).poll_read(cx, buf)
+    }
+}
+
+/// A connection's writing side, counting what it takes for [`Gated`].
+pub(crate) struct Counted<W> {
+    inner: W,
+    calls: Rc<Calls>,
+}
+
+impl<W> Counted<W> {
+    pub(crate) fn new(inner: W, calls: Rc<Calls>) -> Self {
+        Self { inner, calls }
+    }
+}
+
+impl<W: futures::AsyncWrite + Unpin> futures::AsyncWrite for Counted<W> {
+    fn poll_write(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write(cx, buf);
+        if let Poll::Ready(Ok(n)) = r {
+            this.calls.wrote(n);
+        }
+        r
+    }
+
+    fn poll_write_vectored(
+        self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        bufs: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let this = self.get_mut();
+        let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
+        if let Poll::Ready(Ok(n)) = r {
+            this.calls.wrote(n);
+        }
+        r
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_flush(cx)
+    }
+
+    fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.get_mut().inner).poll_close(cx)
     }
 }

@@ -29,7 +29,7 @@ use futures::AsyncReadExt;
 use rayon::prelude::*;
 use tokio::sync::{mpsc, watch};
 
-use crate::inflight::{Calls, Gated};
+use crate::inflight::{Call, Calls, Counted, Gated};
 use crate::runner::{Job, JobResult, Runner};
 use crate::transfers::{Turn, Turns};
 
@@ -485,6 +485,17 @@ async fn accept(listener: &Listener, bootstrap: Connection) -> std::io::Result<S
     })
 }
 
+/// What a digest adds to an answer's list: its 32 bytes and its pointer.
+const DIGEST_IN_LIST_BYTES: usize = 40;
+
+/// Fill `l` with `ds`, counted into `call`'s answer.
+fn set_digests(mut l: capnp::data_list::Builder<'_>, ds: &[Digest], call: &Call) {
+    call.answers(ds.len() * DIGEST_IN_LIST_BYTES);
+    for (i, d) in ds.iter().enumerate() {
+        l.set(i as u32, d.as_bytes());
+    }
+}
+
 fn spawn_connection<S>(stream: S, (bootstrap, calls): Connection, open: Rc<Cell<usize>>)
 where
     S: futures::AsyncRead + futures::AsyncWrite + Unpin + 'static,
@@ -493,9 +504,12 @@ where
     let network = twoparty::VatNetwork::new(
         Gated::new(
             futures::io::BufReader::with_capacity(256 << 10, reader),
+            calls.clone(),
+        ),
+        Counted::new(
+            futures::io::BufWriter::with_capacity(256 << 10, writer),
             calls,
         ),
-        futures::io::BufWriter::with_capacity(256 << 10, writer),
         Side::Server,
         reader_options(),
     );
@@ -629,7 +643,7 @@ impl executor::Server for ExecutorImpl {
         params: executor::BuildParams,
         mut results: executor::BuildResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let p = params.get()?;
         let client = p.get_protocol();
         if client != PROTOCOL_VERSION {
@@ -707,6 +721,7 @@ impl executor::Server for ExecutorImpl {
                 let check = check
                     .map(|c| serde_json::to_vec(&c).unwrap_or_default())
                     .unwrap_or_default();
+                call.answers(bytes.len() + check.len());
                 let mut b = results.get();
                 b.set_record_digest(digest.as_bytes());
                 b.set_record(&bytes);
@@ -1015,7 +1030,7 @@ impl cas::Server for CasImpl {
         params: cas::FindMissingParams,
         mut results: cas::FindMissingResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let p = params.get()?;
         let blobs = data_list(p.get_blobs()?)?;
         let dirs = data_list(p.get_directories()?)?;
@@ -1026,14 +1041,8 @@ impl cas::Server for CasImpl {
         mb.extend(self.hold(ObjectKind::Blob, blobs_here).await?);
         md.extend(self.hold(ObjectKind::Directory, dirs_here).await?);
         let mut r = results.get();
-        let mut l = r.reborrow().init_blobs(mb.len() as u32);
-        for (i, d) in mb.iter().enumerate() {
-            l.set(i as u32, d.as_bytes());
-        }
-        let mut l = r.init_directories(md.len() as u32);
-        for (i, d) in md.iter().enumerate() {
-            l.set(i as u32, d.as_bytes());
-        }
+        set_digests(r.reborrow().init_blobs(mb.len() as u32), &mb, &call);
+        set_digests(r.init_directories(md.len() as u32), &md, &call);
         Ok(())
     }
 
@@ -1240,7 +1249,7 @@ impl cas::Server for CasImpl {
         params: cas::ClaimBlobsParams,
         mut results: cas::ClaimBlobsResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let digests = data_list(params.get()?.get_digests()?)?;
         let (mut mine, asked): (Vec<Digest>, Vec<Digest>) = digests
             .into_iter()
@@ -1278,14 +1287,8 @@ impl cas::Server for CasImpl {
                 .map_err(store_err)?;
         }
         let mut r = results.get();
-        let mut l = r.reborrow().init_mine(mine.len() as u32);
-        for (i, d) in mine.iter().enumerate() {
-            l.set(i as u32, d.as_bytes());
-        }
-        let mut l = r.init_others(others.len() as u32);
-        for (i, d) in others.iter().enumerate() {
-            l.set(i as u32, d.as_bytes());
-        }
+        set_digests(r.reborrow().init_mine(mine.len() as u32), &mine, &call);
+        set_digests(r.init_others(others.len() as u32), &others, &call);
         Ok(())
     }
 
@@ -1294,7 +1297,7 @@ impl cas::Server for CasImpl {
         params: cas::AwaitBlobsParams,
         mut results: cas::AwaitBlobsResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let digests = data_list(params.get()?.get_digests()?)?;
         let mut missing = Vec::new();
         for d in digests {
@@ -1303,10 +1306,11 @@ impl cas::Server for CasImpl {
                 missing.push(d);
             }
         }
-        let mut l = results.get().init_missing(missing.len() as u32);
-        for (i, d) in missing.iter().enumerate() {
-            l.set(i as u32, d.as_bytes());
-        }
+        set_digests(
+            results.get().init_missing(missing.len() as u32),
+            &missing,
+            &call,
+        );
         Ok(())
     }
 
@@ -1315,7 +1319,7 @@ impl cas::Server for CasImpl {
         params: cas::GetDirectoryParams,
         mut results: cas::GetDirectoryResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let digest = digest_from(params.get()?.get_digest()?)?;
         let dir = self
             .shared
@@ -1326,6 +1330,7 @@ impl cas::Server for CasImpl {
         if let Some(why) = crate::too_big_for_a_message(&digest, dir.len(), encoded.len()) {
             return Err(capnp::Error::failed(format!("the build's output {why}")));
         }
+        call.answers(encoded.len());
         results.get().set_directory(&encoded);
         Ok(())
     }
