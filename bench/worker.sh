@@ -11,10 +11,12 @@
 #     upload); also printed, cold remote build (uploads everything) − warm
 #     remote build (uploads nothing), which adds the worker's first
 #     composition of the toolchain and the sync of its durable commit —
-#     a sync that writes the whole upload to disk.
+#     a sync that writes the whole upload to disk;
+#  3. an action whose output is 1,500 small files: remote vs local (the
+#     download of many small blobs, `getBlobs`).
 # Env: FHSX=/path/to/fhsx (default: build this tree in release), RUNS=30
 # (round trips: remote and local interleaved, medians), ROUNDS=5 (upload
-# rounds, each an upload and its two cp's; medians).
+# rounds, each an upload and its two cp's; medians), FILES_RUNS=10 (3.).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -z "${FHSX:-}" ]; then
@@ -102,6 +104,24 @@ interleaved
 unset FHSX_SCRATCH_POOL
 stop_worker
 echo "without scratch pools (--scratch-pool 0, FHSX_SCRATCH_POOL=0): remote ${REMOTE} ms  local ${LOCAL} ms  ratio $(ratio "$REMOTE" "$LOCAL")x"
+
+# An output of many small files: each run a new action (its own salt, so
+# no cache answers and every file is new to the client), remote and local
+# interleaved. Remote adds the download of 1,500 blobs.
+FILES_RUNS=${FILES_RUNS:-10}
+start_worker "$WORK/w1"
+files_action() {
+  printf '[inputs]\nclosure = ["bb.toolchain"]\n[run]\ncommand = ["/bin/busybox", "sh", "-c", "mkdir -p /build/out/d; cd /build/out/d; for i in $(/bin/busybox seq 1 1500); do echo $i-%s > f$i; done"]\n' "$1" > "$WORK/files.toml"
+}
+: >"$WORK/.remote"; : >"$WORK/.local"
+for k in $(seq 1 "$FILES_RUNS"); do
+  files_action "r$k-$RANDOM"
+  ms "$FHSX" --store "$CS" build --remote "$ADDR" "$WORK/files.toml" >>"$WORK/.remote"
+  files_action "l$k-$RANDOM"
+  ms "$FHSX" --store "$CS" build "$WORK/files.toml" >>"$WORK/.local"
+done
+stop_worker
+echo "1,500-file output, medians of $FILES_RUNS interleaved runs: remote $(median <"$WORK/.remote") ms  local $(median <"$WORK/.local") ms  ratio $(ratio "$(median <"$WORK/.remote")" "$(median <"$WORK/.local")")x"
 
 # Upload: the hello toolchain into a fresh worker store.
 TS=$WORK/tc-client

@@ -789,6 +789,27 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
         parent.digest()
     );
 
+    // Blobs asked for in one answer: given in order; refused when one is
+    // missing, or when they come to more than a batch (the same blob twice
+    // is counted twice: the answer would carry it twice).
+    assert_eq!(
+        c.get_blobs_raw(&[right, right]).unwrap(),
+        vec![data.to_vec(), data.to_vec()]
+    );
+    let e = err(c.get_blobs_raw(&[right, wrong]));
+    assert!(
+        e.contains(&wrong.to_string()) && e.contains("not in the worker's store"),
+        "{e}"
+    );
+    let half: Vec<u8> = (0..600 << 10).map(|i| (i % 241) as u8).collect();
+    let big = Digest::of(&half);
+    assert!(c
+        .put_blob_raw(big.as_bytes(), half.len() as u64, &[&half])
+        .unwrap());
+    assert_eq!(c.get_blobs_raw(&[big]).unwrap(), vec![half.clone()]);
+    let e = err(c.get_blobs_raw(&[big, big]));
+    assert!(e.contains("ask for the bigger ones with getBlob"), "{e}");
+
     // Builds: an old client (protocol 0), a malformed action, record mode,
     // a missing input.
     let e = c.build_raw(0, "", b"").unwrap_err().to_string();

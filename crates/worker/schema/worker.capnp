@@ -13,7 +13,7 @@
 
 @0xf3b8852e38e2468f;
 
-const protocolVersion :UInt32 = 4;
+const protocolVersion :UInt32 = 5;
 
 # What a connection gets first. Anyone may ask the version; the executor
 # takes the worker's access token (empty when the worker was started without
@@ -123,6 +123,11 @@ interface Cas {
   # Wait until no other client is uploading these; returns those still
   # missing (their uploader failed or went away): upload them yourself.
   awaitBlobs @8 (digests :List(Data)) -> (missing :List(Data));
+
+  # Several small blobs' verified bytes in one answer, in the order asked
+  # (since protocol 5). Refused when the store lacks one, or when they
+  # come to more than 960 KiB together: ask for bigger ones with getBlob.
+  getBlobs @9 (digests :List(Data)) -> (blobs :List(Data));
 }
 
 struct Blob {

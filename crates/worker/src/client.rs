@@ -27,19 +27,8 @@ use crate::worker_capnp::{
     blob_upload, byte_sink, cas, executor, gate, log_sink, CachePolicy as WirePolicy,
     ExitClass as WireClass,
 };
-use crate::{reader_options, Endpoint, Error, CHUNK, PROTOCOL_VERSION};
+use crate::{reader_options, Endpoint, Error, BATCH_BYTES, CHUNK, PROTOCOL_VERSION};
 
-/// Bytes per `putBlobs` batch: small, so the first leaves after reading
-/// 960 KiB rather than 32 MiB and the worker hashes and writes one while
-/// the next arrives (with 32 MiB batches four were read, 128 MiB, before
-/// anything was sent). And under 1 MiB with the message around it: glibc
-/// serves that from its heap, where `fhsx` maps every block of 1 MiB or
-/// more fresh, each page faulted in (see its `main`). A blob no batch
-/// holds is streamed in [`CHUNK`]s, which stay under 1 MiB too: sent
-/// alone in a `putBlobs` of its size, the hello toolchain's 43 blobs
-/// between 960 KiB and 16 MiB (107 MB) were faulted in twice on the
-/// worker's event loop.
-const BATCH_BYTES: usize = 960 << 10;
 /// What one blob adds to a `putBlobs` message besides its bytes, counted
 /// against [`BATCH_BYTES`] so that a batch of many tiny blobs stays under
 /// [`crate::HEAP_MESSAGE_MAX`] too: its list entry (two pointers), its digest,
@@ -690,6 +679,24 @@ impl Client {
         })
     }
 
+    /// `getBlobs` as given, the answer unchecked (for tests of what a
+    /// worker refuses).
+    pub fn get_blobs_raw(&self, digests: &[Digest]) -> Result<Vec<Vec<u8>>, Error> {
+        self.run(async {
+            let mut req = self.cas.get_blobs_request();
+            let mut l = req.get().init_digests(digests.len() as u32);
+            for (i, d) in digests.iter().enumerate() {
+                l.set(i as u32, d.as_bytes());
+            }
+            let r = req.send().promise.await?;
+            let got = r.get()?.get_blobs()?;
+            got.iter()
+                .map(|b| Ok(b?.to_vec()))
+                .collect::<Result<Vec<_>, capnp::Error>>()
+                .map_err(Into::into)
+        })
+    }
+
     /// `putDirectory` of raw bytes (for tests of hostile input).
     pub fn put_directory_raw(&self, bytes: &[u8]) -> Result<Digest, Error> {
         self.run(async {
@@ -1076,6 +1083,49 @@ impl Client {
         Ok((dirs, blobs))
     }
 
+    /// The blobs `asked` (digest, size) in one `getBlobs` call, each
+    /// checked against its digest and size and staged in `txn`; their bytes.
+    async fn get_blobs(
+        &self,
+        txn: &castore::store::Txn<'_>,
+        asked: &[(Digest, u64)],
+    ) -> Result<u64, capnp::Error> {
+        let mut req = self.cas.get_blobs_request();
+        let mut l = req.get().init_digests(asked.len() as u32);
+        for (i, (d, _)) in asked.iter().enumerate() {
+            l.set(i as u32, d.as_bytes());
+        }
+        let r = req.send().promise.await?;
+        let got = r.get()?.get_blobs()?;
+        if got.len() as usize != asked.len() {
+            return Err(capnp::Error::failed(format!(
+                "the worker answered {} blobs for {} asked: refused",
+                got.len(),
+                asked.len()
+            )));
+        }
+        let mut bytes = 0;
+        for ((d, size), data) in asked.iter().zip(got.iter()) {
+            let data = data?;
+            if data.len() as u64 != *size {
+                return Err(capnp::Error::failed(format!(
+                    "blob {d} from the worker has {} bytes, its directory says {size}: refused",
+                    data.len()
+                )));
+            }
+            let stored = txn
+                .put_blob(data)
+                .map_err(|e| capnp::Error::failed(e.to_string()))?;
+            if stored != *d {
+                return Err(capnp::Error::failed(format!(
+                    "blob {d} from the worker hashes to {stored}: refused"
+                )));
+            }
+            bytes += *size;
+        }
+        Ok(bytes)
+    }
+
     /// Directory `d` from the worker, checked against its digest.
     async fn get_directory(&self, d: Digest) -> Result<Directory, capnp::Error> {
         let mut req = self.cas.get_directory_request();
@@ -1230,11 +1280,27 @@ impl Client {
             }
             let failed = |e: castore::Error| capnp::Error::failed(e.to_string());
             let mut t = Transfer::default();
-            // One at a time: the worker reads each ahead into a queue of
-            // chunks, and three clients stalled mid-download grew it by
-            // ~5 MiB (mostly; `stalled_downloads_…`) one at a time, by
-            // 7-14 MiB two or eight at a time.
-            for (d, size) in blobs {
+            // Small blobs in `getBlobs` batches, one after another: one at
+            // a time, each a `getBlob` and a sink's write, 1,500 small
+            // files took ~0.55 s.
+            let (small, big): (Vec<_>, Vec<_>) = blobs
+                .into_iter()
+                .partition(|(_, size)| *size != u64::MAX && Batch::holds(*size));
+            let mut batch = Batch::default();
+            let mut batches = Vec::new();
+            for (d, size) in small {
+                batches.extend(batch.add(d, size));
+            }
+            batches.push(batch.items);
+            for asked in batches.iter().filter(|b| !b.is_empty()) {
+                t.bytes += self.get_blobs(&txn, asked).await?;
+                t.blobs += asked.len() as u64;
+            }
+            // Big ones one at a time: the worker reads each ahead into a
+            // queue of chunks, and three clients stalled mid-download grew
+            // it by ~5 MiB (mostly; `stalled_downloads_…`) one at a time,
+            // by 7-14 MiB two or eight at a time.
+            for (d, size) in big {
                 let mut f = self.get_blob_file(d, size).await?;
                 let (got, n) = txn.put_blob_reader(&mut f).map_err(failed)?;
                 if got != d {

@@ -73,6 +73,17 @@ pub const CHUNK: usize = 960 << 10;
 /// Lists of digests may be bigger (50,000 digests a call); there are a
 /// few per upload, not one per megabyte.
 pub const HEAP_MESSAGE_MAX: usize = 1 << 20;
+/// Bytes of blobs per `putBlobs` batch and per `getBlobs` answer: small, so the first leaves after reading
+/// 960 KiB rather than 32 MiB and the worker hashes and writes one while
+/// the next arrives (with 32 MiB batches four were read, 128 MiB, before
+/// anything was sent). And under 1 MiB with the message around it: glibc
+/// serves that from its heap, where `fhsx` maps every block of 1 MiB or
+/// more fresh, each page faulted in (see its `main`). A blob no batch
+/// holds is streamed in [`CHUNK`]s, which stay under 1 MiB too: sent
+/// alone in a `putBlobs` of its size, the hello toolchain's 43 blobs
+/// between 960 KiB and 16 MiB (107 MB) were faulted in twice on the
+/// worker's event loop.
+pub const BATCH_BYTES: usize = 960 << 10;
 /// What a call's message takes besides its one big payload: the segment
 /// table, the RPC call or return around it, the pointer to it.
 const MESSAGE_FRAME_BYTES: usize = 4 << 10;
@@ -196,6 +207,39 @@ pub(crate) fn send_blob(
             }
         }
     }
+}
+
+/// The verified bytes of `digests` for one `getBlobs` answer, in order;
+/// refused, naming the blob, when one is missing or they come to more than
+/// [`BATCH_BYTES`]. Sizes are looked at before anything is read, so a
+/// client naming big blobs costs the worker no memory.
+pub(crate) fn read_blobs(
+    store: &castore::LocalStore,
+    digests: &[castore::Digest],
+) -> Result<Vec<Vec<u8>>, String> {
+    use castore::store::ObjectKind;
+    let mut total = 0u64;
+    for d in digests {
+        let path = store.object_path(ObjectKind::Blob, d);
+        let size = match std::fs::metadata(&path) {
+            Ok(m) => m.len(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(format!("blob {d} is not in the worker's store"))
+            }
+            Err(e) => return Err(format!("blob {d}: {}: {e}", path.display())),
+        };
+        total += size;
+        if total > BATCH_BYTES as u64 {
+            return Err(format!(
+                "getBlobs asks for more than {BATCH_BYTES} bytes of blobs (blob {d} and those \
+                 before it): ask for the bigger ones with getBlob"
+            ));
+        }
+    }
+    digests
+        .iter()
+        .map(|d| store.read_blob(d).map_err(|e| e.to_string()))
+        .collect()
 }
 
 /// A blocking `Read` over the chunks an async front door receives (an

@@ -487,6 +487,9 @@ async fn accept(listener: &Listener, bootstrap: Connection) -> std::io::Result<S
 
 /// What a digest adds to an answer's list: its 32 bytes and its pointer.
 const DIGEST_IN_LIST_BYTES: usize = 40;
+/// What a blob adds to an answer's list besides its bytes: its pointer
+/// and the padding to a word.
+const BLOB_IN_LIST_BYTES: usize = 16;
 
 /// Fill `l` with `ds`, counted into `call`'s answer.
 fn set_digests(mut l: capnp::data_list::Builder<'_>, ds: &[Digest], call: &Call) {
@@ -1241,6 +1244,28 @@ impl cas::Server for CasImpl {
         }
         reader.await.map_err(join_err)?;
         results.get().set_size(size);
+        Ok(())
+    }
+
+    async fn get_blobs(
+        self: Rc<Self>,
+        params: cas::GetBlobsParams,
+        mut results: cas::GetBlobsResults,
+    ) -> Result<(), capnp::Error> {
+        let call = self.calls.enter();
+        let digests = data_list(params.get()?.get_digests()?)?;
+        // A download's turn: what it reads stays in memory until answered.
+        let _turn = self.turns.download().await;
+        let store = self.shared.store.clone();
+        let blobs = tokio::task::spawn_blocking(move || crate::read_blobs(&store, &digests))
+            .await
+            .map_err(join_err)?
+            .map_err(fail)?;
+        call.answers(blobs.iter().map(|b| b.len() + BLOB_IN_LIST_BYTES).sum());
+        let mut l = results.get().init_blobs(blobs.len() as u32);
+        for (i, b) in blobs.iter().enumerate() {
+            l.set(i as u32, b);
+        }
         Ok(())
     }
 
