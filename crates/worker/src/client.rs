@@ -693,7 +693,6 @@ impl Client {
             got.iter()
                 .map(|b| Ok(b?.to_vec()))
                 .collect::<Result<Vec<_>, capnp::Error>>()
-                .map_err(Into::into)
         })
     }
 
