@@ -1495,6 +1495,15 @@ fn resident_kib(pid: u32) -> u64 {
         .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
 }
 
+fn threads_of(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no Threads in /proc/{pid}/status"))
+}
+
 /// Whether the worker has closed `s` (end of file or reset), without waiting.
 fn closed_by_peer(s: &std::net::TcpStream) -> bool {
     s.set_nonblocking(true).unwrap();
@@ -1956,4 +1965,66 @@ fn a_client_reading_no_answers_is_not_read_past_a_backlog() {
         grown < 32 << 10,
         "1,500 unread answers of ~290 KB grew the worker by {grown} KiB"
     );
+}
+
+/// Stalled uploads on many connections hold a blocking thread each (their
+/// store writers), more than tokio's default pool of 512 (here 65
+/// connections × 8 = 520): the other work on that pool (hashing a batch,
+/// a build's stages) still runs at once, and each stalled writer costs
+/// its thread and its chunk, not a copy buffer. With the default pool
+/// another client's upload and build waited for the stall timeout (60 s).
+#[test]
+fn stalled_uploads_on_many_connections_leave_the_blocking_pool_to_others() {
+    let (t, cs, ws, bb) = busybox_stores();
+    let action = sh_action(t.path(), "a.toml", &bb, "echo done > $out/f");
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    w.client().stats().unwrap();
+    let before = resident_kib(w.child.id());
+    let connections = 65;
+    // Held well past what the build may take: with the default pool it
+    // waited until the stalled clients went away, at `hold`.
+    let (probe, hold) = (Duration::from_secs(6), Duration::from_secs(24));
+    std::thread::scope(|s| {
+        let stalled: Vec<_> = (0..connections)
+            .map(|_| {
+                s.spawn(|| {
+                    let hostile = Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
+                    let any = Digest::of(b"not downloaded");
+                    hostile
+                        .stall_transfers_raw(8, any, 0, probe, hold, false)
+                        .unwrap()
+                })
+            })
+            .collect();
+        std::thread::sleep(probe);
+        let threads = threads_of(w.child.id());
+        // Each stalled stream holds its thread and its one chunk; with a
+        // copy buffer of 1 MiB per writer thread (glibc served it from
+        // its arenas' padded heaps, zeroed) the worker grew by 297 MiB,
+        // now by ~44 MiB, most of it the 65 connections' TLS buffers.
+        let grown = resident_kib(w.child.id()).saturating_sub(before);
+        assert!(
+            grown < 96 << 10,
+            "{connections} connections of stalled uploads grew the worker by {grown} KiB"
+        );
+        assert!(
+            threads > 512,
+            "the stalled uploads should hold more than 512 threads, the worker has {threads}"
+        );
+        let began = Instant::now();
+        let o = remote(&cs, &w, &action, false)
+            .arg("--rebuild")
+            .output()
+            .unwrap();
+        let took = began.elapsed();
+        assert!(o.status.success(), "{}", text(&o));
+        assert!(
+            took < Duration::from_secs(8),
+            "a build beside {connections} connections of stalled uploads took {took:?}"
+        );
+        for h in stalled {
+            let seen = h.join().unwrap();
+            assert_eq!(seen.opened_at_probe, 8, "{seen:?}");
+        }
+    });
 }

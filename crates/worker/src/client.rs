@@ -594,11 +594,17 @@ impl Client {
         let opened: RefCell<Vec<blob_upload::Client>> = RefCell::default();
         let begun = Rc::new(std::cell::Cell::new(0));
         self.run(async {
-            let asks = (0..uploads).map(|i| {
+            // Made up anew by every call, so that stalled uploads on other
+            // connections are not waiting on each other's claims.
+            static MADE_UP: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+            let asks = (0..uploads).map(|_| {
                 let opened = &opened;
+                let n = MADE_UP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 async move {
                     let mut req = self.cas.put_blob_request();
-                    let made_up = Digest::of(format!("stalled upload {i}").as_bytes());
+                    let made_up = Digest::of(
+                        format!("stalled upload {n} of process {}", std::process::id()).as_bytes(),
+                    );
                     req.get().set_digest(made_up.as_bytes());
                     req.get().set_size(1 << 20);
                     let r = req.send().promise.await?;

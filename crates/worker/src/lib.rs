@@ -263,19 +263,33 @@ impl ChannelReader {
 
 impl std::io::Read for ChannelReader {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        use std::io::BufRead;
+        let held = self.fill_buf()?;
+        let n = out.len().min(held.len());
+        out[..n].copy_from_slice(&held[..n]);
+        self.consume(n);
+        Ok(n)
+    }
+}
+
+/// The chunk at hand is the buffer: a store writer takes it as it is
+/// (`Txn::put_blob_buffered`), with no copy and no buffer of its own.
+impl std::io::BufRead for ChannelReader {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
         while self.pos >= self.buf.len() {
             match self.rx.blocking_recv() {
                 Some(b) => {
                     self.buf = b;
                     self.pos = 0;
                 }
-                None => return Ok(0),
+                None => return Ok(&[]),
             }
         }
-        let n = out.len().min(self.buf.len() - self.pos);
-        out[..n].copy_from_slice(&self.buf[self.pos..self.pos + n]);
-        self.pos += n;
-        Ok(n)
+        Ok(&self.buf[self.pos..])
+    }
+
+    fn consume(&mut self, n: usize) {
+        self.pos = (self.pos + n).min(self.buf.len());
     }
 }
 

@@ -61,6 +61,16 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 
 /// Connections served at once; more are closed as they arrive.
 pub const MAX_CONNECTIONS: usize = 256;
+/// The worker's blocking threads at most: one for every transfer that may
+/// wait on its client (an upload stream's store writer, a download's
+/// reader; stalled, each until the stall timeout), on every connection,
+/// and tokio's default 512 on top for everything else (hashing, store
+/// writes, a build's stages). With the default alone, 65 connections of
+/// stalled uploads held the whole pool and another client's build waited
+/// for their timeout. A parked thread costs its touched stack, a few KiB.
+pub const BLOCKING_THREADS: usize = MAX_CONNECTIONS
+    * (crate::transfers::UPLOADS_PER_CONNECTION + crate::transfers::DOWNLOADS_PER_CONNECTION)
+    + 512;
 
 /// Where to listen.
 #[derive(Debug, Clone)]
@@ -252,6 +262,7 @@ pub fn serve(config: WorkerConfig, listen: Listen, ready: impl FnOnce(&str)) -> 
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
+        .max_blocking_threads(BLOCKING_THREADS)
         .build()
         .map_err(|source| Error::Io {
             what: "start the worker runtime for",
@@ -1077,7 +1088,7 @@ impl cas::Server for CasImpl {
         let writer = tokio::task::spawn_blocking(move || -> Result<(), String> {
             let txn = store.txn().map_err(|e| e.to_string())?;
             let mut r = ChannelReader::new(rx);
-            let (got, n) = txn.put_blob_reader(&mut r).map_err(|e| e.to_string())?;
+            let (got, n) = txn.put_blob_buffered(&mut r).map_err(|e| e.to_string())?;
             if n != size {
                 return Err(format!(
                     "blob {digest} refused: {n} bytes arrived, {size} were announced; nothing was stored"
