@@ -41,8 +41,9 @@ use std::task::{Context, Poll, Waker};
 /// reading it.
 pub const CALLS_PER_CONNECTION: usize = 64;
 /// Bytes of answers one connection may leave unwritten before the worker
-/// stops reading it: above the most an honest client has coming at once
-/// (eight directories of a big output).
+/// stops reading it. Far above what a client usually has coming (eight
+/// directories, a batch of blobs); one with more (directories of tens of
+/// MB) waits only as long as it takes to read them.
 pub const ANSWER_BACKLOG: u64 = 16 << 20;
 /// What an answer takes besides the payload a method names: capnp-rpc's
 /// `Return`, its framing and a small struct (a `Stats` answer is ~150
