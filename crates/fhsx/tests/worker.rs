@@ -1711,6 +1711,32 @@ fn stalled_downloads_cost_the_worker_a_few_chunks_not_the_blob() {
     assert!(o.status.success(), "{}", text(&o));
 }
 
+/// A client store at `cs` holding one small blob, and a file node naming it.
+fn store_with_one_blob(cs: &Path) -> (LocalStore, Node) {
+    use castore::store::BlobStore;
+    let store = LocalStore::open(cs).unwrap();
+    let blob = store.put_blob(b"one blob, named many times").unwrap();
+    let file = Node::File {
+        digest: blob,
+        size: 26,
+        executable: false,
+    };
+    (store, file)
+}
+
+/// A directory of `n` entries naming `file`, each name near the 255-byte
+/// limit so that the directory is big (~260 bytes encoded an entry).
+fn long_named(n: usize, tag: &str, file: &Node) -> castore::Directory {
+    let long = "n".repeat(232);
+    let mut d = castore::Directory::new();
+    for j in 0..n {
+        let name = format!("{j:06}-{tag}-{long}");
+        d.insert(castore::Name::new(name.as_bytes()).unwrap(), file.clone())
+            .unwrap();
+    }
+    d
+}
+
 /// Directories go to the worker in messages bounded by bytes, not by
 /// count: a tree of 4,097 directories of ~18 KB each (~72 MB of
 /// directories, past the 64 MiB one message may carry) uploads whole, and
@@ -1718,26 +1744,12 @@ fn stalled_downloads_cost_the_worker_a_few_chunks_not_the_blob() {
 /// message), the first message was refused and the upload failed.
 #[test]
 fn a_tree_of_many_large_directories_uploads_whole() {
-    use castore::store::BlobStore;
     let t = tempfile::tempdir().unwrap();
     let (cs, ws) = (t.path().join("client-store"), t.path().join("worker-store"));
-    let store = LocalStore::open(&cs).unwrap();
-    let blob = store.put_blob(b"one blob, named many times").unwrap();
-    let file = Node::File {
-        digest: blob,
-        size: 26,
-        executable: false,
-    };
-    // Names near the 255-byte limit, so each directory is big.
-    let long = "n".repeat(240);
+    let (store, file) = store_with_one_blob(&cs);
     let mut root = castore::Directory::new();
     for i in 0..4096 {
-        let mut d = castore::Directory::new();
-        for j in 0..70 {
-            let name = format!("{j:03}-{i:04}-{long}");
-            d.insert(castore::Name::new(name.as_bytes()).unwrap(), file.clone())
-                .unwrap();
-        }
+        let d = long_named(70, &format!("{i:04}"), &file);
         let size = d.size();
         let digest = store.put_directory(&d).unwrap();
         let name = format!("d{i:04}");
@@ -1762,13 +1774,9 @@ fn a_tree_of_many_large_directories_uploads_whole() {
     // One directory bigger than any message (~270,000 long names, ~68 MB
     // encoded) is refused by the client, naming it, as bad input; the
     // worker serves on.
-    let mut huge = castore::Directory::new();
-    for j in 0..270_000 {
-        let name = format!("{j:06}-{long}");
-        huge.insert(castore::Name::new(name.as_bytes()).unwrap(), file.clone())
-            .unwrap();
-    }
-    let huge = store.put_directory(&huge).unwrap();
+    let huge = store
+        .put_directory(&long_named(270_000, "huge", &file))
+        .unwrap();
     let e = w.client().upload(&store, &[huge], &[]).unwrap_err();
     assert_eq!(e.exit_class(), executor_core::ExitClass::Usage, "{e}");
     assert!(
@@ -1927,24 +1935,12 @@ fn an_output_directory_too_big_for_a_message_fails_clearly() {
 /// are served meanwhile.
 #[test]
 fn a_client_reading_no_answers_is_not_read_past_a_backlog() {
-    use castore::store::BlobStore;
     let t = tempfile::tempdir().unwrap();
     let (cs, ws) = (t.path().join("client-store"), t.path().join("worker-store"));
-    let store = LocalStore::open(&cs).unwrap();
-    let blob = store.put_blob(b"one blob, named many times").unwrap();
-    let file = Node::File {
-        digest: blob,
-        size: 26,
-        executable: false,
-    };
-    let long = "n".repeat(240);
-    let mut dir = castore::Directory::new();
-    for j in 0..1000 {
-        let name = format!("{j:04}-{long}");
-        dir.insert(castore::Name::new(name.as_bytes()).unwrap(), file.clone())
-            .unwrap();
-    }
-    let d = store.put_directory(&dir).unwrap();
+    let (store, file) = store_with_one_blob(&cs);
+    let d = store
+        .put_directory(&long_named(1000, "asked", &file))
+        .unwrap();
     let w = Worker::start(&ws, t.path(), 1, &[]);
     w.client().upload(&store, &[d], &[]).unwrap();
     let before = resident_kib(w.child.id());

@@ -160,6 +160,14 @@ impl<W> Counted<W> {
     pub(crate) fn new(inner: W, calls: Rc<Calls>) -> Self {
         Self { inner, calls }
     }
+
+    /// A write's result, its bytes counted as taken.
+    fn count(&self, r: Poll<std::io::Result<usize>>) -> Poll<std::io::Result<usize>> {
+        if let Poll::Ready(Ok(n)) = r {
+            self.calls.wrote(n);
+        }
+        r
+    }
 }
 
 impl<W: futures::AsyncWrite + Unpin> futures::AsyncWrite for Counted<W> {
@@ -170,10 +178,7 @@ impl<W: futures::AsyncWrite + Unpin> futures::AsyncWrite for Counted<W> {
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.inner).poll_write(cx, buf);
-        if let Poll::Ready(Ok(n)) = r {
-            this.calls.wrote(n);
-        }
-        r
+        this.count(r)
     }
 
     fn poll_write_vectored(
@@ -183,10 +188,7 @@ impl<W: futures::AsyncWrite + Unpin> futures::AsyncWrite for Counted<W> {
     ) -> Poll<std::io::Result<usize>> {
         let this = self.get_mut();
         let r = Pin::new(&mut this.inner).poll_write_vectored(cx, bufs);
-        if let Poll::Ready(Ok(n)) = r {
-            this.calls.wrote(n);
-        }
-        r
+        this.count(r)
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
