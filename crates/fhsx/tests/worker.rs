@@ -2024,3 +2024,138 @@ fn stalled_uploads_on_many_connections_leave_the_blocking_pool_to_others() {
         }
     });
 }
+
+/// A relay on a UNIX socket in front of the worker at `to` (no TLS there)
+/// that rewrites `from` into `into` (same length) in what the worker
+/// sends, as a worker serving other bytes than it was asked for would.
+fn tampering_relay(dir: &Path, to: &Path, from: &'static [u8], into: &'static [u8]) -> PathBuf {
+    use std::os::unix::net::{UnixListener, UnixStream};
+    assert_eq!(from.len(), into.len());
+    let at = dir.join("tampering.sock");
+    let l = UnixListener::bind(&at).unwrap();
+    let to = to.to_owned();
+    std::thread::spawn(move || {
+        for c in l.incoming() {
+            let Ok(mut c) = c else { return };
+            let Ok(mut w) = UnixStream::connect(&to) else {
+                return;
+            };
+            let (mut c2, mut w2) = (c.try_clone().unwrap(), w.try_clone().unwrap());
+            std::thread::spawn(move || {
+                let _ = std::io::copy(&mut c2, &mut w2);
+            });
+            std::thread::spawn(move || {
+                // Holds back the last bytes that might begin `from`, and
+                // sends them once the worker pauses.
+                w.set_read_timeout(Some(Duration::from_millis(20))).unwrap();
+                let mut held: Vec<u8> = Vec::new();
+                let mut buf = [0u8; 65536];
+                loop {
+                    match w.read(&mut buf) {
+                        Ok(0) => break,
+                        Ok(n) => held.extend_from_slice(&buf[..n]),
+                        Err(e)
+                            if e.kind() == std::io::ErrorKind::WouldBlock
+                                || e.kind() == std::io::ErrorKind::TimedOut =>
+                        {
+                            if c.write_all(&held).is_err() {
+                                break;
+                            }
+                            held.clear();
+                            continue;
+                        }
+                        Err(_) => break,
+                    }
+                    let mut i = 0;
+                    while i + from.len() <= held.len() {
+                        if &held[i..i + from.len()] == from {
+                            held[i..i + from.len()].copy_from_slice(into);
+                        }
+                        i += 1;
+                    }
+                    let keep = (from.len() - 1).min(held.len());
+                    let send = held.len() - keep;
+                    if c.write_all(&held[..send]).is_err() {
+                        break;
+                    }
+                    held.drain(..send);
+                }
+                let _ = c.write_all(&held);
+            });
+        }
+    });
+    at
+}
+
+/// The client takes nothing from a worker it did not ask for: bytes
+/// changed on the way (here by a relay, on a UNIX socket where no TLS
+/// would catch it) are refused as an integrity failure (exit 3), naming
+/// the object, whether they were a small file (downloaded in a batch), a
+/// big one (streamed) or a directory's entry; the client's store keeps
+/// none of it and has no record of the build.
+#[test]
+fn bytes_changed_on_the_way_from_the_worker_are_refused() {
+    let t = tempfile::tempdir().unwrap();
+    let cs = t.path().join("cs");
+    let bb = busybox(&cs);
+    let sock = t.path().join("w.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fhsx"))
+        .arg("--store")
+        .arg(t.path().join("ws"))
+        .args(["worker", "--jobs", "1", "--scratch-pool", "0", "--unix"])
+        .arg(&sock)
+        .env("TMPDIR", {
+            support::passable(t.path());
+            t.path()
+        })
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let relay = tampering_relay(t.path(), &sock, b"TAMPER-ME-43690", b"TAMPER-ME-43691");
+    // The marker is made in the sandbox, so that no script or log sent
+    // back carries it.
+    let cases = [
+        ("small", "echo TAMPER-ME-$((0xAAAA)) > $out/f"),
+        (
+            "big",
+            "busybox dd if=/dev/zero of=$out/big bs=1024 count=2048 2>/dev/null; echo TAMPER-ME-$((0xAAAA)) >> $out/big",
+        ),
+        ("name", "echo x > $out/TAMPER-ME-$((0xAAAA))"),
+    ];
+    for (name, script) in cases {
+        let a = sh_action(t.path(), &format!("{name}.toml"), &bb, script);
+        let o = fhsx(&cs)
+            .args(["build", "--remote"])
+            .arg(format!("unix:{}", relay.display()))
+            .arg(&a)
+            .output()
+            .unwrap();
+        let out = text(&o);
+        assert_eq!(o.status.code(), Some(3), "{name}: {out}");
+        assert!(
+            out.contains("from the worker") && out.contains("refused"),
+            "{name}: {out}"
+        );
+        store_verifies(&cs);
+        // Nothing of it was kept: untampered, the outputs come from the
+        // worker, not from a local record.
+        let o = fhsx(&cs)
+            .args(["build", "--remote"])
+            .arg(format!("unix:{}", sock.display()))
+            .arg(&a)
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{name}, untampered: {}", text(&o));
+        assert!(
+            !text(&o).contains("nothing sent to the worker"),
+            "{}",
+            text(&o)
+        );
+    }
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let _ = child.wait();
+}

@@ -151,6 +151,27 @@ impl Batch<(Digest, u64)> {
     }
 }
 
+/// Why a download stopped: the call or the connection failed, the local
+/// store could not take an object, or the worker sent something other
+/// than what was asked for (refused: an integrity failure).
+enum Download {
+    Rpc(capnp::Error),
+    Store(castore::Error),
+    Refused(String),
+}
+
+impl From<capnp::Error> for Download {
+    fn from(e: capnp::Error) -> Self {
+        Download::Rpc(e)
+    }
+}
+
+impl From<castore::Error> for Download {
+    fn from(e: castore::Error) -> Self {
+        Download::Store(e)
+    }
+}
+
 /// A finished remote build.
 #[derive(Debug, Clone)]
 pub struct RemoteOutcome {
@@ -463,6 +484,23 @@ impl Client {
         self.local
             .block_on(&self.rt, f)
             .map_err(|e| self.rpc_error(e))
+    }
+
+    /// As [`Client::run`], for a download: bytes that are not what was
+    /// asked for make the record's outputs unverifiable (exit 3), not a
+    /// failed call.
+    fn run_download<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, Download>>,
+    ) -> Result<T, Error> {
+        self.local.block_on(&self.rt, f).map_err(|e| match e {
+            Download::Rpc(e) => self.rpc_error(e),
+            Download::Store(e) => Error::Store(e),
+            Download::Refused(reason) => Error::BadRecord {
+                endpoint: self.endpoint.clone(),
+                reason: format!("its outputs: {reason}: refused"),
+            },
+        })
     }
 
     pub fn endpoint(&self) -> &str {
@@ -1058,7 +1096,7 @@ impl Client {
         store: &LocalStore,
         roots: impl Iterator<Item = Digest>,
         seen: &mut HashSet<Digest>,
-    ) -> Result<(Vec<Directory>, Vec<(Digest, u64)>), capnp::Error> {
+    ) -> Result<(Vec<Directory>, Vec<(Digest, u64)>), Download> {
         let (mut dirs, mut blobs) = (Vec::new(), Vec::new());
         let mut wanted = |d: &Digest, kind| seen.insert(*d) && !store.has(kind, d);
         let mut level: Vec<Digest> = roots.filter(|d| wanted(d, ObjectKind::Directory)).collect();
@@ -1094,7 +1132,7 @@ impl Client {
         &self,
         txn: &castore::store::Txn<'_>,
         asked: &[(Digest, u64)],
-    ) -> Result<u64, capnp::Error> {
+    ) -> Result<u64, Download> {
         let mut req = self.cas.get_blobs_request();
         let mut l = req.get().init_digests(asked.len() as u32);
         for (i, (d, _)) in asked.iter().enumerate() {
@@ -1103,8 +1141,8 @@ impl Client {
         let r = req.send().promise.await?;
         let got = r.get()?.get_blobs()?;
         if got.len() as usize != asked.len() {
-            return Err(capnp::Error::failed(format!(
-                "the worker answered {} blobs for {} asked: refused",
+            return Err(Download::Refused(format!(
+                "the worker answered {} blobs for {} asked",
                 got.len(),
                 asked.len()
             )));
@@ -1113,17 +1151,15 @@ impl Client {
         for ((d, size), data) in asked.iter().zip(got.iter()) {
             let data = data?;
             if data.len() as u64 != *size {
-                return Err(capnp::Error::failed(format!(
-                    "blob {d} from the worker has {} bytes, its directory says {size}: refused",
+                return Err(Download::Refused(format!(
+                    "blob {d} from the worker has {} bytes, its directory says {size}",
                     data.len()
                 )));
             }
-            let stored = txn
-                .put_blob(data)
-                .map_err(|e| capnp::Error::failed(e.to_string()))?;
+            let stored = txn.put_blob(data)?;
             if stored != *d {
-                return Err(capnp::Error::failed(format!(
-                    "blob {d} from the worker hashes to {stored}: refused"
+                return Err(Download::Refused(format!(
+                    "blob {d} from the worker hashes to {stored}"
                 )));
             }
             bytes += *size;
@@ -1132,19 +1168,19 @@ impl Client {
     }
 
     /// Directory `d` from the worker, checked against its digest.
-    async fn get_directory(&self, d: Digest) -> Result<Directory, capnp::Error> {
+    async fn get_directory(&self, d: Digest) -> Result<Directory, Download> {
         let mut req = self.cas.get_directory_request();
         req.get().set_digest(d.as_bytes());
         let r = req.send().promise.await?;
         let bytes = r.get()?.get_directory()?;
         let got = Digest::of(bytes);
         if got != d {
-            return Err(capnp::Error::failed(format!(
-                "directory {d} from the worker hashes to {got}: refused"
+            return Err(Download::Refused(format!(
+                "directory {d} from the worker hashes to {got}"
             )));
         }
         Directory::decode(bytes)
-            .map_err(|e| capnp::Error::failed(format!("directory {d} from the worker: {e}")))
+            .map_err(|e| Download::Refused(format!("directory {d} from the worker: {e}")))
     }
 
     /// Run `action` (resolved: every input a digest) on the worker, or
@@ -1267,7 +1303,7 @@ impl Client {
         // Download what the record names.
         let rec = &record.record;
         let txn = store.txn()?;
-        let t = self.run(async {
+        let t = self.run_download(async {
             let mut seen = HashSet::new();
             let roots = rec.outputs.values().copied().chain([rec.view_digest]);
             let (dirs, mut blobs) = self.fetch_trees(store, roots, &mut seen).await?;
@@ -1283,7 +1319,6 @@ impl Client {
                     blobs.push((d, u64::MAX));
                 }
             }
-            let failed = |e: castore::Error| capnp::Error::failed(e.to_string());
             let mut t = Transfer::default();
             // Small blobs in `getBlobs` batches, one after another: one at
             // a time, each a `getBlob` and a sink's write, 1,500 small
@@ -1307,17 +1342,17 @@ impl Client {
             // by 7-14 MiB two or eight at a time.
             for (d, size) in big {
                 let mut f = self.get_blob_file(d, size).await?;
-                let (got, n) = txn.put_blob_reader(&mut f).map_err(failed)?;
+                let (got, n) = txn.put_blob_reader(&mut f)?;
                 if got != d {
-                    return Err(capnp::Error::failed(format!(
-                        "blob {d} from the worker hashes to {got}: refused"
+                    return Err(Download::Refused(format!(
+                        "blob {d} from the worker hashes to {got}"
                     )));
                 }
                 t.blobs += 1;
                 t.bytes += n;
             }
             for d in &dirs {
-                txn.put_directory(d).map_err(failed)?;
+                txn.put_directory(d)?;
             }
             t.directories = dirs.len() as u64;
             Ok(t)
