@@ -915,24 +915,7 @@ fn unix_socket_worker_serves_builds() {
     let t = tempfile::tempdir().unwrap();
     let cs = t.path().join("cs");
     let bb = busybox(&cs);
-    let sock = t.path().join("w.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fhsx"))
-        .arg("--store")
-        .arg(t.path().join("ws"))
-        .args(["worker", "--jobs", "1", "--scratch-pool", "0", "--unix"])
-        .arg(&sock)
-        .env("TMPDIR", {
-            support::passable(t.path());
-            t.path()
-        })
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    assert!(line.contains("unix:"), "{line}");
+    let (mut child, sock) = unix_worker(t.path());
     let a = sh_action(t.path(), "a.toml", &bb, "echo via-unix > $out/f");
     let o = fhsx(&cs)
         .args(["--json", "build", "--remote"])
@@ -946,6 +929,30 @@ fn unix_socket_worker_serves_builds() {
     assert!(o.status.success(), "{}", text(&o));
     assert!(status.success(), "{status:?}");
     assert!(!sock.exists(), "socket left behind");
+}
+
+/// A worker on a UNIX socket in `dir` (plain, no token), its store
+/// `dir/ws`, once it listens; and the socket.
+fn unix_worker(dir: &Path) -> (Child, PathBuf) {
+    let sock = dir.join("w.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_fhsx"))
+        .arg("--store")
+        .arg(dir.join("ws"))
+        .args(["worker", "--jobs", "1", "--scratch-pool", "0", "--unix"])
+        .arg(&sock)
+        .env("TMPDIR", {
+            support::passable(dir);
+            dir
+        })
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    assert!(line.contains("unix:"), "{line}");
+    (child, sock)
 }
 
 /// Record is refused remotely (impure, exit 2, before connecting
@@ -2098,23 +2105,7 @@ fn bytes_changed_on_the_way_from_the_worker_are_refused() {
     let t = tempfile::tempdir().unwrap();
     let cs = t.path().join("cs");
     let bb = busybox(&cs);
-    let sock = t.path().join("w.sock");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_fhsx"))
-        .arg("--store")
-        .arg(t.path().join("ws"))
-        .args(["worker", "--jobs", "1", "--scratch-pool", "0", "--unix"])
-        .arg(&sock)
-        .env("TMPDIR", {
-            support::passable(t.path());
-            t.path()
-        })
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
+    let (mut child, sock) = unix_worker(t.path());
     let relay = tampering_relay(t.path(), &sock, b"TAMPER-ME-43690", b"TAMPER-ME-43691");
     // The marker is made in the sandbox, so that no script or log sent
     // back carries it.
