@@ -1617,7 +1617,7 @@ fn stalling_relay(to: &str, pass: u64) -> (String, std::sync::Arc<std::sync::ato
 /// cost the worker a few chunks each (under 4 MiB), not the blob: what it
 /// sends waits for the client (capnp's flow control on the stream of
 /// chunks, the TLS layer's 256 KiB of pending records), the blob is read
-/// as it goes (a queue of four chunks), and the worker serves other
+/// as it goes (a chunk ahead), and the worker serves other
 /// clients meanwhile. When they go away mid-download, the worker serves
 /// on (it died of SIGPIPE while `fhsx` reset it to its default for every
 /// command).
@@ -1651,7 +1651,7 @@ fn stalled_downloads_cost_the_worker_a_few_chunks_not_the_blob() {
     let o = remote(&cs, &w, &action, false).output().unwrap();
     assert!(o.status.success(), "{}", text(&o));
     // Three downloads at once before measuring, as after: each is read on
-    // a blocking thread, and a thread new to glibc's allocator may take a
+    // blocking threads, and a thread new to glibc's allocator may take a
     // fresh arena, whose first chunks stay resident once freed. Warmed by
     // one download, the stalled three grew the worker by ~4.8 MiB in most
     // runs and by 9.7-10.5 MiB in some.
@@ -1698,9 +1698,9 @@ fn stalled_downloads_cost_the_worker_a_few_chunks_not_the_blob() {
         );
         std::thread::sleep(Duration::from_millis(50));
     }
-    // Long enough for the worker to fill every buffer it would. Measured:
-    // 4.8 MiB for the three; reading ahead into a queue of 1024 chunks
-    // instead of 4 made it 111 MiB.
+    // Long enough for the worker to fill every buffer it would. Measured
+    // with a reader thread and a queue of four chunks: 4.8 MiB for the
+    // three; with a queue of 1024 chunks, 111 MiB.
     std::thread::sleep(Duration::from_secs(2));
     let grown = resident_kib(w.child.id()).saturating_sub(before);
     assert!(
@@ -2149,4 +2149,50 @@ fn bytes_changed_on_the_way_from_the_worker_are_refused() {
     }
     unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
     let _ = child.wait();
+}
+
+/// Downloads stalled on many connections (40 × 2, each of a blob of four
+/// chunks, into sinks that never take a chunk) cost the worker two chunks
+/// each (the one on its way, the next one read), not the blob, and no
+/// thread, until the stall timeout.
+#[test]
+fn stalled_downloads_on_many_connections_cost_a_few_chunks_each() {
+    let t = tempfile::tempdir().unwrap();
+    let w = Worker::start(&t.path().join("ws"), t.path(), 1, &[]);
+    let data: Vec<u8> = (0..4 * worker::CHUNK).map(|i| (i % 251) as u8).collect();
+    let big = Digest::of(&data);
+    let chunks: Vec<&[u8]> = data.chunks(worker::CHUNK).collect();
+    assert!(w
+        .client()
+        .put_blob_raw(big.as_bytes(), data.len() as u64, &chunks)
+        .unwrap());
+    let before = resident_kib(w.child.id());
+    let connections = 40;
+    let (probe, hold) = (Duration::from_secs(4), Duration::from_secs(6));
+    std::thread::scope(|s| {
+        let stalled: Vec<_> = (0..connections)
+            .map(|_| {
+                s.spawn(|| {
+                    let hostile = Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
+                    hostile
+                        .stall_transfers_raw(0, big, 2, probe, hold, false)
+                        .unwrap()
+                })
+            })
+            .collect();
+        std::thread::sleep(probe);
+        // Measured: 150-180 MiB, each download's chunk on its way and the
+        // next one read; with a reader thread and a queue of four chunks
+        // (one: 277-288), 276-319 MiB.
+        let grown = resident_kib(w.child.id()).saturating_sub(before);
+        assert!(
+            grown < 224 << 10,
+            "{} stalled downloads grew the worker by {grown} KiB",
+            2 * connections
+        );
+        for h in stalled {
+            let seen = h.join().unwrap();
+            assert_eq!(seen.begun_at_probe, 2, "{seen:?}");
+        }
+    });
 }

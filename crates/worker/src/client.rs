@@ -1336,8 +1336,8 @@ impl Client {
                 t.bytes += self.get_blobs(&txn, asked).await?;
                 t.blobs += asked.len() as u64;
             }
-            // Big ones one at a time: the worker reads each ahead into a
-            // queue of chunks, and three clients stalled mid-download grew
+            // Big ones one at a time: the worker reads each a chunk ahead
+            // (it read four ahead then), and three clients stalled mid-download grew
             // it by ~5 MiB (mostly; `stalled_downloads_…`) one at a time,
             // by 7-14 MiB two or eight at a time.
             for (d, size) in big {

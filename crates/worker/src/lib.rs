@@ -172,6 +172,26 @@ pub fn read_token_file(path: &std::path::Path) -> Result<Vec<u8>, Error> {
     Ok(token)
 }
 
+/// The next [`CHUNK`] of `blob` (less only at its end; empty there), with
+/// the reader handed back for the chunk after: a blocking read that holds
+/// no thread between chunks.
+pub(crate) fn next_chunk(
+    mut blob: Box<dyn std::io::Read + Send>,
+) -> std::io::Result<(Box<dyn std::io::Read + Send>, Vec<u8>)> {
+    let mut chunk = vec![0u8; CHUNK];
+    let mut n = 0;
+    while n < CHUNK {
+        match blob.read(&mut chunk[n..]) {
+            Ok(0) => break,
+            Ok(k) => n += k,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    chunk.truncate(n);
+    Ok((blob, chunk))
+}
+
 /// Send the blob `digest` of `store` down `tx` in [`CHUNK`]-sized pieces
 /// (from a blocking thread: a download's reader, on either front door).
 /// Stops quietly when the receiver goes away; a read error is the last

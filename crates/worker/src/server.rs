@@ -61,16 +61,15 @@ pub const MIN_TOKEN_BYTES: usize = 16;
 
 /// Connections served at once; more are closed as they arrive.
 pub const MAX_CONNECTIONS: usize = 256;
-/// The worker's blocking threads at most: one for every transfer that may
-/// wait on its client (an upload stream's store writer, a download's
-/// reader; stalled, each until the stall timeout), on every connection,
-/// and tokio's default 512 on top for everything else (hashing, store
-/// writes, a build's stages). With the default alone, 65 connections of
-/// stalled uploads held the whole pool and another client's build waited
-/// for their timeout. A parked thread costs its touched stack, a few KiB.
-pub const BLOCKING_THREADS: usize = MAX_CONNECTIONS
-    * (crate::transfers::UPLOADS_PER_CONNECTION + crate::transfers::DOWNLOADS_PER_CONNECTION)
-    + 512;
+/// The worker's blocking threads at most: one for every upload stream
+/// that may wait on its client (its store writer; stalled, until the stall
+/// timeout), on every connection, and tokio's default 512 on top for
+/// everything else (hashing, store writes, a download's reads, a build's
+/// stages). With the default alone, 65 connections of stalled uploads held
+/// the whole pool and another client's build waited for their timeout. A
+/// parked thread costs its touched stack, a few KiB.
+pub const BLOCKING_THREADS: usize =
+    MAX_CONNECTIONS * crate::transfers::UPLOADS_PER_CONNECTION + 512;
 
 /// Where to listen.
 #[derive(Debug, Clone)]
@@ -1233,18 +1232,31 @@ impl cas::Server for CasImpl {
         let sink: byte_sink::Client = p.get_sink()?;
         let _turn = self.turns.download().await;
         let stall = self.shared.stall_timeout;
-        let (tx, mut rx) = mpsc::channel::<Result<Vec<u8>, String>>(4);
+        // Read a chunk at a time, the next one while this one goes out: a
+        // stalled download holds two chunks and no thread. A reader thread
+        // with a queue of four held the blob's first four chunks and its
+        // thread (80 stalled downloads of a 3.75 MiB blob: ~300 MiB).
         let store = self.shared.store.clone();
-        let reader = tokio::task::spawn_blocking(move || {
-            crate::send_blob(&store, &digest, &tx);
-        });
+        let blob =
+            tokio::task::spawn_blocking(move || castore::BlobStore::open_blob(&store, &digest))
+                .await
+                .map_err(join_err)?
+                .map_err(store_err)?;
+        let mut next = Some(tokio::task::spawn_blocking(move || crate::next_chunk(blob)));
         let mut size = 0u64;
-        while let Some(chunk) = rx.recv().await {
-            let chunk = chunk.map_err(fail)?;
+        while let Some(reading) = next.take() {
+            let (blob, chunk) = reading
+                .await
+                .map_err(join_err)?
+                .map_err(|e| fail(format!("reading blob {digest}: {e}")))?;
+            if chunk.is_empty() {
+                break;
+            }
+            next = Some(tokio::task::spawn_blocking(move || crate::next_chunk(blob)));
             size += chunk.len() as u64;
             let mut req = sink.write_request();
             req.get().set_chunk(&chunk);
-            // Ending the call drops `rx`, which ends the reader.
+            drop(chunk); // the message holds its copy until the client takes it
             tokio::time::timeout(stall, req.send())
                 .await
                 .map_err(|_| {
@@ -1253,7 +1265,6 @@ impl cas::Server for CasImpl {
                     ))
                 })??;
         }
-        reader.await.map_err(join_err)?;
         results.get().set_size(size);
         Ok(())
     }

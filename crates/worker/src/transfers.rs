@@ -1,9 +1,9 @@
 //! What one connection may have in flight: blob transfers take turns, and
 //! a transfer that stalls is ended.
 //!
-//! A download reads its blob ahead into a queue of chunks, and an upload
-//! stream holds a blocking thread (its store writer) and a queue of
-//! chunks; each is bounded, but without turns a client could open any
+//! A download holds two chunks of its blob (the one on its way, the next
+//! one read), and an upload stream holds a blocking thread (its store
+//! writer) and a queue of chunks; each is bounded, but without turns a client could open any
 //! number of them on one connection and stall them all, growing the worker
 //! by that many queues and emptying its blocking pool. So each connection
 //! has [`UPLOADS_PER_CONNECTION`] upload and [`DOWNLOADS_PER_CONNECTION`]
