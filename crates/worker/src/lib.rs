@@ -193,7 +193,8 @@ pub(crate) fn next_chunk(
 }
 
 /// Send the blob `digest` of `store` down `tx` in [`CHUNK`]-sized pieces
-/// (from a blocking thread: a download's reader, on either front door).
+/// (from a blocking thread: the REAPI front door's upload of a stored blob
+/// to the engine's ByteStream).
 /// Stops quietly when the receiver goes away; a read error is the last
 /// message.
 pub(crate) fn send_blob(
