@@ -1970,6 +1970,31 @@ fn a_client_reading_no_answers_is_not_read_past_a_backlog() {
     );
 }
 
+/// `connections` clients of the worker at `addr`, each on a thread of its
+/// own stalling `uploads` uploads and `downloads` downloads of `blob`
+/// until `hold` (`Client::stall_transfers_raw`); what each saw.
+fn stalled_clients(
+    addr: &str,
+    connections: usize,
+    uploads: usize,
+    blob: Digest,
+    downloads: usize,
+    probe: Duration,
+    hold: Duration,
+) -> Vec<std::thread::JoinHandle<worker::client::StalledTransfers>> {
+    (0..connections)
+        .map(|_| {
+            let addr = addr.to_owned();
+            std::thread::spawn(move || {
+                Client::connect(&Endpoint::parse(&addr), b"", &[])
+                    .unwrap()
+                    .stall_transfers_raw(uploads, blob, downloads, probe, hold, false)
+                    .unwrap()
+            })
+        })
+        .collect()
+}
+
 /// Stalled uploads on many connections hold a blocking thread each (their
 /// store writers), more than tokio's default pool of 512 (here 65
 /// connections × 8 = 520): the other work on that pool (hashing a batch,
@@ -1987,49 +2012,38 @@ fn stalled_uploads_on_many_connections_leave_the_blocking_pool_to_others() {
     // Held well past what the build may take: with the default pool it
     // waited until the stalled clients went away, at `hold`.
     let (probe, hold) = (Duration::from_secs(6), Duration::from_secs(24));
-    std::thread::scope(|s| {
-        let stalled: Vec<_> = (0..connections)
-            .map(|_| {
-                s.spawn(|| {
-                    let hostile = Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
-                    let any = Digest::of(b"not downloaded");
-                    hostile
-                        .stall_transfers_raw(8, any, 0, probe, hold, false)
-                        .unwrap()
-                })
-            })
-            .collect();
-        std::thread::sleep(probe);
-        let threads = threads_of(w.child.id());
-        // Each stalled stream holds its thread and its one chunk; with a
-        // copy buffer of 1 MiB per writer thread (glibc served it from
-        // its arenas' padded heaps, zeroed) the worker grew by 297 MiB,
-        // now by ~44 MiB, most of it the 65 connections' TLS buffers.
-        let grown = resident_kib(w.child.id()).saturating_sub(before);
-        assert!(
-            grown < 96 << 10,
-            "{connections} connections of stalled uploads grew the worker by {grown} KiB"
-        );
-        assert!(
-            threads > 512,
-            "the stalled uploads should hold more than 512 threads, the worker has {threads}"
-        );
-        let began = Instant::now();
-        let o = remote(&cs, &w, &action, false)
-            .arg("--rebuild")
-            .output()
-            .unwrap();
-        let took = began.elapsed();
-        assert!(o.status.success(), "{}", text(&o));
-        assert!(
-            took < Duration::from_secs(8),
-            "a build beside {connections} connections of stalled uploads took {took:?}"
-        );
-        for h in stalled {
-            let seen = h.join().unwrap();
-            assert_eq!(seen.opened_at_probe, 8, "{seen:?}");
-        }
-    });
+    let any = Digest::of(b"not downloaded");
+    let stalled = stalled_clients(&w.addr, connections, 8, any, 0, probe, hold);
+    std::thread::sleep(probe);
+    let threads = threads_of(w.child.id());
+    // Each stalled stream holds its thread and its one chunk; with a
+    // copy buffer of 1 MiB per writer thread (glibc served it from
+    // its arenas' padded heaps, zeroed) the worker grew by 297 MiB,
+    // now by ~44 MiB, most of it the 65 connections' TLS buffers.
+    let grown = resident_kib(w.child.id()).saturating_sub(before);
+    assert!(
+        grown < 96 << 10,
+        "{connections} connections of stalled uploads grew the worker by {grown} KiB"
+    );
+    assert!(
+        threads > 512,
+        "the stalled uploads should hold more than 512 threads, the worker has {threads}"
+    );
+    let began = Instant::now();
+    let o = remote(&cs, &w, &action, false)
+        .arg("--rebuild")
+        .output()
+        .unwrap();
+    let took = began.elapsed();
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        took < Duration::from_secs(8),
+        "a build beside {connections} connections of stalled uploads took {took:?}"
+    );
+    for h in stalled {
+        let seen = h.join().unwrap();
+        assert_eq!(seen.opened_at_probe, 8, "{seen:?}");
+    }
 }
 
 /// A relay on a UNIX socket in front of the worker at `to` (no TLS there)
@@ -2169,30 +2183,19 @@ fn stalled_downloads_on_many_connections_cost_a_few_chunks_each() {
     let before = resident_kib(w.child.id());
     let connections = 40;
     let (probe, hold) = (Duration::from_secs(4), Duration::from_secs(6));
-    std::thread::scope(|s| {
-        let stalled: Vec<_> = (0..connections)
-            .map(|_| {
-                s.spawn(|| {
-                    let hostile = Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
-                    hostile
-                        .stall_transfers_raw(0, big, 2, probe, hold, false)
-                        .unwrap()
-                })
-            })
-            .collect();
-        std::thread::sleep(probe);
-        // Measured: 150-180 MiB, each download's chunk on its way and the
-        // next one read; with a reader thread and a queue of four chunks
-        // (one: 277-288), 276-319 MiB.
-        let grown = resident_kib(w.child.id()).saturating_sub(before);
-        assert!(
-            grown < 224 << 10,
-            "{} stalled downloads grew the worker by {grown} KiB",
-            2 * connections
-        );
-        for h in stalled {
-            let seen = h.join().unwrap();
-            assert_eq!(seen.begun_at_probe, 2, "{seen:?}");
-        }
-    });
+    let stalled = stalled_clients(&w.addr, connections, 0, big, 2, probe, hold);
+    std::thread::sleep(probe);
+    // Measured: 150-180 MiB, each download's chunk on its way and the
+    // next one read; with a reader thread and a queue of four chunks
+    // (one: 277-288), 276-319 MiB.
+    let grown = resident_kib(w.child.id()).saturating_sub(before);
+    assert!(
+        grown < 224 << 10,
+        "{} stalled downloads grew the worker by {grown} KiB",
+        2 * connections
+    );
+    for h in stalled {
+        let seen = h.join().unwrap();
+        assert_eq!(seen.begun_at_probe, 2, "{seen:?}");
+    }
 }
