@@ -178,17 +178,9 @@ pub fn read_token_file(path: &std::path::Path) -> Result<Vec<u8>, Error> {
 pub(crate) fn next_chunk(
     mut blob: Box<dyn std::io::Read + Send>,
 ) -> std::io::Result<(Box<dyn std::io::Read + Send>, Vec<u8>)> {
-    let mut chunk = vec![0u8; CHUNK];
-    let mut n = 0;
-    while n < CHUNK {
-        match blob.read(&mut chunk[n..]) {
-            Ok(0) => break,
-            Ok(k) => n += k,
-            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-            Err(e) => return Err(e),
-        }
-    }
-    chunk.truncate(n);
+    use std::io::Read;
+    let mut chunk = Vec::with_capacity(CHUNK);
+    blob.by_ref().take(CHUNK as u64).read_to_end(&mut chunk)?;
     Ok((blob, chunk))
 }
 
@@ -241,13 +233,8 @@ pub(crate) fn read_blobs(
     use castore::store::ObjectKind;
     let mut total = 0u64;
     for d in digests {
-        let path = store.object_path(ObjectKind::Blob, d);
-        let size = match std::fs::metadata(&path) {
-            Ok(m) => m.len(),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(format!("blob {d} is not in the worker's store"))
-            }
-            Err(e) => return Err(format!("blob {d}: {}: {e}", path.display())),
+        let Some(size) = store.object_len(ObjectKind::Blob, d) else {
+            return Err(format!("blob {d} is not in the worker's store"));
         };
         total += size;
         if total > BATCH_BYTES as u64 {
