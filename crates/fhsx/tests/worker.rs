@@ -1900,6 +1900,43 @@ fn a_connection_flooding_calls_is_not_read_past_its_cap() {
     assert!(w.client().stats().is_ok(), "the worker stopped serving");
 }
 
+/// A call holds its message while it waits, and a message may carry up to
+/// 64 MiB: 64 batches of 8 MiB, each waiting for a blob whose upload the
+/// same client began and stalled, would hold 512 MiB (and the batch's copy
+/// as much again). The connection is not read past `CALL_BYTES` of such
+/// messages, and another client's build goes through meanwhile.
+#[test]
+fn a_connection_sending_big_calls_is_not_read_past_a_byte_budget() {
+    let (t, cs, ws, bb) = busybox_stores();
+    let action = sh_action(t.path(), "a.toml", &bb, "echo done > $out/f");
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    w.client().stats().unwrap();
+    let before = resident_kib(w.child.id());
+    let data: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
+    let (grown, answered) = std::thread::scope(|s| {
+        let hostile = s.spawn(|| {
+            Client::connect(&Endpoint::parse(&w.addr), b"", &[])
+                .unwrap()
+                .batches_behind_a_claim_raw(&data, 64, Duration::from_secs(8))
+                .unwrap()
+        });
+        std::thread::sleep(Duration::from_secs(5));
+        let grown = resident_kib(w.child.id()).saturating_sub(before);
+        let o = remote(&cs, &w, &action, false).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        (grown, hostile.join().unwrap())
+    });
+    assert_eq!(
+        answered, 0,
+        "a batch went through past the stalled upload's claim"
+    );
+    assert!(
+        grown < 128 << 10,
+        "64 waiting batches of 8 MiB grew the worker by {grown} KiB"
+    );
+    assert!(w.client().stats().is_ok(), "the worker stopped serving");
+}
+
 /// A build on a worker may make a directory bigger than any message can
 /// carry back (here ~17,000 symlinks with ~4 KB targets, ~70 MB
 /// encoded): the download fails with an error naming the directory and

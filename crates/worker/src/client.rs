@@ -590,6 +590,42 @@ impl Client {
         })
     }
 
+    /// For tests of hostile input: on this one connection, begin an upload
+    /// of `data` and stall it (so the worker's claim on it is held), then
+    /// send `calls` batches of `data` at once, each of which waits for that
+    /// claim; how many were answered within `hold`.
+    pub fn batches_behind_a_claim_raw(
+        &self,
+        data: &[u8],
+        calls: usize,
+        hold: std::time::Duration,
+    ) -> Result<usize, Error> {
+        let d = Digest::of(data);
+        let answered = std::cell::Cell::new(0);
+        self.run(async {
+            let mut req = self.cas.put_blob_request();
+            req.get().set_digest(d.as_bytes());
+            req.get().set_size(data.len() as u64);
+            let r = req.send().promise.await?;
+            let up = r.get()?.get_upload()?;
+            let mut w = up.write_request();
+            w.get().set_chunk(&data[..1024.min(data.len())]);
+            w.send().await?;
+            let batches = (0..calls).map(|_| async {
+                let mut req = self.cas.put_blobs_request();
+                let mut b = req.get().init_blobs(1).get(0);
+                b.set_digest(d.as_bytes());
+                b.set_data(data);
+                if req.send().promise.await.is_ok() {
+                    answered.set(answered.get() + 1);
+                }
+            });
+            let _ = tokio::time::timeout(hold, futures::future::join_all(batches)).await;
+            drop(up);
+            Ok(answered.get())
+        })
+    }
+
     /// `putBlob` streamed in the given chunks, announcing `size`. False if
     /// the worker already had it (nothing was sent).
     pub fn put_blob_raw(&self, digest: &[u8], size: u64, chunks: &[&[u8]]) -> Result<bool, Error> {

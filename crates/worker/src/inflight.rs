@@ -1,15 +1,23 @@
 //! How much one connection may have outstanding before the worker stops
-//! reading it: [`CALLS_PER_CONNECTION`] calls in progress, or
-//! [`ANSWER_BACKLOG`] bytes of answers not yet written to it. Reading
-//! resumes once a call ends or the answers drain.
+//! reading it: [`CALLS_PER_CONNECTION`] calls in progress, [`CALL_BYTES`]
+//! bytes carried by their messages, or [`ANSWER_BACKLOG`] bytes of answers
+//! not yet written to it. Reading resumes once a call ends or the answers
+//! drain.
 //!
 //! A call in progress holds its message until it returns — a build queued
-//! behind `--jobs`, a transfer waiting for its turn (`transfers`) — and
-//! capnp-rpc reads and dispatches every call a peer sends, with no cap of
-//! its own (HTTP/2 has one, `SETTINGS_MAX_CONCURRENT_STREAMS`). So a
-//! client sending calls faster than they end would grow the worker without
-//! bound. Not reading is the back-pressure TCP already has: the client's
-//! sends block, nobody else's.
+//! behind `--jobs`, a transfer waiting for its turn (`transfers`), a batch
+//! waiting for a blob another upload has claimed — and capnp-rpc reads and
+//! dispatches every call a peer sends, with no cap of its own (HTTP/2 has
+//! one, `SETTINGS_MAX_CONCURRENT_STREAMS`). So a client sending calls
+//! faster than they end would grow the worker without bound. Not reading
+//! is the back-pressure TCP already has: the client's sends block, nobody
+//! else's. The count of calls alone bounds small calls; a message may
+//! carry up to `MAX_MESSAGE_BYTES` (64 MiB), so 64 waiting calls could hold
+//! 4 GiB: 64 batches of 8 MiB waiting on a claimed blob grew the worker by
+//! 703 MiB (the messages and the method's copies of them). So each call
+//! also counts what its message carries (the payload its method reads:
+//! blobs, directories, digests, an action), once it has read it; the same
+//! 64 batches now grow the worker by 64 MiB.
 //!
 //! An answer, once its call ends, waits in capnp-rpc's write queue, which
 //! has no bound either, until the connection takes it: a client asking
@@ -40,6 +48,13 @@ use std::task::{Context, Poll, Waker};
 /// Calls one connection may have in progress before the worker stops
 /// reading it.
 pub const CALLS_PER_CONNECTION: usize = 64;
+/// Bytes the messages of one connection's calls in progress may carry
+/// before the worker stops reading it. A call is counted once it has read
+/// its message, so a connection may hold this plus one message. Four times
+/// what `fhsx build --remote` had in flight at most while it uploaded the
+/// hello toolchain (7.4 MiB: eight batches and the upload streams' chunks,
+/// under 1 MiB each).
+pub const CALL_BYTES: u64 = 32 << 20;
 /// Bytes of answers one connection may leave unwritten before the worker
 /// stops reading it. Far above what a client usually has coming (eight
 /// directories, a batch of blobs); one with more (directories of tens of
@@ -55,6 +70,8 @@ pub const ANSWER_FRAME_BYTES: u64 = 128;
 #[derive(Default)]
 pub(crate) struct Calls {
     in_progress: Cell<usize>,
+    /// Bytes the messages of the calls in progress carry.
+    held: Cell<u64>,
     /// Where the writer's count will be, at least, once every answer made
     /// so far is written.
     answered_to: Cell<u64>,
@@ -71,12 +88,14 @@ impl Calls {
         self.in_progress.set(self.in_progress.get() + 1);
         Call {
             calls: self.clone(),
+            held: Cell::new(0),
             payload: Cell::new(0),
         }
     }
 
     fn full(&self) -> bool {
         self.in_progress.get() >= CALLS_PER_CONNECTION
+            || self.held.get() > CALL_BYTES
             || self.answered_to.get().saturating_sub(self.written.get()) > ANSWER_BACKLOG
     }
 
@@ -97,11 +116,21 @@ impl Calls {
 /// A call in progress.
 pub(crate) struct Call {
     calls: Rc<Calls>,
+    /// Bytes its message carries.
+    held: Cell<u64>,
     /// Bytes its answer carries besides its frame.
     payload: Cell<u64>,
 }
 
 impl Call {
+    /// This call's message carries `bytes` (blobs, directories, digests,
+    /// an action): counted against [`CALL_BYTES`] until the call ends.
+    pub(crate) fn holds(&self, bytes: usize) {
+        self.held.set(self.held.get() + bytes as u64);
+        let calls = &self.calls;
+        calls.held.set(calls.held.get() + bytes as u64);
+    }
+
     /// This call's answer carries `bytes` more (a directory, a list).
     pub(crate) fn answers(&self, bytes: usize) {
         self.payload.set(self.payload.get() + bytes as u64);
@@ -114,6 +143,9 @@ impl Drop for Call {
         calls
             .in_progress
             .set(calls.in_progress.get().saturating_sub(1));
+        calls
+            .held
+            .set(calls.held.get().saturating_sub(self.held.get()));
         let from = calls.answered_to.get().max(calls.written.get());
         calls
             .answered_to
@@ -122,8 +154,8 @@ impl Drop for Call {
     }
 }
 
-/// A connection's reading side, read only while its calls in progress are
-/// under the cap.
+/// A connection's reading side, read only while its calls in progress and
+/// answers not yet written are under their caps.
 pub(crate) struct Gated<R> {
     inner: R,
     calls: Rc<Calls>,

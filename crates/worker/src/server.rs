@@ -495,10 +495,10 @@ async fn accept(listener: &Listener, bootstrap: Connection) -> std::io::Result<S
     })
 }
 
-/// What a digest adds to an answer's list: its 32 bytes and its pointer.
+/// What a digest adds to a message's list: its 32 bytes and its pointer.
 const DIGEST_IN_LIST_BYTES: usize = 40;
-/// What a blob adds to an answer's list besides its bytes: its pointer
-/// and the padding to a word.
+/// What a blob (or an encoded directory) adds to a message's list besides
+/// its bytes: its pointer and the padding to a word.
 const BLOB_IN_LIST_BYTES: usize = 16;
 
 /// Fill `l` with `ds`, counted into `call`'s answer.
@@ -573,7 +573,7 @@ impl gate::Server for GateImpl {
         params: gate::LoginParams,
         mut results: gate::LoginResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let p = params.get()?;
         if p.get_protocol() != PROTOCOL_VERSION {
             return Err(fail(format!(
@@ -582,7 +582,9 @@ impl gate::Server for GateImpl {
             )));
         }
         if let Some(want) = &self.token {
-            if blake3::hash(p.get_token()?) != *want {
+            let token = p.get_token()?;
+            call.holds(token.len());
+            if blake3::hash(token) != *want {
                 return Err(fail(
                     "access denied: the worker refused the access token; pass the worker's --token-file to the client",
                 ));
@@ -673,6 +675,7 @@ impl executor::Server for ExecutorImpl {
         }
         let text = p.get_action()?.to_str()?.to_owned();
         let lock = p.get_lock()?.to_vec();
+        call.holds(text.len() + lock.len());
         let sink = p.get_log_sink()?;
         let cache = match p.get_cache() {
             Ok(WirePolicy::Rebuild) => CachePolicy::Rebuild,
@@ -814,8 +817,9 @@ impl UploadStream {
 
 impl blob_upload::Server for UploadImpl {
     async fn write(self: Rc<Self>, params: blob_upload::WriteParams) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let chunk = params.get()?.get_chunk()?;
+        call.holds(chunk.len());
         let total = self.received.get() + chunk.len() as u64;
         self.shared
             .counters
@@ -1047,6 +1051,7 @@ impl cas::Server for CasImpl {
         let p = params.get()?;
         let blobs = data_list(p.get_blobs()?)?;
         let dirs = data_list(p.get_directories()?)?;
+        call.holds((blobs.len() + dirs.len()) * DIGEST_IN_LIST_BYTES);
         // What is here is held (see `hold`); what was absent is reported
         // missing without a second look.
         let (blobs_here, mut mb) = self.split_present(ObjectKind::Blob, blobs).await?;
@@ -1130,7 +1135,7 @@ impl cas::Server for CasImpl {
         params: cas::PutBlobsParams,
         _: cas::PutBlobsResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let list = params.get()?.get_blobs()?;
         let mut blobs = Vec::with_capacity(list.len() as usize);
         let mut received = 0u64;
@@ -1140,6 +1145,7 @@ impl cas::Server for CasImpl {
             received += data.len() as u64;
             blobs.push((d, data.to_vec()));
         }
+        call.holds(received as usize + blobs.len() * (DIGEST_IN_LIST_BYTES + BLOB_IN_LIST_BYTES));
         self.shared
             .counters
             .bytes_received
@@ -1197,8 +1203,9 @@ impl cas::Server for CasImpl {
         params: cas::PutDirectoryParams,
         mut results: cas::PutDirectoryResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let bytes = params.get()?.get_directory()?.to_vec();
+        call.holds(bytes.len());
         let d = self.put_dirs(vec![bytes]).await?;
         if let Some(d) = d.first() {
             results.get().set_digest(d.as_bytes());
@@ -1211,12 +1218,13 @@ impl cas::Server for CasImpl {
         params: cas::PutDirectoriesParams,
         _: cas::PutDirectoriesResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let list = params.get()?.get_directories()?;
         let mut v = Vec::with_capacity(list.len() as usize);
         for d in list.iter() {
             v.push(d?.to_vec());
         }
+        call.holds(v.iter().map(|d| d.len() + BLOB_IN_LIST_BYTES).sum());
         self.put_dirs(v).await?;
         Ok(())
     }
@@ -1276,6 +1284,7 @@ impl cas::Server for CasImpl {
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
         let digests = data_list(params.get()?.get_digests()?)?;
+        call.holds(digests.len() * DIGEST_IN_LIST_BYTES);
         // A download's turn: what it reads stays in memory until answered.
         let _turn = self.turns.download().await;
         let store = self.shared.store.clone();
@@ -1298,6 +1307,7 @@ impl cas::Server for CasImpl {
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
         let digests = data_list(params.get()?.get_digests()?)?;
+        call.holds(digests.len() * DIGEST_IN_LIST_BYTES);
         let (mut mine, asked): (Vec<Digest>, Vec<Digest>) = digests
             .into_iter()
             .partition(|d| self.mine.borrow().contains_key(d));
@@ -1346,6 +1356,7 @@ impl cas::Server for CasImpl {
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
         let digests = data_list(params.get()?.get_digests()?)?;
+        call.holds(digests.len() * DIGEST_IN_LIST_BYTES);
         let mut missing = Vec::new();
         for d in digests {
             self.shared.settled((ObjectKind::Blob, d)).await;
