@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 use castore::store::{DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Node};
 use support::{busybox, fhsx, import, inputs, mirror, text};
-use worker::client::Client;
+use worker::client::{Ask, Client};
 use worker::Endpoint;
 
 fn sh_action(dir: &Path, name: &str, closure: &str, script: &str) -> PathBuf {
@@ -1979,32 +1979,95 @@ fn an_output_directory_too_big_for_a_message_fails_clearly() {
 /// are served meanwhile.
 #[test]
 fn a_client_reading_no_answers_is_not_read_past_a_backlog() {
-    let t = tempfile::tempdir().unwrap();
-    let (cs, ws) = (t.path().join("client-store"), t.path().join("worker-store"));
-    let (store, file) = store_with_one_blob(&cs);
-    let d = store
-        .put_directory(&long_named(1000, "asked", &file))
-        .unwrap();
-    let w = Worker::start(&ws, t.path(), 1, &[]);
-    w.client().upload(&store, &[d], &[]).unwrap();
-    let before = resident_kib(w.child.id());
-    // The handshake and the first answers get through.
-    let (relay, _) = stalling_relay(&w.addr, 256 << 10);
-    let asker = std::thread::spawn(move || {
-        let c = Client::connect(&Endpoint::parse(&relay), b"", &[]).unwrap();
-        c.ask_directory_raw(d, 1500, Duration::from_secs(4))
-            .unwrap()
-    });
-    std::thread::sleep(Duration::from_secs(3));
-    let grown = resident_kib(w.child.id()).saturating_sub(before);
-    // Meanwhile another client is served.
-    w.client().stats().unwrap();
-    let answered = asker.join().unwrap();
+    let (grown, answered) = unread_answers(
+        |store, file| directory_asked(store, long_named(1000, "asked", file)),
+        1500,
+        Duration::from_secs(3),
+    );
     assert!(answered < 1500, "every answer got through the relay");
     assert!(
         grown < 32 << 10,
         "1,500 unread answers of ~290 KB grew the worker by {grown} KiB"
     );
+}
+
+/// The gate stops new calls once the backlog is reached, but not the calls
+/// already in progress: 64 asks for a directory of ~8 MB, each read off
+/// the event loop, made every answer at once and grew the worker by 1.5
+/// GiB. A directory is now read one call at a time, once the answers not
+/// yet written are under the backlog (~25 MiB).
+#[test]
+fn calls_in_progress_wait_for_the_backlog_before_they_answer() {
+    let (grown, answered) = unread_answers(
+        |store, file| directory_asked(store, long_named(28_000, "asked", file)),
+        64,
+        Duration::from_secs(6),
+    );
+    assert!(answered < 64, "every answer got through the relay");
+    assert!(
+        grown < 64 << 10,
+        "64 unread answers of ~8 MB grew the worker by {grown} KiB"
+    );
+    // A batch of blobs waits in its download turn: 64 asks for a blob of
+    // 900 KiB queued ~60 MiB past the backlog without.
+    let (grown, answered) = unread_answers(
+        |store, _| {
+            use castore::store::BlobStore;
+            let bytes = vec![7u8; 900 << 10];
+            let blob = store.put_blob(&bytes).unwrap();
+            let mut d = castore::Directory::new();
+            let file = Node::File {
+                digest: blob,
+                size: bytes.len() as u64,
+                executable: false,
+            };
+            d.insert(castore::Name::new("big").unwrap(), file).unwrap();
+            (store.put_directory(&d).unwrap(), Ask::Blobs(vec![blob]))
+        },
+        64,
+        Duration::from_secs(3),
+    );
+    assert!(answered < 64, "every answer got through the relay");
+    assert!(
+        grown < 40 << 10,
+        "64 unread batches of 900 KiB grew the worker by {grown} KiB"
+    );
+}
+
+/// A directory to upload, and the ask for it.
+fn directory_asked(store: &LocalStore, dir: castore::Directory) -> (Digest, Ask) {
+    let d = store.put_directory(&dir).unwrap();
+    (d, Ask::Directory(d))
+}
+
+/// Ask a worker `asks` times at once, from behind a relay that stops
+/// reading after the handshake and the first answers, for what `made`
+/// puts in the client store (its directory is uploaded first); how much
+/// the worker grew by `probe` (KiB), while another client was served, and
+/// how many answers got through.
+fn unread_answers(
+    made: impl FnOnce(&LocalStore, &Node) -> (Digest, Ask),
+    asks: usize,
+    probe: Duration,
+) -> (u64, usize) {
+    let t = tempfile::tempdir().unwrap();
+    let (cs, ws) = (t.path().join("client-store"), t.path().join("worker-store"));
+    let (store, file) = store_with_one_blob(&cs);
+    let (d, ask) = made(&store, &file);
+    let w = Worker::start(&ws, t.path(), 1, &[]);
+    w.client().upload(&store, &[d], &[]).unwrap();
+    let before = resident_kib(w.child.id());
+    let (relay, _) = stalling_relay(&w.addr, 256 << 10);
+    let asker = std::thread::spawn(move || {
+        let c = Client::connect(&Endpoint::parse(&relay), b"", &[]).unwrap();
+        c.ask_raw(&ask, asks, probe + Duration::from_secs(1))
+            .unwrap()
+    });
+    std::thread::sleep(probe);
+    let grown = resident_kib(w.child.id()).saturating_sub(before);
+    // Meanwhile another client is served.
+    w.client().stats().unwrap();
+    (grown, asker.join().unwrap())
 }
 
 /// `connections` clients of the worker at `addr`, each on a thread of its

@@ -255,6 +255,14 @@ impl byte_sink::Server for ByteSinkImpl {
     }
 }
 
+/// What [`Client::ask_raw`] asks for.
+pub enum Ask {
+    /// `getDirectory` of this digest.
+    Directory(Digest),
+    /// `getBlobs` of these digests.
+    Blobs(Vec<Digest>),
+}
+
 /// What [`Client::stall_transfers_raw`] saw.
 #[derive(Debug, Default, Clone)]
 pub struct StalledTransfers {
@@ -736,21 +744,29 @@ impl Client {
         })
     }
 
-    /// For tests of hostile input: ask `n` times at once for directory `d`
-    /// and wait up to `hold` for the answers; how many came. Behind a
-    /// peer that stops reading, as a client that never reads its answers.
-    pub fn ask_directory_raw(
-        &self,
-        d: Digest,
-        n: usize,
-        hold: std::time::Duration,
-    ) -> Result<usize, Error> {
+    /// For tests of hostile input: ask `n` times at once for what `ask`
+    /// names and wait up to `hold` for the answers; how many came. Behind
+    /// a peer that stops reading, as a client that never reads its answers.
+    pub fn ask_raw(&self, ask: &Ask, n: usize, hold: std::time::Duration) -> Result<usize, Error> {
         let answered = std::cell::Cell::new(0);
         self.run(async {
             let asks = (0..n).map(|_| async {
-                let mut req = self.cas.get_directory_request();
-                req.get().set_digest(d.as_bytes());
-                if req.send().promise.await.is_ok() {
+                let got = match ask {
+                    Ask::Directory(d) => {
+                        let mut req = self.cas.get_directory_request();
+                        req.get().set_digest(d.as_bytes());
+                        req.send().promise.await.map(drop)
+                    }
+                    Ask::Blobs(ds) => {
+                        let mut req = self.cas.get_blobs_request();
+                        let mut l = req.get().init_digests(ds.len() as u32);
+                        for (i, d) in ds.iter().enumerate() {
+                            l.set(i as u32, d.as_bytes());
+                        }
+                        req.send().promise.await.map(drop)
+                    }
+                };
+                if got.is_ok() {
                     answered.set(answered.get() + 1);
                 }
             });

@@ -29,8 +29,12 @@
 //! the writer had taken W bytes is out no sooner than W plus its size,
 //! which makes the count a floor of the queue, never more. Whatever else
 //! the worker writes (its own calls: a download's chunks, a build's log)
-//! is bounded where it is made. So the queue of answers holds at most the
-//! backlog plus the answers of the calls in progress when it was reached.
+//! is bounded where it is made. The gate stops new calls at the backlog,
+//! not those in progress, so the calls whose answers carry what they read
+//! wait for room before they read it ([`Calls::answer_room`]): a directory
+//! one call at a time, a batch of blobs in its download turn. So the queue
+//! of answers holds at most the backlog, one directory, two batches, and
+//! lists of digests no longer than those the calls in progress were sent.
 //!
 //! The caps are far above what `fhsx build --remote` has outstanding
 //! (eight batches, eight upload streams with a chunk or two each, two
@@ -80,6 +84,10 @@ pub(crate) struct Calls {
     /// The connection's reader, waiting for a call to end or answers to
     /// drain.
     reader: RefCell<Option<Waker>>,
+    /// Calls waiting for answers to drain before they make theirs.
+    drained: tokio::sync::Notify,
+    /// Held by the call reading a big answer (`big_answer_turn`).
+    big_answers: futures::lock::Mutex<()>,
 }
 
 impl Calls {
@@ -89,18 +97,56 @@ impl Calls {
         Call {
             calls: self.clone(),
             held: Cell::new(0),
-            payload: Cell::new(0),
         }
     }
 
     fn full(&self) -> bool {
         self.in_progress.get() >= CALLS_PER_CONNECTION
             || self.held.get() > CALL_BYTES
-            || self.answered_to.get().saturating_sub(self.written.get()) > ANSWER_BACKLOG
+            || self.backlogged()
+    }
+
+    fn backlogged(&self) -> bool {
+        self.answered_to.get().saturating_sub(self.written.get()) > ANSWER_BACKLOG
+    }
+
+    /// Wait until the answers not yet written are under [`ANSWER_BACKLOG`],
+    /// before reading what an answer will carry. The gate stops new calls
+    /// at the backlog, but not the calls already in progress: 64 of them
+    /// each reading a directory of ~8 MB off the event loop queued 478 MiB
+    /// of answers. A caller counts its answer ([`Call::answers`]) before it
+    /// lets the next one look.
+    pub(crate) async fn answer_room(&self) {
+        loop {
+            let drained = self.drained.notified();
+            if !self.backlogged() {
+                return;
+            }
+            drained.await;
+        }
+    }
+
+    /// [`Calls::answer_room`] for an answer that may be big (a directory of
+    /// up to `MAX_MESSAGE_BYTES`), taken one call at a time: hold the turn
+    /// until the answer is counted.
+    pub(crate) async fn big_answer_turn(&self) -> futures::lock::MutexGuard<'_, ()> {
+        let turn = self.big_answers.lock().await;
+        self.answer_room().await;
+        turn
+    }
+
+    /// Count `bytes` of an answer made now: out no sooner than the writer
+    /// has taken what it had and these.
+    fn answer(&self, bytes: u64) {
+        let from = self.answered_to.get().max(self.written.get());
+        self.answered_to.set(from + bytes);
     }
 
     fn wrote(&self, n: usize) {
         self.written.set(self.written.get() + n as u64);
+        if !self.backlogged() {
+            self.drained.notify_waiters();
+        }
         if !self.full() {
             self.wake_reader();
         }
@@ -118,8 +164,6 @@ pub(crate) struct Call {
     calls: Rc<Calls>,
     /// Bytes its message carries.
     held: Cell<u64>,
-    /// Bytes its answer carries besides its frame.
-    payload: Cell<u64>,
 }
 
 impl Call {
@@ -131,9 +175,10 @@ impl Call {
         calls.held.set(calls.held.get() + bytes as u64);
     }
 
-    /// This call's answer carries `bytes` more (a directory, a list).
+    /// This call's answer carries `bytes` more (a directory, a list):
+    /// counted now, as the answer is made before anything else runs.
     pub(crate) fn answers(&self, bytes: usize) {
-        self.payload.set(self.payload.get() + bytes as u64);
+        self.calls.answer(bytes as u64);
     }
 }
 
@@ -146,10 +191,7 @@ impl Drop for Call {
         calls
             .held
             .set(calls.held.get().saturating_sub(self.held.get()));
-        let from = calls.answered_to.get().max(calls.written.get());
-        calls
-            .answered_to
-            .set(from + ANSWER_FRAME_BYTES + self.payload.get());
+        calls.answer(ANSWER_FRAME_BYTES);
         calls.wake_reader();
     }
 }
