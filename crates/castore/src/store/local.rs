@@ -422,12 +422,46 @@ impl LocalStore {
 
     /// Read a whole blob into memory, verified.
     pub fn read_blob(&self, digest: &Digest) -> Result<Vec<u8>> {
-        let mut f = self.open_verified(ObjectKind::Blob, digest)?;
-        let mut v = Vec::new();
-        f.read_to_end(&mut v)
-            .map_err(io("read", self.object_path(ObjectKind::Blob, digest)))?;
-        Ok(v)
+        self.read_verified(ObjectKind::Blob, digest, read_whole)
     }
+
+    /// Read a whole object with `read` and check the bytes read against
+    /// `digest`: one pass over the file, where opening it verified
+    /// ([`open_verified`](Self::open_verified)) and reading it after read
+    /// it twice.
+    fn read_verified(
+        &self,
+        kind: ObjectKind,
+        digest: &Digest,
+        read: fn(File) -> std::io::Result<Vec<u8>>,
+    ) -> Result<Vec<u8>> {
+        let bytes = match self.open_object(kind, digest).and_then(read) {
+            Ok(b) => b,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::Missing {
+                    digest: *digest,
+                    path: None,
+                })
+            }
+            Err(e) => return Err(io("read", self.object_path(kind, digest))(e)),
+        };
+        let actual = hash_bytes(&bytes);
+        if actual != *digest {
+            return Err(Error::Corrupt {
+                digest: *digest,
+                actual,
+                path: None,
+            });
+        }
+        Ok(bytes)
+    }
+}
+
+/// All of a file, in a buffer sized by its length.
+fn read_whole(mut f: File) -> std::io::Result<Vec<u8>> {
+    let mut v = Vec::new();
+    f.read_to_end(&mut v)?;
+    Ok(v)
 }
 
 /// All of a small file: reads until EOF into a buffer grown as needed,
@@ -454,6 +488,18 @@ fn read_small(mut f: File) -> std::io::Result<Vec<u8>> {
 
 /// Files above this size are hashed through a memory map with all cores.
 const MMAP_HASH_MIN: u64 = 4 << 20;
+
+/// The digest of bytes in memory; as [`hash_open_file`], with all cores
+/// above [`MMAP_HASH_MIN`].
+fn hash_bytes(bytes: &[u8]) -> Digest {
+    if bytes.len() as u64 >= MMAP_HASH_MIN {
+        let mut h = blake3::Hasher::new();
+        h.update_rayon(bytes);
+        h.finalize().into()
+    } else {
+        Digest::of(bytes)
+    }
+}
 
 fn hash_open_file(f: &mut File, len: u64, path: &Path) -> std::io::Result<Digest> {
     let mut h = blake3::Hasher::new();
@@ -492,32 +538,7 @@ impl DirectoryStore for LocalStore {
     }
 
     fn get_directory(&self, digest: &Digest) -> Result<Directory> {
-        let read = self
-            .open_object(ObjectKind::Directory, digest)
-            .and_then(read_small);
-        let bytes = match read {
-            Ok(b) => b,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::Missing {
-                    digest: *digest,
-                    path: None,
-                })
-            }
-            Err(e) => {
-                return Err(io("read", self.object_path(ObjectKind::Directory, digest))(
-                    e,
-                ))
-            }
-        };
-        let actual = Digest::of(&bytes);
-        if actual != *digest {
-            return Err(Error::Corrupt {
-                digest: *digest,
-                actual,
-                path: None,
-            });
-        }
-        Directory::decode(&bytes)
+        Directory::decode(&self.read_verified(ObjectKind::Directory, digest, read_small)?)
     }
 
     fn put_directory(&self, dir: &Directory) -> Result<Digest> {
@@ -660,5 +681,47 @@ mod tests {
         );
         assert_eq!(store.object_len(ObjectKind::Blob, &d), Some(1));
         assert_eq!(store.object_len(ObjectKind::Directory, &d), None);
+    }
+
+    /// A blob or directory read whole is checked against its name: bytes
+    /// changed on disk are refused as corrupt, naming what they hash to,
+    /// and an absent object is missing, not an I/O error.
+    #[test]
+    fn objects_read_whole_are_refused_when_their_bytes_changed() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let big: Vec<u8> = (0..5u32 << 20).map(|i| (i % 251) as u8).collect();
+        let txn = store.txn().unwrap();
+        let small = txn.put_blob(b"small blob").unwrap();
+        let large = txn.put_blob(&big).unwrap();
+        let dir = txn.put_directory(&Directory::new()).unwrap();
+        txn.commit().unwrap();
+        assert_eq!(store.read_blob(&small).unwrap(), b"small blob");
+        assert_eq!(store.read_blob(&large).unwrap(), big);
+        for (kind, d, changed) in [
+            (ObjectKind::Blob, small, b"smalL blob".to_vec()),
+            (ObjectKind::Blob, large, [&big[..], b"!"].concat()),
+            (ObjectKind::Directory, dir, vec![0x0a]),
+        ] {
+            let path = store.object_path(kind, &d);
+            fs::set_permissions(&path, fs::Permissions::from_mode(0o644)).unwrap();
+            fs::write(&path, &changed).unwrap();
+            let got = match kind {
+                ObjectKind::Blob => store.read_blob(&d).map(drop),
+                ObjectKind::Directory => store.get_directory(&d).map(drop),
+            };
+            match got {
+                Err(Error::Corrupt { digest, actual, .. }) => {
+                    assert_eq!((digest, actual), (d, Digest::of(&changed)))
+                }
+                other => panic!("{kind:?} {d} changed on disk was read as {other:?}"),
+            }
+        }
+        let absent = Digest::of(b"never stored");
+        assert!(matches!(
+            store.read_blob(&absent),
+            Err(Error::Missing { .. })
+        ));
     }
 }
