@@ -658,6 +658,49 @@ fn err<T>(r: Result<T, worker::Error>) -> String {
     }
 }
 
+/// A blob the client's own store has lost, found as the upload sends it
+/// (in a batch, or streamed): the build fails as a local store error
+/// (exit 2) naming it, where it was a failed call to the worker (exit 1,
+/// "talking to the worker"), and the worker serves on.
+#[test]
+fn an_upload_missing_a_local_blob_fails_naming_it_and_the_worker_serves_on() {
+    for streamed in [false, true] {
+        let (t, cs, ws, bb) = busybox_stores();
+        let action = sh_action(t.path(), "a.toml", &bb, "echo done > $out/f");
+        let store = LocalStore::open(&cs).unwrap();
+        let (lost, _) = files_under(&store, bb.parse().unwrap())
+            .into_iter()
+            .find(|(_, size)| (*size > worker::BATCH_BYTES as u64) == streamed)
+            .expect("the busybox tree has small files and a big one");
+        fs::remove_file(store.object_path(ObjectKind::Blob, &lost)).unwrap();
+        let w = Worker::start(&ws, t.path(), 1, &[]);
+        let o = remote(&cs, &w, &action, false).output().unwrap();
+        let out = text(&o);
+        assert_eq!(o.status.code(), Some(2), "streamed: {streamed}: {out}");
+        assert!(
+            out.contains(&lost.to_string()) && out.contains("not in the store"),
+            "streamed: {streamed}: {out}"
+        );
+        assert!(w.client().stats().is_ok(), "the worker stopped serving");
+    }
+}
+
+/// Every file of the tree at `root` in `store`: its digest and size.
+fn files_under(store: &LocalStore, root: Digest) -> Vec<(Digest, u64)> {
+    let mut files = Vec::new();
+    let mut todo = vec![root];
+    while let Some(d) = todo.pop() {
+        for (_, node) in store.get_directory(&d).unwrap().entries() {
+            match node {
+                Node::Directory { digest, .. } => todo.push(*digest),
+                Node::File { digest, size, .. } => files.push((*digest, *size)),
+                Node::Symlink { .. } => {}
+            }
+        }
+    }
+    files
+}
+
 /// A directory the client's own store has lost is found while the upload
 /// is already sending: the build fails as a local store error (exit 2)
 /// naming it, not as a broken connection, and the worker serves on.

@@ -63,43 +63,43 @@ struct UploadState {
     /// Blobs another client was uploading when claimed.
     others: RefCell<Vec<Digest>>,
     transfer: RefCell<Transfer>,
-    /// An error of this side met inside the RPC stages (the local store,
-    /// a directory too big to send), reported as itself.
-    local: RefCell<Option<Error>>,
 }
 
 impl UploadState {
-    /// Keep `e` to report, and stop the upload.
-    fn local_error(&self, e: impl Into<Error>) -> capnp::Error {
-        let e = e.into();
-        let stop = capnp::Error::failed(e.to_string());
-        *self.local.borrow_mut() = Some(e);
-        stop
-    }
-
     /// The size of blob `d`, as its directory named it or else as the
     /// local store has it; counted as sent.
-    fn size_of(&self, store: &LocalStore, d: Digest) -> Result<u64, capnp::Error> {
+    fn size_of(&self, store: &LocalStore, d: Digest) -> Result<u64, Upload> {
         let named = self.blob_sizes.borrow().get(&d).copied();
-        let size = match named.or_else(|| store.object_len(ObjectKind::Blob, &d)) {
-            Some(s) => s,
-            None => {
-                return Err(self.local_error(castore::Error::Missing {
-                    digest: d,
-                    path: None,
-                }))
-            }
-        };
+        let size = named
+            .or_else(|| store.object_len(ObjectKind::Blob, &d))
+            .ok_or(castore::Error::Missing {
+                digest: d,
+                path: None,
+            })?;
         let mut t = self.transfer.borrow_mut();
         t.blobs += 1;
         t.bytes += size;
         Ok(size)
     }
+}
 
-    /// The upload's error: one kept by [`local_error`](Self::local_error)
-    /// rather than the RPC failure it stopped the upload with.
-    fn failure(&self, e: Error) -> Error {
-        self.local.take().unwrap_or(e)
+/// Why an upload stopped: the call or the connection failed, or this side
+/// could not go on (its store, a directory too big for any message),
+/// reported as itself.
+enum Upload {
+    Rpc(capnp::Error),
+    Local(Error),
+}
+
+impl From<capnp::Error> for Upload {
+    fn from(e: capnp::Error) -> Self {
+        Upload::Rpc(e)
+    }
+}
+
+impl From<castore::Error> for Upload {
+    fn from(e: castore::Error) -> Self {
+        Upload::Local(Error::Store(e))
     }
 }
 
@@ -169,6 +169,35 @@ impl From<capnp::Error> for Download {
 impl From<castore::Error> for Download {
     fn from(e: castore::Error) -> Self {
         Download::Store(e)
+    }
+}
+
+/// How a stage's failure is reported ([`Client::run_stage`]).
+trait StageError {
+    fn into_error(self, client: &Client) -> Error;
+}
+
+impl StageError for Download {
+    /// Bytes that are not what was asked for make the record's outputs
+    /// unverifiable (exit 3), not a failed call.
+    fn into_error(self, client: &Client) -> Error {
+        match self {
+            Download::Rpc(e) => client.rpc_error(e),
+            Download::Store(e) => Error::Store(e),
+            Download::Refused(reason) => Error::BadRecord {
+                endpoint: client.endpoint.clone(),
+                reason: format!("its outputs: {reason}: refused"),
+            },
+        }
+    }
+}
+
+impl StageError for Upload {
+    fn into_error(self, client: &Client) -> Error {
+        match self {
+            Upload::Rpc(e) => client.rpc_error(e),
+            Upload::Local(e) => e,
+        }
     }
 }
 
@@ -494,21 +523,15 @@ impl Client {
             .map_err(|e| self.rpc_error(e))
     }
 
-    /// As [`Client::run`], for a download: bytes that are not what was
-    /// asked for make the record's outputs unverifiable (exit 3), not a
-    /// failed call.
-    fn run_download<T>(
+    /// As [`Client::run`], for a stage whose failures are not all the
+    /// call's: a download's refused bytes, an upload's local store.
+    fn run_stage<T, E: StageError>(
         &self,
-        f: impl std::future::Future<Output = Result<T, Download>>,
+        f: impl std::future::Future<Output = Result<T, E>>,
     ) -> Result<T, Error> {
-        self.local.block_on(&self.rt, f).map_err(|e| match e {
-            Download::Rpc(e) => self.rpc_error(e),
-            Download::Store(e) => Error::Store(e),
-            Download::Refused(reason) => Error::BadRecord {
-                endpoint: self.endpoint.clone(),
-                reason: format!("its outputs: {reason}: refused"),
-            },
-        })
+        self.local
+            .block_on(&self.rt, f)
+            .map_err(|e| e.into_error(self))
     }
 
     pub fn endpoint(&self) -> &str {
@@ -912,22 +935,19 @@ impl Client {
         let walked = self.walk(store, roots, blobs, &st, levels);
         let claimed = found.map(|chunk| self.claim_chunk(chunk, &st)).buffered(2);
         let sent = self.send_lists(store, claimed, &st);
-        self.run(async { futures::future::try_join(walked, sent).await.map(|_| ()) })
-            .map_err(|e| st.failure(e))?;
+        self.run_stage(async { futures::future::try_join(walked, sent).await.map(|_| ()) })?;
         // Reserved by another client when asked: waited for, and sent
         // after all if its uploader failed.
         let others = st.others.take();
         let left = self.await_blobs(&others)?;
-        self.run(self.send_lists(store, futures::stream::iter([Ok(left)]), &st))
-            .map_err(|e| st.failure(e))?;
+        self.run_stage(self.send_lists(store, futures::stream::iter([Ok(left)]), &st))?;
 
         // Directories, children before parents.
         let missing_dirs = st.missing_dirs.take();
         let order = post_order(roots, &missing_dirs);
         let mut t = st.transfer.take();
         t.directories = order.len() as u64;
-        self.send_directories(&order, &missing_dirs, &st)
-            .map_err(|e| st.failure(e))?;
+        self.send_directories(&order, &missing_dirs)?;
         Ok(t)
     }
 
@@ -935,20 +955,19 @@ impl Client {
     /// bounded by bytes, each encoded as its turn comes: a count would let
     /// a tree of big directories make a message past what the worker reads
     /// ([`crate::MAX_MESSAGE_BYTES`]). A directory no message can carry
-    /// ends the upload, naming it (kept in `st`).
+    /// ends the upload, naming it.
     fn send_directories(
         &self,
         order: &[Digest],
         dirs: &HashMap<Digest, Directory>,
-        st: &UploadState,
     ) -> Result<(), Error> {
-        self.run(async {
+        self.run_stage(async {
             let mut batch = Batch::default();
             for d in order {
                 let Some(dir) = dirs.get(d) else { continue };
                 let encoded = dir.encode();
                 if let Some(why) = crate::too_big_for_a_message(d, dir.len(), encoded.len()) {
-                    return Err(st.local_error(Error::Usage(why)));
+                    return Err(Upload::Local(Error::Usage(why)));
                 }
                 let cost = encoded.len() + DIR_ENTRY_BYTES;
                 if let Some(full) = batch.push(encoded, cost) {
@@ -979,7 +998,7 @@ impl Client {
         extra: &[Digest],
         st: &UploadState,
         levels: mpsc::UnboundedSender<Vec<Digest>>,
-    ) -> Result<(), capnp::Error> {
+    ) -> Result<(), Upload> {
         let mut seen: HashSet<Digest> = HashSet::new();
         let mut found: Vec<Digest> = extra.iter().copied().filter(|d| seen.insert(*d)).collect();
         let mut frontier: Vec<Digest> = roots.iter().copied().filter(|d| seen.insert(*d)).collect();
@@ -995,7 +1014,7 @@ impl Client {
             let (_, md) = self.find_missing_async(&[], &frontier).await?;
             let mut next = Vec::new();
             for d in md {
-                let dir = store.get_directory(&d).map_err(|e| st.local_error(e))?;
+                let dir = store.get_directory(&d)?;
                 for (_, node) in dir.entries() {
                     match node {
                         Node::Directory { digest, .. } if seen.insert(*digest) => {
@@ -1022,14 +1041,14 @@ impl Client {
         &self,
         blobs: Vec<Digest>,
         st: &UploadState,
-    ) -> Result<Vec<Digest>, capnp::Error> {
+    ) -> Result<Vec<Digest>, Upload> {
         let mut req = self.cas.claim_blobs_request();
         let refs: Vec<&[u8]> = blobs.iter().map(|d| d.as_bytes().as_slice()).collect();
         raw_list(req.get().init_digests(refs.len() as u32), &refs);
         let r = req.send().promise.await?;
         let r = r.get()?;
         st.others.borrow_mut().extend(digests(r.get_others()?)?);
-        digests(r.get_mine()?)
+        Ok(digests(r.get_mine()?)?)
     }
 
     fn await_blobs(&self, blobs: &[Digest]) -> Result<Vec<Digest>, Error> {
@@ -1052,9 +1071,9 @@ impl Client {
     async fn send_lists(
         &self,
         store: &LocalStore,
-        lists: impl futures::Stream<Item = Result<Vec<Digest>, capnp::Error>>,
+        lists: impl futures::Stream<Item = Result<Vec<Digest>, Upload>>,
         st: &UploadState,
-    ) -> Result<(), capnp::Error> {
+    ) -> Result<(), Upload> {
         let (batch_tx, batch_rx) = mpsc::unbounded::<Vec<(Digest, u64)>>();
         let (big_tx, big_rx) = mpsc::unbounded::<(Digest, u64)>();
         let plan = async move {
@@ -1073,7 +1092,7 @@ impl Client {
             if !batch.items.is_empty() {
                 let _ = batch_tx.unbounded_send(batch.items);
             }
-            Ok::<(), capnp::Error>(())
+            Ok::<(), Upload>(())
         };
         let batches = batch_rx
             .map(|batch| self.put_batch(store, batch))
@@ -1092,27 +1111,19 @@ impl Client {
 
     /// One `putBlobs` call: the blobs read straight into the message (no
     /// copy in between), filled only when it is its turn to go.
-    async fn put_batch(
-        &self,
-        store: &LocalStore,
-        batch: Vec<(Digest, u64)>,
-    ) -> Result<(), capnp::Error> {
+    async fn put_batch(&self, store: &LocalStore, batch: Vec<(Digest, u64)>) -> Result<(), Upload> {
         let mut req = self.cas.put_blobs_request();
         lay_out_batch(req.get(), &batch, |d, data| {
             open_local_blob(store, d)?
                 .read_exact(data)
-                .map_err(|e| local_read_error(d, e))
+                .map_err(|e| local_read_error(store, d, e))
         })?;
-        req.send().promise.await.map(|_| ())
+        req.send().promise.await?;
+        Ok(())
     }
 
     /// One big blob, in [`CHUNK`]s, if the worker still wants it.
-    async fn stream_blob(
-        &self,
-        store: &LocalStore,
-        d: &Digest,
-        size: u64,
-    ) -> Result<(), capnp::Error> {
+    async fn stream_blob(&self, store: &LocalStore, d: &Digest, size: u64) -> Result<(), Upload> {
         let mut req = self.cas.put_blob_request();
         req.get().set_digest(d.as_bytes());
         req.get().set_size(size);
@@ -1125,7 +1136,9 @@ impl Client {
         let mut f = open_local_blob(store, d)?;
         let mut buf = vec![0u8; CHUNK];
         loop {
-            let n = f.read(&mut buf).map_err(|e| local_read_error(d, e))?;
+            let n = f
+                .read(&mut buf)
+                .map_err(|e| local_read_error(store, d, e))?;
             if n == 0 {
                 break;
             }
@@ -1355,7 +1368,7 @@ impl Client {
         // Download what the record names.
         let rec = &record.record;
         let txn = store.txn()?;
-        let t = self.run_download(async {
+        let t = self.run_stage(async {
             let mut seen = HashSet::new();
             let roots = rec.outputs.values().copied().chain([rec.view_digest]);
             let (dirs, mut blobs) = self.fetch_trees(store, roots, &mut seen).await?;
@@ -1485,12 +1498,26 @@ impl Client {
 /// A blob's file in the local store, to send. Not verified as
 /// `BlobStore::open_blob` would: the worker hashes every byte it receives,
 /// and hashing here too would double the upload's hashing.
-fn open_local_blob(store: &LocalStore, d: &Digest) -> Result<std::fs::File, capnp::Error> {
-    std::fs::File::open(store.object_path(ObjectKind::Blob, d)).map_err(|e| local_read_error(d, e))
+/// Blob `d` of this client's store, opened to be sent (the worker checks
+/// its bytes).
+fn open_local_blob(store: &LocalStore, d: &Digest) -> Result<std::fs::File, Upload> {
+    std::fs::File::open(store.object_path(ObjectKind::Blob, d)).map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => castore::Error::Missing {
+            digest: *d,
+            path: None,
+        }
+        .into(),
+        _ => local_read_error(store, d, e),
+    })
 }
 
-fn local_read_error(d: &Digest, e: std::io::Error) -> capnp::Error {
-    capnp::Error::failed(format!("reading blob {d} from the local store: {e}"))
+fn local_read_error(store: &LocalStore, d: &Digest, source: std::io::Error) -> Upload {
+    castore::Error::Io {
+        op: "read",
+        path: store.object_path(ObjectKind::Blob, d),
+        source,
+    }
+    .into()
 }
 
 /// `dirs` ordered children before parents, reachable from `roots`.
@@ -1523,11 +1550,11 @@ fn post_order(roots: &[Digest], dirs: &HashMap<Digest, Directory>) -> Vec<Digest
 
 /// `batch` laid out in a `putBlobs` request: each blob's digest, and its
 /// bytes written in place by `fill`.
-fn lay_out_batch(
+fn lay_out_batch<E>(
     params: cas::put_blobs_params::Builder<'_>,
     batch: &[(Digest, u64)],
-    mut fill: impl FnMut(&Digest, &mut [u8]) -> Result<(), capnp::Error>,
-) -> Result<(), capnp::Error> {
+    mut fill: impl FnMut(&Digest, &mut [u8]) -> Result<(), E>,
+) -> Result<(), E> {
     let mut l = params.init_blobs(batch.len() as u32);
     for (i, (d, size)) in batch.iter().enumerate() {
         let mut b = l.reborrow().get(i as u32);
@@ -1567,7 +1594,7 @@ mod tests {
     /// What `put_batch` sends for `batch`, laid out the same way.
     fn put_blobs_message(batch: &[(Digest, u64)]) -> usize {
         let mut m = capnp::message::Builder::new_default();
-        lay_out_batch(m.init_root(), batch, |_, _| Ok(())).unwrap();
+        lay_out_batch(m.init_root(), batch, |_, _| Ok::<(), ()>(())).unwrap();
         wire_bytes(&m)
     }
 
