@@ -2018,7 +2018,7 @@ fn an_output_directory_too_big_for_a_message_fails_clearly() {
 /// directory of ~290 KB, behind a relay that stops passing the worker's
 /// bytes) is not read past a bounded backlog of answers (16 MiB): capnp-rpc
 /// queues every answer it cannot write, so without a bound the worker grew
-/// by what the asks were worth (408 MiB; 16.6 MiB with it). Other clients
+/// by what the asks were worth (408 MiB; ~18 MiB with it). Other clients
 /// are served meanwhile.
 #[test]
 fn a_client_reading_no_answers_is_not_read_past_a_backlog() {
@@ -2075,6 +2075,47 @@ fn calls_in_progress_wait_for_the_backlog_before_they_answer() {
         grown < 40 << 10,
         "64 unread batches of 900 KiB grew the worker by {grown} KiB"
     );
+}
+
+/// Small answers are counted at what they cost the worker, not at their
+/// size on the wire: 100,000 asks for the worker's counters (~145 bytes
+/// an answer, ~800 in memory until written) from behind a relay that
+/// stopped reading grew it by 77 MiB when each counted 128 bytes, as the
+/// backlog of 16 MiB was never reached; now by ~17 MiB.
+#[test]
+fn a_flood_of_small_unread_answers_is_bounded_too() {
+    let (grown, answered) = unread_answers(
+        |store, file| {
+            let (d, _) = directory_asked(store, long_named(1, "asked", file));
+            (d, Ask::Stats)
+        },
+        100_000,
+        Duration::from_secs(16),
+    );
+    assert!(answered < 100_000, "every answer got through the relay");
+    assert!(
+        grown < 32 << 10,
+        "100,000 unread small answers grew the worker by {grown} KiB"
+    );
+}
+
+/// A client that reads every answer is never held back by the count of
+/// answers: 40,000 small answers (the worker's counters, ~145 bytes each,
+/// counted at 1 KiB against the backlog) and 20,000 empty ones (~80
+/// bytes) all come back on one connection. Counted as out later than they
+/// were, the answers would have closed it at the backlog (after ~19,000).
+#[test]
+fn many_small_answers_read_by_their_client_leave_its_connection_open() {
+    let t = tempfile::tempdir().unwrap();
+    let w = Worker::start(&t.path().join("worker-store"), t.path(), 1, &[]);
+    let c = Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
+    let answered = c
+        .ask_raw(&Ask::Stats, 40_000, Duration::from_secs(60))
+        .unwrap();
+    assert_eq!(answered, 40_000);
+    for _ in 0..20_000 {
+        c.put_blobs_raw(&[]).unwrap();
+    }
 }
 
 /// A directory to upload, and the ask for it.

@@ -290,6 +290,8 @@ pub enum Ask {
     Directory(Digest),
     /// `getBlobs` of these digests.
     Blobs(Vec<Digest>),
+    /// The worker's counters, a small answer.
+    Stats,
 }
 
 /// What [`Client::stall_transfers_raw`] saw.
@@ -788,6 +790,7 @@ impl Client {
                         }
                         req.send().promise.await.map(drop)
                     }
+                    Ask::Stats => self.executor.stats_request().send().promise.await.map(drop),
                 };
                 if got.is_ok() {
                     answered.set(answered.get() + 1);

@@ -23,11 +23,18 @@
 //! has no bound either, until the connection takes it: a client asking
 //! for a directory over and over and reading nothing grew the worker by
 //! what every answer was worth (1,500 answers of ~290 KB: 408 MiB). The
-//! worker cannot see that queue, so it counts what it answers (each
-//! answer's payload, where a method names it, plus [`ANSWER_FRAME_BYTES`])
-//! against what the connection's writer has taken: an answer made when
-//! the writer had taken W bytes is out no sooner than W plus its size,
-//! which makes the count a floor of the queue, never more. Whatever else
+//! worker cannot see that queue, so it keeps its own list of the answers
+//! it made, each with where the connection's writer will be, at least,
+//! once it is out (what the writer had taken or the answer before it
+//! ends, plus the bytes the answer carries: a floor, never more, so that
+//! an answer is never thought to be out later than it is, which would
+//! close a connection whose client reads everything) and with what it
+//! costs until then (those bytes, plus [`ANSWER_COST`]). An answer's bytes
+//! are its struct's size, measured once it is set; its frame, the
+//! `Return` around it, is counted on the wire as [`ANSWER_WIRE_FLOOR`].
+//! Counted as out sooner than they are, answers a slow reader has not
+//! taken are under-counted by what the frames' floor misses (at most
+//! ~16 of ~80 bytes each). Whatever else
 //! the worker writes (its own calls: a download's chunks, a build's log)
 //! is bounded where it is made. The gate stops new calls at the backlog,
 //! not those in progress, so the calls whose answers carry what they read
@@ -45,6 +52,7 @@
 //! reads.
 
 use std::cell::{Cell, RefCell};
+use std::collections::VecDeque;
 use std::pin::Pin;
 use std::rc::Rc;
 use std::task::{Context, Poll, Waker};
@@ -64,11 +72,18 @@ pub const CALL_BYTES: u64 = 32 << 20;
 /// directories, a batch of blobs); one with more (directories of tens of
 /// MB) waits only as long as it takes to read them.
 pub const ANSWER_BACKLOG: u64 = 16 << 20;
-/// What an answer takes besides the payload a method names: capnp-rpc's
-/// `Return`, its framing and a small struct (a `Stats` answer is ~150
-/// bytes). Counted for every call, so that a flood of calls with small
-/// answers is bounded too.
-pub const ANSWER_FRAME_BYTES: u64 = 128;
+/// What an answer costs the worker until written, besides the payload a
+/// method names: capnp-rpc's `Return` in a message allocation of its own
+/// and the answer's entry in its table. A `Stats` answer is ~145 bytes on
+/// the wire and ~600-800 in memory; counted at 128 bytes, 60,000 unread
+/// ones grew the worker by 32 MiB without reaching the backlog. Counted
+/// for every call, so that a flood of small answers is bounded too; an
+/// honest client has far fewer than the 16,384 this allows outstanding.
+pub const ANSWER_COST: u64 = 1024;
+/// The fewest bytes an answer takes on the wire: a `Return` of an empty
+/// struct was ~80. Where the writer will be once an answer is out is
+/// counted with this, a floor (see the module's doc).
+pub const ANSWER_WIRE_FLOOR: u64 = 64;
 
 /// One connection's calls in progress and answers not yet written.
 #[derive(Default)]
@@ -79,6 +94,12 @@ pub(crate) struct Calls {
     /// Where the writer's count will be, at least, once every answer made
     /// so far is written.
     answered_to: Cell<u64>,
+    /// The answers not yet written, oldest first: where the writer's count
+    /// will be, at least, once each is out, and what each costs until
+    /// then.
+    unwritten: RefCell<VecDeque<(u64, u64)>>,
+    /// What they cost together.
+    unwritten_cost: Cell<u64>,
     /// Bytes the connection's writer has taken.
     written: Cell<u64>,
     /// The connection's reader, waiting for a call to end or answers to
@@ -107,7 +128,7 @@ impl Calls {
     }
 
     fn backlogged(&self) -> bool {
-        self.answered_to.get().saturating_sub(self.written.get()) > ANSWER_BACKLOG
+        self.unwritten_cost.get() > ANSWER_BACKLOG
     }
 
     /// Wait until the answers not yet written are under [`ANSWER_BACKLOG`],
@@ -135,15 +156,29 @@ impl Calls {
         turn
     }
 
-    /// Count `bytes` of an answer made now: out no sooner than the writer
-    /// has taken what it had and these.
-    fn answer(&self, bytes: u64) {
-        let from = self.answered_to.get().max(self.written.get());
-        self.answered_to.set(from + bytes);
+    /// Count an answer made now, of at least `wire` bytes on the wire and
+    /// costing `cost` until then: out no sooner than the writer has taken
+    /// what it had and these.
+    fn answer(&self, wire: u64, cost: u64) {
+        let out_by = self.answered_to.get().max(self.written.get()) + wire;
+        self.answered_to.set(out_by);
+        if out_by > self.written.get() && cost > 0 {
+            self.unwritten.borrow_mut().push_back((out_by, cost));
+            self.unwritten_cost.set(self.unwritten_cost.get() + cost);
+        }
     }
 
     fn wrote(&self, n: usize) {
         self.written.set(self.written.get() + n as u64);
+        let mut unwritten = self.unwritten.borrow_mut();
+        while let Some(&(out_by, cost)) = unwritten.front() {
+            if out_by > self.written.get() {
+                break;
+            }
+            unwritten.pop_front();
+            self.unwritten_cost.set(self.unwritten_cost.get() - cost);
+        }
+        drop(unwritten);
         if !self.backlogged() {
             self.drained.notify_waiters();
         }
@@ -175,10 +210,11 @@ impl Call {
         calls.held.set(calls.held.get() + bytes as u64);
     }
 
-    /// This call's answer carries `bytes` more (a directory, a list):
-    /// counted now, as the answer is made before anything else runs.
+    /// This call's answer takes `bytes` on the wire besides its frame (its
+    /// struct's `total_size`: a directory, a list, the counters): counted
+    /// now, as the answer is made before anything else runs.
     pub(crate) fn answers(&self, bytes: usize) {
-        self.calls.answer(bytes as u64);
+        self.calls.answer(bytes as u64, bytes as u64);
     }
 }
 
@@ -191,7 +227,7 @@ impl Drop for Call {
         calls
             .held
             .set(calls.held.get().saturating_sub(self.held.get()));
-        calls.answer(ANSWER_FRAME_BYTES);
+        calls.answer(ANSWER_WIRE_FLOOR, ANSWER_COST);
         calls.wake_reader();
     }
 }
@@ -271,5 +307,50 @@ impl<W: futures::AsyncWrite + Unpin> futures::AsyncWrite for Counted<W> {
 
     fn poll_close(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.get_mut().inner).poll_close(cx)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Answers whose writes go out in full, each at least its floor, are
+    /// all counted out again, however many: a count running ahead of the
+    /// writer would close the connection of a client that reads all.
+    #[test]
+    fn answers_written_in_full_are_never_a_backlog() {
+        let calls = Rc::new(Calls::default());
+        for _ in 0..100_000 {
+            drop(calls.enter());
+            // An empty `Return` was ~80 bytes.
+            calls.wrote(80);
+            assert!(!calls.full());
+        }
+        assert!(calls.unwritten.borrow().is_empty());
+        assert_eq!(calls.unwritten_cost.get(), 0);
+    }
+
+    /// Answers nobody writes close the gate at the backlog, by what they
+    /// cost, and open it again once written.
+    #[test]
+    fn unwritten_answers_close_the_gate_at_their_cost() {
+        let calls = Rc::new(Calls::default());
+        let allowed = ANSWER_BACKLOG / ANSWER_COST;
+        for _ in 0..allowed {
+            drop(calls.enter());
+        }
+        assert!(!calls.full());
+        drop(calls.enter());
+        assert!(calls.full());
+        calls.wrote(((allowed + 1) * ANSWER_WIRE_FLOOR) as usize);
+        assert!(!calls.full());
+        let big = calls.enter();
+        big.answers(ANSWER_BACKLOG as usize + 1);
+        drop(big);
+        assert!(calls.full());
+        calls.wrote(ANSWER_BACKLOG as usize);
+        assert!(calls.full(), "counted out before its last bytes");
+        calls.wrote(1 + ANSWER_WIRE_FLOOR as usize);
+        assert!(!calls.full());
     }
 }

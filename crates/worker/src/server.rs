@@ -29,7 +29,7 @@ use futures::AsyncReadExt;
 use rayon::prelude::*;
 use tokio::sync::{mpsc, watch};
 
-use crate::inflight::{Call, Calls, Counted, Gated};
+use crate::inflight::{Calls, Counted, Gated};
 use crate::runner::{Job, JobResult, Runner};
 use crate::transfers::{Turn, Turns};
 
@@ -504,9 +504,14 @@ const DIGEST_IN_LIST_BYTES: usize = 40;
 /// its bytes: its pointer and the padding to a word.
 const BLOB_IN_LIST_BYTES: usize = 16;
 
-/// Fill `l` with `ds`, counted into `call`'s answer.
-fn set_digests(mut l: capnp::data_list::Builder<'_>, ds: &[Digest], call: &Call) {
-    call.answers(ds.len() * DIGEST_IN_LIST_BYTES);
+/// What an answer's struct takes on the wire (its `total_size`): counted
+/// into its call (`inflight::Call::answers`) once the answer is set.
+fn answer_bytes(size: capnp::Result<capnp::MessageSize>) -> usize {
+    size.map_or(0, |s| s.word_count as usize * 8)
+}
+
+/// Fill `l` with `ds`.
+fn set_digests(mut l: capnp::data_list::Builder<'_>, ds: &[Digest]) {
     for (i, d) in ds.iter().enumerate() {
         l.set(i as u32, d.as_bytes());
     }
@@ -562,12 +567,13 @@ impl gate::Server for GateImpl {
         _: gate::VersionParams,
         mut results: gate::VersionResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let mut r = results.get();
         r.set_protocol(PROTOCOL_VERSION);
         r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
         r.set_public_key(&self.shared.public_key);
         r.set_tls_binding(&self.shared.tls_binding);
+        call.answers(answer_bytes(r.total_size()));
         Ok(())
     }
 
@@ -640,7 +646,7 @@ impl executor::Server for ExecutorImpl {
         _: executor::StatsParams,
         mut results: executor::StatsResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
+        let call = self.calls.enter();
         let c = &self.shared.counters;
         let mut s = results.get().init_stats();
         s.set_blobs_written(c.blobs_written.load(Ordering::SeqCst));
@@ -653,6 +659,7 @@ impl executor::Server for ExecutorImpl {
         s.set_builds_queued(r.stats.queued.load(Ordering::SeqCst));
         s.set_max_concurrent_builds(r.stats.max_running.load(Ordering::SeqCst));
         s.set_jobs(r.jobs() as u32);
+        call.answers(answer_bytes(results.get().total_size()));
         Ok(())
     }
 
@@ -740,7 +747,6 @@ impl executor::Server for ExecutorImpl {
                 let check = check
                     .map(|c| serde_json::to_vec(&c).unwrap_or_default())
                     .unwrap_or_default();
-                call.answers(bytes.len() + check.len());
                 let mut b = results.get();
                 b.set_record_digest(digest.as_bytes());
                 b.set_record(&bytes);
@@ -749,6 +755,7 @@ impl executor::Server for ExecutorImpl {
             }
             JobResult::Failed { class, message } => set_failure(&mut results, class, &message),
         }
+        call.answers(answer_bytes(results.get().total_size()));
         Ok(())
     }
 }
@@ -1062,8 +1069,9 @@ impl cas::Server for CasImpl {
         mb.extend(self.hold(ObjectKind::Blob, blobs_here).await?);
         md.extend(self.hold(ObjectKind::Directory, dirs_here).await?);
         let mut r = results.get();
-        set_digests(r.reborrow().init_blobs(mb.len() as u32), &mb, &call);
-        set_digests(r.init_directories(md.len() as u32), &md, &call);
+        set_digests(r.reborrow().init_blobs(mb.len() as u32), &mb);
+        set_digests(r.init_directories(md.len() as u32), &md);
+        call.answers(answer_bytes(results.get().total_size()));
         Ok(())
     }
 
@@ -1213,6 +1221,7 @@ impl cas::Server for CasImpl {
         if let Some(d) = d.first() {
             results.get().set_digest(d.as_bytes());
         }
+        call.answers(answer_bytes(results.get().total_size()));
         Ok(())
     }
 
@@ -1296,11 +1305,11 @@ impl cas::Server for CasImpl {
             .await
             .map_err(join_err)?
             .map_err(fail)?;
-        call.answers(blobs.iter().map(|b| b.len() + BLOB_IN_LIST_BYTES).sum());
         let mut l = results.get().init_blobs(blobs.len() as u32);
         for (i, b) in blobs.iter().enumerate() {
             l.set(i as u32, b);
         }
+        call.answers(answer_bytes(results.get().total_size()));
         Ok(())
     }
 
@@ -1348,8 +1357,9 @@ impl cas::Server for CasImpl {
                 .map_err(store_err)?;
         }
         let mut r = results.get();
-        set_digests(r.reborrow().init_mine(mine.len() as u32), &mine, &call);
-        set_digests(r.init_others(others.len() as u32), &others, &call);
+        set_digests(r.reborrow().init_mine(mine.len() as u32), &mine);
+        set_digests(r.init_others(others.len() as u32), &others);
+        call.answers(answer_bytes(results.get().total_size()));
         Ok(())
     }
 
@@ -1368,11 +1378,8 @@ impl cas::Server for CasImpl {
                 missing.push(d);
             }
         }
-        set_digests(
-            results.get().init_missing(missing.len() as u32),
-            &missing,
-            &call,
-        );
+        set_digests(results.get().init_missing(missing.len() as u32), &missing);
+        call.answers(answer_bytes(results.get().total_size()));
         Ok(())
     }
 
@@ -1407,8 +1414,8 @@ impl cas::Server for CasImpl {
         if let Some(why) = crate::too_big_for_a_message(&digest, entries, encoded.len()) {
             return Err(capnp::Error::failed(format!("the build's output {why}")));
         }
-        call.answers(encoded.len());
         results.get().set_directory(&encoded);
+        call.answers(answer_bytes(results.get().total_size()));
         Ok(())
     }
 }
