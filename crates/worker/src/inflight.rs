@@ -1,8 +1,8 @@
 //! How much one connection may have outstanding before the worker stops
 //! reading it: [`CALLS_PER_CONNECTION`] calls in progress, [`CALL_BYTES`]
-//! bytes carried by their messages, or [`ANSWER_BACKLOG`] bytes of answers
-//! not yet written to it. Reading resumes once a call ends or the answers
-//! drain.
+//! bytes carried by their messages, or answers not yet written to it that
+//! cost more than [`ANSWER_BACKLOG`]. Reading resumes once a call ends or
+//! the answers drain.
 //!
 //! A call in progress holds its message until it returns — a build queued
 //! behind `--jobs`, a transfer waiting for its turn (`transfers`), a batch
@@ -33,8 +33,9 @@
 //! are its struct's size, measured once it is set; its frame, the
 //! `Return` around it, is counted on the wire as [`ANSWER_WIRE_FLOOR`].
 //! Counted as out sooner than they are, answers a slow reader has not
-//! taken are under-counted by what the frames' floor misses (at most
-//! ~16 of ~80 bytes each). Whatever else
+//! taken are under-counted by what the frames' floor misses (~16 bytes of
+//! an empty `Return`'s ~80; more where it carries a capability). Whatever
+//! else
 //! the worker writes (its own calls: a download's chunks, a build's log)
 //! is bounded where it is made. The gate stops new calls at the backlog,
 //! not those in progress, so the calls whose answers carry what they read
@@ -75,8 +76,8 @@ pub const ANSWER_BACKLOG: u64 = 16 << 20;
 /// What an answer costs the worker until written, besides the payload a
 /// method names: capnp-rpc's `Return` in a message allocation of its own
 /// and the answer's entry in its table. A `Stats` answer is ~145 bytes on
-/// the wire and ~600-800 in memory; counted at 128 bytes, 60,000 unread
-/// ones grew the worker by 32 MiB without reaching the backlog. Counted
+/// the wire and ~800 in memory; counted at 128 bytes, 100,000 unread ones
+/// grew the worker by 77-79 MiB without reaching the backlog. Counted
 /// for every call, so that a flood of small answers is bounded too; an
 /// honest client has far fewer than the 16,384 this allows outstanding.
 pub const ANSWER_COST: u64 = 1024;
@@ -134,9 +135,9 @@ impl Calls {
     /// Wait until the answers not yet written are under [`ANSWER_BACKLOG`],
     /// before reading what an answer will carry. The gate stops new calls
     /// at the backlog, but not the calls already in progress: 64 of them
-    /// each reading a directory of ~8 MB off the event loop queued 478 MiB
-    /// of answers. A caller counts its answer ([`Call::answers`]) before it
-    /// lets the next one look.
+    /// each reading a directory of ~8 MB off the event loop made every
+    /// answer at once (1.5 GiB). A caller counts its answer
+    /// ([`Call::answers`]) before it lets the next one look.
     pub(crate) async fn answer_room(&self) {
         loop {
             let drained = self.drained.notified();
