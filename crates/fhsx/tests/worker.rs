@@ -1915,22 +1915,15 @@ fn a_connection_flooding_calls_is_not_read_past_its_cap() {
     let action = sh_action(t.path(), "a.toml", &bb, "echo done > $out/f");
     let w = Worker::start(&ws, t.path(), 1, &[]);
     w.client().stats().unwrap();
-    let before = resident_kib(w.child.id());
     let (probe, hold) = (Duration::from_secs(4), Duration::from_secs(5));
-    let (grown, seen) = std::thread::scope(|s| {
-        let flooding = s.spawn(|| {
+    let (grown, seen) =
+        grown_while_another_builds(&w, &cs, &action, Duration::from_secs(3), || {
             let hostile = Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
             let any = Digest::of(b"not downloaded");
             hostile
                 .stall_transfers_raw(20_000, any, 0, probe, hold, false)
                 .unwrap()
         });
-        std::thread::sleep(Duration::from_secs(3));
-        let grown = resident_kib(w.child.id()).saturating_sub(before);
-        let o = remote(&cs, &w, &action, false).output().unwrap();
-        assert!(o.status.success(), "{}", text(&o));
-        (grown, flooding.join().unwrap())
-    });
     assert_eq!(
         seen.opened_at_probe,
         worker::transfers::UPLOADS_PER_CONNECTION,
@@ -1941,6 +1934,27 @@ fn a_connection_flooding_calls_is_not_read_past_its_cap() {
         "20,000 calls on one connection grew the worker by {grown} KiB"
     );
     assert!(w.client().stats().is_ok(), "the worker stopped serving");
+}
+
+/// Run `hostile` on a thread of its own; after `probe`, how much the worker
+/// `w` grew since it began (KiB), then a build of `action` from the client
+/// store `cs`, which must succeed meanwhile; and what `hostile` returned.
+fn grown_while_another_builds<T: Send>(
+    w: &Worker,
+    cs: &Path,
+    action: &Path,
+    probe: Duration,
+    hostile: impl FnOnce() -> T + Send,
+) -> (u64, T) {
+    let before = resident_kib(w.child.id());
+    std::thread::scope(|s| {
+        let hostile = s.spawn(hostile);
+        std::thread::sleep(probe);
+        let grown = resident_kib(w.child.id()).saturating_sub(before);
+        let o = remote(cs, w, action, false).output().unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        (grown, hostile.join().unwrap())
+    })
 }
 
 /// A call holds its message while it waits, and a message may carry up to
@@ -1954,21 +1968,14 @@ fn a_connection_sending_big_calls_is_not_read_past_a_byte_budget() {
     let action = sh_action(t.path(), "a.toml", &bb, "echo done > $out/f");
     let w = Worker::start(&ws, t.path(), 1, &[]);
     w.client().stats().unwrap();
-    let before = resident_kib(w.child.id());
     let data: Vec<u8> = (0..8u32 << 20).map(|i| (i % 251) as u8).collect();
-    let (grown, answered) = std::thread::scope(|s| {
-        let hostile = s.spawn(|| {
+    let (grown, answered) =
+        grown_while_another_builds(&w, &cs, &action, Duration::from_secs(5), || {
             Client::connect(&Endpoint::parse(&w.addr), b"", &[])
                 .unwrap()
                 .batches_behind_a_claim_raw(&data, 64, Duration::from_secs(8))
                 .unwrap()
         });
-        std::thread::sleep(Duration::from_secs(5));
-        let grown = resident_kib(w.child.id()).saturating_sub(before);
-        let o = remote(&cs, &w, &action, false).output().unwrap();
-        assert!(o.status.success(), "{}", text(&o));
-        (grown, hostile.join().unwrap())
-    });
     assert_eq!(
         answered, 0,
         "a batch went through past the stalled upload's claim"
@@ -2022,15 +2029,11 @@ fn an_output_directory_too_big_for_a_message_fails_clearly() {
 /// are served meanwhile.
 #[test]
 fn a_client_reading_no_answers_is_not_read_past_a_backlog() {
-    let (grown, answered) = unread_answers(
+    unread_answers_stay_under(
         |store, file| directory_asked(store, long_named(1000, "asked", file)),
-        1500,
+        (1500, "answers of ~290 KB"),
         Duration::from_secs(3),
-    );
-    assert!(answered < 1500, "every answer got through the relay");
-    assert!(
-        grown < 32 << 10,
-        "1,500 unread answers of ~290 KB grew the worker by {grown} KiB"
+        32 << 10,
     );
 }
 
@@ -2041,19 +2044,15 @@ fn a_client_reading_no_answers_is_not_read_past_a_backlog() {
 /// yet written are under the backlog (~25 MiB).
 #[test]
 fn calls_in_progress_wait_for_the_backlog_before_they_answer() {
-    let (grown, answered) = unread_answers(
+    unread_answers_stay_under(
         |store, file| directory_asked(store, long_named(28_000, "asked", file)),
-        64,
+        (64, "answers of ~8 MB"),
         Duration::from_secs(6),
-    );
-    assert!(answered < 64, "every answer got through the relay");
-    assert!(
-        grown < 64 << 10,
-        "64 unread answers of ~8 MB grew the worker by {grown} KiB"
+        64 << 10,
     );
     // A batch of blobs waits in its download turn: 64 asks for a blob of
     // 900 KiB queued ~60 MiB past the backlog without.
-    let (grown, answered) = unread_answers(
+    unread_answers_stay_under(
         |store, _| {
             use castore::store::BlobStore;
             let bytes = vec![7u8; 900 << 10];
@@ -2067,13 +2066,9 @@ fn calls_in_progress_wait_for_the_backlog_before_they_answer() {
             d.insert(castore::Name::new("big").unwrap(), file).unwrap();
             (store.put_directory(&d).unwrap(), Ask::Blobs(vec![blob]))
         },
-        64,
+        (64, "batches of 900 KiB"),
         Duration::from_secs(3),
-    );
-    assert!(answered < 64, "every answer got through the relay");
-    assert!(
-        grown < 40 << 10,
-        "64 unread batches of 900 KiB grew the worker by {grown} KiB"
+        40 << 10,
     );
 }
 
@@ -2084,18 +2079,14 @@ fn calls_in_progress_wait_for_the_backlog_before_they_answer() {
 /// backlog of 16 MiB was never reached; now by ~17 MiB.
 #[test]
 fn a_flood_of_small_unread_answers_is_bounded_too() {
-    let (grown, answered) = unread_answers(
+    unread_answers_stay_under(
         |store, file| {
             let (d, _) = directory_asked(store, long_named(1, "asked", file));
             (d, Ask::Stats)
         },
-        100_000,
+        (100_000, "small answers"),
         Duration::from_secs(16),
-    );
-    assert!(answered < 100_000, "every answer got through the relay");
-    assert!(
-        grown < 32 << 10,
-        "100,000 unread small answers grew the worker by {grown} KiB"
+        32 << 10,
     );
 }
 
@@ -2126,14 +2117,15 @@ fn directory_asked(store: &LocalStore, dir: castore::Directory) -> (Digest, Ask)
 
 /// Ask a worker `asks` times at once, from behind a relay that stops
 /// reading after the handshake and the first answers, for what `made`
-/// puts in the client store (its directory is uploaded first); how much
-/// the worker grew by `probe` (KiB), while another client was served, and
-/// how many answers got through.
-fn unread_answers(
+/// puts in the client store (its directory is uploaded first); assert
+/// that not every answer got through and that the worker grew by less
+/// than `bound` KiB by `probe`, while another client was served.
+fn unread_answers_stay_under(
     made: impl FnOnce(&LocalStore, &Node) -> (Digest, Ask),
-    asks: usize,
+    (asks, what): (usize, &str),
     probe: Duration,
-) -> (u64, usize) {
+    bound: u64,
+) {
     let t = tempfile::tempdir().unwrap();
     let (cs, ws) = (t.path().join("client-store"), t.path().join("worker-store"));
     let (store, file) = store_with_one_blob(&cs);
@@ -2151,7 +2143,12 @@ fn unread_answers(
     let grown = resident_kib(w.child.id()).saturating_sub(before);
     // Meanwhile another client is served.
     w.client().stats().unwrap();
-    (grown, asker.join().unwrap())
+    let answered = asker.join().unwrap();
+    assert!(answered < asks, "every answer got through the relay");
+    assert!(
+        grown < bound,
+        "{asks} unread {what} grew the worker by {grown} KiB"
+    );
 }
 
 /// `connections` clients of the worker at `addr`, each on a thread of its
