@@ -19,10 +19,17 @@
 # design where a process outside the sandbox outlives it (to serve the
 # RPC bridge, reap, clean up); fhsx/wrap is what fhsx's own work costs.
 #
+# With PHASES=1 it then splits each command's time into phases (its
+# exec, its fork of bwrap, bwrap's clone of the sandbox, PID 1's exec,
+# the exits), from the kernel's process tracepoints over PHASE_RUNS (40)
+# more interleaved runs, medians (bench/run_phases.py; needs perf:
+# apt-get install linux-perf).
+#
 # Usage: bench/run_overhead.sh [ITERATIONS]   (default 200)
 # Env:   FHSX=path/to/fhsx (default: target/release/fhsx, built if missing)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+repo=$PWD
 N=${1:-200}
 FHSX=${FHSX:-target/release/fhsx}
 if [[ ! -x $FHSX ]]; then
@@ -91,3 +98,22 @@ echo "ratio (median):        $(echo "scale=2; $fhsx_med / $bare_med" | bc)x (tar
 echo "ratio (mean):          $(echo "scale=2; $fhsx_mean / $bare_mean" | bc)x"
 echo "split (median):        inside/bare $(echo "scale=2; $inside_med / $bare_med" | bc)x, fhsx/inside $(echo "scale=2; $fhsx_med / $inside_med" | bc)x"
 echo "floor (median):        wrap/bare $(echo "scale=2; $wrap_med / $bare_med" | bc)x, fhsx/wrap $(echo "scale=2; $fhsx_med / $wrap_med" | bc)x"
+
+if [[ ${PHASES:-0} == 1 ]]; then
+  command -v perf >/dev/null || { echo "PHASES=1 needs perf: apt-get install linux-perf" >&2; exit 1; }
+  {
+    echo "cd $(printf '%q' "$ws")"
+    echo "echo \$\$ > $(printf '%q' "$ws/.shell")"
+    echo "exec 9> >(cat >/dev/null)"
+    echo "for ((k = 0; k < ${PHASE_RUNS:-40}; k++)); do"
+    echo "  $(printf '%q ' "${bare[@]}") >/dev/null 9>&-"
+    echo "  $(printf '%q ' "$ws/wrap" "${inside[@]}") >/dev/null 3>&9 9>&-"
+    echo "  $(printf '%q ' "$FHSX" run --workspace "$ws" -- /bin/true) >/dev/null 9>&-"
+    echo "done"
+  } >"$ws/phases.sh"
+  perf record -q -a -o "$ws/perf.data" \
+    -e sched:sched_process_exec,sched:sched_process_fork,sched:sched_process_exit \
+    -- bash "$ws/phases.sh" 2>/dev/null
+  perf script -i "$ws/perf.data" -F comm,pid,tid,time,event,trace >"$ws/perf.txt" 2>/dev/null
+  python3 "$repo/bench/run_phases.py" "$ws/perf.txt" "$(cat "$ws/.shell")"
+fi
