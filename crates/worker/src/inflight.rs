@@ -171,6 +171,7 @@ impl Calls {
 
     fn wrote(&self, n: usize) {
         self.written.set(self.written.get() + n as u64);
+        let was_backlogged = self.backlogged();
         let mut unwritten = self.unwritten.borrow_mut();
         while let Some(&(out_by, cost)) = unwritten.front() {
             if out_by > self.written.get() {
@@ -180,7 +181,9 @@ impl Calls {
             self.unwritten_cost.set(self.unwritten_cost.get() - cost);
         }
         drop(unwritten);
-        if !self.backlogged() {
+        // Calls wait for room only while backlogged: wake them as it ends,
+        // not on every write.
+        if was_backlogged && !self.backlogged() {
             self.drained.notify_waiters();
         }
         if !self.full() {
@@ -211,11 +214,14 @@ impl Call {
         calls.held.set(calls.held.get() + bytes as u64);
     }
 
-    /// This call's answer takes `bytes` on the wire besides its frame (its
-    /// struct's `total_size`: a directory, a list, the counters): counted
-    /// now, as the answer is made before anything else runs.
-    pub(crate) fn answers(&self, bytes: usize) {
-        self.calls.answer(bytes as u64, bytes as u64);
+    /// This call's answer, once set, is a struct of `size` (its
+    /// `total_size`: a directory, a list, the counters), which it takes on
+    /// the wire besides its frame: counted now, as the answer is made
+    /// before anything else runs. A size that could not be taken counts
+    /// nothing, a floor.
+    pub(crate) fn answers(&self, size: capnp::Result<capnp::MessageSize>) {
+        let bytes = size.map_or(0, |s| s.word_count * 8);
+        self.calls.answer(bytes, bytes);
     }
 }
 
@@ -346,12 +352,15 @@ mod tests {
         calls.wrote(((allowed + 1) * ANSWER_WIRE_FLOOR) as usize);
         assert!(!calls.full());
         let big = calls.enter();
-        big.answers(ANSWER_BACKLOG as usize + 1);
+        big.answers(Ok(capnp::MessageSize {
+            word_count: ANSWER_BACKLOG / 8 + 1,
+            cap_count: 0,
+        }));
         drop(big);
         assert!(calls.full());
         calls.wrote(ANSWER_BACKLOG as usize);
         assert!(calls.full(), "counted out before its last bytes");
-        calls.wrote(1 + ANSWER_WIRE_FLOOR as usize);
+        calls.wrote(8 + ANSWER_WIRE_FLOOR as usize);
         assert!(!calls.full());
     }
 }

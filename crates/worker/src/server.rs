@@ -29,7 +29,7 @@ use futures::AsyncReadExt;
 use rayon::prelude::*;
 use tokio::sync::{mpsc, watch};
 
-use crate::inflight::{Calls, Counted, Gated};
+use crate::inflight::{Call, Calls, Counted, Gated};
 use crate::runner::{Job, JobResult, Runner};
 use crate::transfers::{Turn, Turns};
 
@@ -504,12 +504,6 @@ const DIGEST_IN_LIST_BYTES: usize = 40;
 /// its bytes: its pointer and the padding to a word.
 const BLOB_IN_LIST_BYTES: usize = 16;
 
-/// What an answer's struct takes on the wire (its `total_size`): counted
-/// into its call (`inflight::Call::answers`) once the answer is set.
-fn answer_bytes(size: capnp::Result<capnp::MessageSize>) -> usize {
-    size.map_or(0, |s| s.word_count as usize * 8)
-}
-
 /// Fill `l` with `ds`.
 fn set_digests(mut l: capnp::data_list::Builder<'_>, ds: &[Digest]) {
     for (i, d) in ds.iter().enumerate() {
@@ -573,7 +567,7 @@ impl gate::Server for GateImpl {
         r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
         r.set_public_key(&self.shared.public_key);
         r.set_tls_binding(&self.shared.tls_binding);
-        call.answers(answer_bytes(r.total_size()));
+        call.answers(r.total_size());
         Ok(())
     }
 
@@ -659,7 +653,7 @@ impl executor::Server for ExecutorImpl {
         s.set_builds_queued(r.stats.queued.load(Ordering::SeqCst));
         s.set_max_concurrent_builds(r.stats.max_running.load(Ordering::SeqCst));
         s.set_jobs(r.jobs() as u32);
-        call.answers(answer_bytes(results.get().total_size()));
+        call.answers(results.get().total_size());
         Ok(())
     }
 
@@ -755,7 +749,7 @@ impl executor::Server for ExecutorImpl {
             }
             JobResult::Failed { class, message } => set_failure(&mut results, class, &message),
         }
-        call.answers(answer_bytes(results.get().total_size()));
+        call.answers(results.get().total_size());
         Ok(())
     }
 }
@@ -898,7 +892,9 @@ impl UploadImpl {
     }
 }
 
-fn data_list(l: capnp::data_list::Reader) -> Result<Vec<Digest>, capnp::Error> {
+/// The digests of a call's list, counted as what its message holds.
+fn held_digests(call: &Call, l: capnp::data_list::Reader) -> Result<Vec<Digest>, capnp::Error> {
+    call.holds(l.len() as usize * DIGEST_IN_LIST_BYTES);
     l.iter().map(|d| digest_from(d?)).collect()
 }
 
@@ -1059,9 +1055,8 @@ impl cas::Server for CasImpl {
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
         let p = params.get()?;
-        let blobs = data_list(p.get_blobs()?)?;
-        let dirs = data_list(p.get_directories()?)?;
-        call.holds((blobs.len() + dirs.len()) * DIGEST_IN_LIST_BYTES);
+        let blobs = held_digests(&call, p.get_blobs()?)?;
+        let dirs = held_digests(&call, p.get_directories()?)?;
         // What is here is held (see `hold`); what was absent is reported
         // missing without a second look.
         let (blobs_here, mut mb) = self.split_present(ObjectKind::Blob, blobs).await?;
@@ -1071,7 +1066,7 @@ impl cas::Server for CasImpl {
         let mut r = results.get();
         set_digests(r.reborrow().init_blobs(mb.len() as u32), &mb);
         set_digests(r.init_directories(md.len() as u32), &md);
-        call.answers(answer_bytes(results.get().total_size()));
+        call.answers(results.get().total_size());
         Ok(())
     }
 
@@ -1221,7 +1216,7 @@ impl cas::Server for CasImpl {
         if let Some(d) = d.first() {
             results.get().set_digest(d.as_bytes());
         }
-        call.answers(answer_bytes(results.get().total_size()));
+        call.answers(results.get().total_size());
         Ok(())
     }
 
@@ -1295,8 +1290,7 @@ impl cas::Server for CasImpl {
         mut results: cas::GetBlobsResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let digests = data_list(params.get()?.get_digests()?)?;
-        call.holds(digests.len() * DIGEST_IN_LIST_BYTES);
+        let digests = held_digests(&call, params.get()?.get_digests()?)?;
         // A download's turn: what it reads stays in memory until answered.
         let _turn = self.turns.download().await;
         self.calls.answer_room().await;
@@ -1309,7 +1303,7 @@ impl cas::Server for CasImpl {
         for (i, b) in blobs.iter().enumerate() {
             l.set(i as u32, b);
         }
-        call.answers(answer_bytes(results.get().total_size()));
+        call.answers(results.get().total_size());
         Ok(())
     }
 
@@ -1319,8 +1313,7 @@ impl cas::Server for CasImpl {
         mut results: cas::ClaimBlobsResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let digests = data_list(params.get()?.get_digests()?)?;
-        call.holds(digests.len() * DIGEST_IN_LIST_BYTES);
+        let digests = held_digests(&call, params.get()?.get_digests()?)?;
         let (mut mine, asked): (Vec<Digest>, Vec<Digest>) = digests
             .into_iter()
             .partition(|d| self.mine.borrow().contains_key(d));
@@ -1359,7 +1352,7 @@ impl cas::Server for CasImpl {
         let mut r = results.get();
         set_digests(r.reborrow().init_mine(mine.len() as u32), &mine);
         set_digests(r.init_others(others.len() as u32), &others);
-        call.answers(answer_bytes(results.get().total_size()));
+        call.answers(results.get().total_size());
         Ok(())
     }
 
@@ -1369,8 +1362,7 @@ impl cas::Server for CasImpl {
         mut results: cas::AwaitBlobsResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let digests = data_list(params.get()?.get_digests()?)?;
-        call.holds(digests.len() * DIGEST_IN_LIST_BYTES);
+        let digests = held_digests(&call, params.get()?.get_digests()?)?;
         let mut missing = Vec::new();
         for d in digests {
             self.shared.settled((ObjectKind::Blob, d)).await;
@@ -1379,7 +1371,7 @@ impl cas::Server for CasImpl {
             }
         }
         set_digests(results.get().init_missing(missing.len() as u32), &missing);
-        call.answers(answer_bytes(results.get().total_size()));
+        call.answers(results.get().total_size());
         Ok(())
     }
 
@@ -1415,7 +1407,7 @@ impl cas::Server for CasImpl {
             return Err(capnp::Error::failed(format!("the build's output {why}")));
         }
         results.get().set_directory(&encoded);
-        call.answers(answer_bytes(results.get().total_size()));
+        call.answers(results.get().total_size());
         Ok(())
     }
 }
