@@ -271,12 +271,7 @@ impl ChannelReader {
 
 impl std::io::Read for ChannelReader {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        use std::io::BufRead;
-        let held = self.fill_buf()?;
-        let n = out.len().min(held.len());
-        out[..n].copy_from_slice(&held[..n]);
-        self.consume(n);
-        Ok(n)
+        castore::store::read_from_buffer(self, out)
     }
 }
 

@@ -27,8 +27,8 @@ use std::io::Read;
 use std::path::PathBuf;
 
 pub use local::{LocalStore, ObjectKind};
-pub use txn::Txn;
 pub(crate) use txn::{lock_exclusive, lock_shared};
+pub use txn::{read_from_buffer, Txn};
 pub use unsynced::Recovery;
 pub use writer::{BlobWriter, CappedWriter};
 

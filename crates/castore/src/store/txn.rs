@@ -459,12 +459,19 @@ struct Borrowed<'a> {
 
 impl Read for Borrowed<'_> {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        let held = self.fill_buf()?;
-        let n = held.len().min(out.len());
-        out[..n].copy_from_slice(&held[..n]);
-        self.consume(n);
-        Ok(n)
+        read_from_buffer(self, out)
     }
+}
+
+/// `Read::read` of a reader that holds its bytes (a `BufRead`): a copy of
+/// what it holds. `BufRead` asks for a `Read`; the readers
+/// [`Txn::put_blob_buffered`] takes are read through their buffers.
+pub fn read_from_buffer(r: &mut (impl BufRead + ?Sized), out: &mut [u8]) -> std::io::Result<usize> {
+    let held = r.fill_buf()?;
+    let n = held.len().min(out.len());
+    out[..n].copy_from_slice(&held[..n]);
+    r.consume(n);
+    Ok(n)
 }
 
 impl BufRead for Borrowed<'_> {
