@@ -636,14 +636,9 @@ impl Client {
         let d = Digest::of(data);
         let answered = std::cell::Cell::new(0);
         self.run(async {
-            let mut req = self.cas.put_blob_request();
-            req.get().set_digest(d.as_bytes());
-            req.get().set_size(data.len() as u64);
-            let r = req.send().promise.await?;
-            let up = r.get()?.get_upload()?;
-            let mut w = up.write_request();
-            w.get().set_chunk(&data[..1024.min(data.len())]);
-            w.send().await?;
+            let up = self.begin_upload(d.as_bytes(), data.len() as u64).await?;
+            let up = up.ok_or_else(|| capnp::Error::failed("the worker had the blob".into()))?;
+            send_chunk(&up, &data[..1024.min(data.len())]).await?;
             let batches = (0..calls).map(|_| async {
                 let mut req = self.cas.put_blobs_request();
                 let mut b = req.get().init_blobs(1).get(0);
@@ -663,19 +658,11 @@ impl Client {
     /// the worker already had it (nothing was sent).
     pub fn put_blob_raw(&self, digest: &[u8], size: u64, chunks: &[&[u8]]) -> Result<bool, Error> {
         self.run(async {
-            let mut req = self.cas.put_blob_request();
-            req.get().set_digest(digest);
-            req.get().set_size(size);
-            let r = req.send().promise.await?;
-            let r = r.get()?;
-            if !r.has_upload() {
+            let Some(up) = self.begin_upload(digest, size).await? else {
                 return Ok(false);
-            }
-            let up = r.get_upload()?;
+            };
             for c in chunks {
-                let mut w = up.write_request();
-                w.get().set_chunk(c);
-                w.send().await?;
+                send_chunk(&up, c).await?;
             }
             up.finish_request().send().promise.await?;
             Ok(true)
@@ -708,17 +695,12 @@ impl Client {
                 let opened = &opened;
                 let n = MADE_UP.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
                 async move {
-                    let mut req = self.cas.put_blob_request();
                     let made_up = Digest::of(
                         format!("stalled upload {n} of process {}", std::process::id()).as_bytes(),
                     );
-                    req.get().set_digest(made_up.as_bytes());
-                    req.get().set_size(1 << 20);
-                    let r = req.send().promise.await?;
-                    let up = r.get()?.get_upload()?;
-                    let mut w = up.write_request();
-                    w.get().set_chunk(&[0; 1024]);
-                    w.send().await?;
+                    let up = self.begin_upload(made_up.as_bytes(), 1 << 20).await?;
+                    let up = up.ok_or_else(|| capnp::Error::failed("the worker had it".into()))?;
+                    send_chunk(&up, &[0; 1024]).await?;
                     opened.borrow_mut().push(up);
                     futures::future::pending::<()>().await;
                     Ok::<(), capnp::Error>(())
@@ -1127,15 +1109,9 @@ impl Client {
 
     /// One big blob, in [`CHUNK`]s, if the worker still wants it.
     async fn stream_blob(&self, store: &LocalStore, d: &Digest, size: u64) -> Result<(), Upload> {
-        let mut req = self.cas.put_blob_request();
-        req.get().set_digest(d.as_bytes());
-        req.get().set_size(size);
-        let r = req.send().promise.await?;
-        let r = r.get()?;
-        if !r.has_upload() {
+        let Some(up) = self.begin_upload(d.as_bytes(), size).await? else {
             return Ok(());
-        }
-        let up = r.get_upload()?;
+        };
         let mut f = open_local_blob(store, d)?;
         let mut buf = vec![0u8; CHUNK];
         loop {
@@ -1145,12 +1121,29 @@ impl Client {
             if n == 0 {
                 break;
             }
-            let mut w = up.write_request();
-            w.get().set_chunk(&buf[..n]);
-            w.send().await?;
+            send_chunk(&up, &buf[..n]).await?;
         }
         up.finish_request().send().promise.await?;
         Ok(())
+    }
+
+    /// `putBlob` of `digest`, announcing `size`: the stream to send it
+    /// down, or none if the worker has it already.
+    async fn begin_upload(
+        &self,
+        digest: &[u8],
+        size: u64,
+    ) -> Result<Option<blob_upload::Client>, capnp::Error> {
+        let mut req = self.cas.put_blob_request();
+        req.get().set_digest(digest);
+        req.get().set_size(size);
+        let r = req.send().promise.await?;
+        let r = r.get()?;
+        Ok(if r.has_upload() {
+            Some(r.get_upload()?)
+        } else {
+            None
+        })
     }
 
     /// The trees at `roots` as far as `store` lacks them (a directory
@@ -1501,6 +1494,14 @@ impl Client {
 /// A blob's file in the local store, to send. Not verified as
 /// `BlobStore::open_blob` would: the worker hashes every byte it receives,
 /// and hashing here too would double the upload's hashing.
+/// One chunk down an upload stream, when the stream's flow control lets it
+/// go.
+async fn send_chunk(up: &blob_upload::Client, chunk: &[u8]) -> Result<(), capnp::Error> {
+    let mut w = up.write_request();
+    w.get().set_chunk(chunk);
+    w.send().await
+}
+
 /// Blob `d` of this client's store, opened to be sent (the worker checks
 /// its bytes).
 fn open_local_blob(store: &LocalStore, d: &Digest) -> Result<std::fs::File, Upload> {
