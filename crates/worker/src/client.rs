@@ -324,10 +324,6 @@ fn raw_list(mut l: capnp::data_list::Builder, items: &[&[u8]]) {
     }
 }
 
-fn digests(l: capnp::data_list::Reader) -> Result<Vec<Digest>, capnp::Error> {
-    l.iter().map(|d| crate::digest_from(d?)).collect()
-}
-
 /// What a UNIX socket's send buffer is widened to: a few upload batches.
 const UNIX_SEND_BUFFER: libc::c_int = 4 << 20;
 
@@ -590,8 +586,8 @@ impl Client {
             }
             let r = req.send().promise.await?;
             let r = r.get()?;
-            mb.extend(digests(r.get_blobs()?)?);
-            md.extend(digests(r.get_directories()?)?);
+            mb.extend(crate::digest_list(r.get_blobs()?)?);
+            md.extend(crate::digest_list(r.get_directories()?)?);
             i += FIND_BATCH;
         }
         Ok((mb, md))
@@ -1032,8 +1028,10 @@ impl Client {
         raw_list(req.get().init_digests(refs.len() as u32), &refs);
         let r = req.send().promise.await?;
         let r = r.get()?;
-        st.others.borrow_mut().extend(digests(r.get_others()?)?);
-        Ok(digests(r.get_mine()?)?)
+        st.others
+            .borrow_mut()
+            .extend(crate::digest_list(r.get_others()?)?);
+        Ok(crate::digest_list(r.get_mine()?)?)
     }
 
     fn await_blobs(&self, blobs: &[Digest]) -> Result<Vec<Digest>, Error> {
@@ -1044,7 +1042,7 @@ impl Client {
                 let refs: Vec<&[u8]> = chunk.iter().map(|d| d.as_bytes().as_slice()).collect();
                 raw_list(req.get().init_digests(refs.len() as u32), &refs);
                 let r = req.send().promise.await?;
-                missing.extend(digests(r.get()?.get_missing()?)?);
+                missing.extend(crate::digest_list(r.get()?.get_missing()?)?);
             }
             Ok(missing)
         })

@@ -150,6 +150,11 @@ fn digest_from(b: &[u8]) -> Result<castore::Digest, capnp::Error> {
     })
 }
 
+/// Every digest of a list a peer sent, each checked as [`digest_from`].
+fn digest_list(l: capnp::data_list::Reader) -> Result<Vec<castore::Digest>, capnp::Error> {
+    l.iter().map(|d| digest_from(d?)).collect()
+}
+
 /// Read an access token from `path`: its bytes without surrounding
 /// whitespace, at least [`server::MIN_TOKEN_BYTES`] of them.
 pub fn read_token_file(path: &std::path::Path) -> Result<Vec<u8>, Error> {

@@ -895,7 +895,7 @@ impl UploadImpl {
 /// The digests of a call's list, counted as what its message holds.
 fn held_digests(call: &Call, l: capnp::data_list::Reader) -> Result<Vec<Digest>, capnp::Error> {
     call.holds(l.len() as usize * DIGEST_IN_LIST_BYTES);
-    l.iter().map(|d| digest_from(d?)).collect()
+    crate::digest_list(l)
 }
 
 /// Check a decoded directory's children are in the store (or in `batch`,
