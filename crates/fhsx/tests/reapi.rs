@@ -662,19 +662,28 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
     fs::create_dir_all(input.join("sub")).unwrap();
     fs::write(input.join("a.txt"), "hello\n").unwrap();
     fs::write(input.join("sub/b.txt"), "world\n").unwrap();
+    // Over the engine's batch limit (2 MiB), so it crosses both ways as a
+    // stream: the worker's streamed download checks its SHA-256 as it
+    // stores it, and the output goes back by a streamed upload.
+    let big: Vec<u8> = (0..5u32 << 20).map(|i| (i % 251) as u8).collect();
+    fs::write(input.join("big.bin"), &big).unwrap();
     let got = t.path().join("got");
     let o = run(e
         .execute(
             &input,
             &[("fhsx-toolchain", &tc)],
-            &["out/c.txt", "gen"],
+            &["out/c.txt", "out/big.bin", "gen"],
             &got,
-            &["/bin/sh", "-c", "mkdir gen && echo made > gen/x && cat a.txt sub/b.txt > out/c.txt && echo said-on-stdout"],
+            &["/bin/sh", "-c", "mkdir gen && echo made > gen/x && cat a.txt sub/b.txt > out/c.txt && cp big.bin out/ && echo said-on-stdout"],
         ), "bgd execute");
     ok(&o, "bgd execute");
     assert_eq!(
         fs::read_to_string(got.join("out/c.txt")).unwrap(),
         "hello\nworld\n"
+    );
+    assert!(
+        fs::read(got.join("out/big.bin")).unwrap() == big,
+        "the 5 MiB file came back changed"
     );
     let action = sent_action(&String::from_utf8_lossy(&o.stdout));
     let r = e.action_result(&action);
@@ -755,7 +764,7 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
 
     // Every input object crossed the wire once: the same input root again
     // is fetched from the worker's own store.
-    assert!(w.log().contains("fetched 4 objects"), "{}", w.log());
+    assert!(w.log().contains("fetched 5 objects"), "{}", w.log());
 
     // A failing command: its exit code and stderr come back.
     let o = run(

@@ -14,7 +14,7 @@
 //! ByteStream `Write`. A few batches or streams are in flight at once.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
-use std::io::Read;
+use std::io::{BufRead, Read};
 use std::path::PathBuf;
 
 use castore::store::{BlobStore, DirectoryStore, LocalStore, ObjectKind};
@@ -561,7 +561,7 @@ impl Cas {
                 sha: Sha256::new(),
                 n: 0,
             };
-            let (b3, _) = txn.put_blob_reader(&mut r)?;
+            let (b3, _) = txn.put_blob_buffered(&mut r)?;
             let got = re::Digest {
                 hash: hex(&r.sha.finalize()),
                 size_bytes: r.n,
@@ -854,19 +854,36 @@ fn upload_id() -> String {
     )
 }
 
-/// SHA-256 and length of what passes through.
+/// SHA-256 and length of what passes through, hashed from the inner
+/// reader's own buffer as it is consumed: the store writer takes each
+/// chunk as it arrived (`Txn::put_blob_buffered`), with no copy.
 struct HashingReader<R> {
     inner: R,
     sha: Sha256,
     n: i64,
 }
 
-impl<R: Read> Read for HashingReader<R> {
+impl<R: BufRead> Read for HashingReader<R> {
     fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
-        let n = self.inner.read(out)?;
-        self.sha.update(&out[..n]);
-        self.n += n as i64;
-        Ok(n)
+        castore::store::read_from_buffer(self, out)
+    }
+}
+
+impl<R: BufRead> BufRead for HashingReader<R> {
+    fn fill_buf(&mut self) -> std::io::Result<&[u8]> {
+        self.inner.fill_buf()
+    }
+
+    fn consume(&mut self, n: usize) {
+        // What `fill_buf` returned is still the inner buffer's head (it
+        // fills only when empty), so this returns it again without reading.
+        // Were it ever not, the hash would be wrong and the blob refused.
+        if let Ok(held) = self.inner.fill_buf() {
+            let n = n.min(held.len());
+            self.sha.update(&held[..n]);
+            self.n += n as i64;
+        }
+        self.inner.consume(n);
     }
 }
 
