@@ -1856,16 +1856,7 @@ fn stalled_transfers_take_turns_and_are_ended_after_the_stall_timeout() {
     assert_eq!(o.status.code(), Some(2), "{}", text(&o));
     assert!(text(&o).contains("--stall-timeout 0"), "{}", text(&o));
     let w = Worker::start(&ws, t.path(), 1, &["--stall-timeout", "2s"]);
-    // A blob of four chunks for the stalled downloads.
-    let data: Vec<u8> = (0..3 * worker::CHUNK + 7)
-        .map(|i| (i % 251) as u8)
-        .collect();
-    let big = Digest::of(&data);
-    let chunks: Vec<&[u8]> = data.chunks(worker::CHUNK).collect();
-    assert!(w
-        .client()
-        .put_blob_raw(big.as_bytes(), data.len() as u64, &chunks)
-        .unwrap());
+    let big = four_chunk_blob(&w);
 
     let start = Instant::now();
     let (probe, hold) = (Duration::from_secs(1), Duration::from_secs(7));
@@ -1901,6 +1892,59 @@ fn stalled_transfers_take_turns_and_are_ended_after_the_stall_timeout() {
     );
     assert_eq!(seen.finishes_refused, 20, "{seen:?}");
     assert!(seen.refusal.contains("ended the upload"), "{seen:?}");
+    assert!(w.client().stats().is_ok(), "the worker stopped serving");
+}
+
+/// A blob of four chunks put in `w`'s store, for downloads to stall on
+/// (a stalled one holds two chunks).
+fn four_chunk_blob(w: &Worker) -> Digest {
+    let data: Vec<u8> = (0..3 * worker::CHUNK + 7)
+        .map(|i| (i % 251) as u8)
+        .collect();
+    let chunks: Vec<&[u8]> = data.chunks(worker::CHUNK).collect();
+    assert!(w
+        .client()
+        .put_blob_raw(Digest::of(&data).as_bytes(), data.len() as u64, &chunks)
+        .unwrap());
+    Digest::of(&data)
+}
+
+/// A batch download (`getBlobs`) reads its blobs into memory and holds
+/// them until answered, so it takes a download turn as `getBlob` does: on
+/// a connection whose turns are held by stalled downloads it is answered
+/// only once one of them is ended (at the stall timeout, 2 s here), while
+/// on a connection of its own at once.
+#[test]
+fn a_batch_download_waits_for_a_download_turn() {
+    let (t, _cs, ws, _bb) = busybox_stores();
+    let w = Worker::start(&ws, t.path(), 1, &["--stall-timeout", "2s"]);
+    let big = four_chunk_blob(&w);
+    let small = b"a small blob".as_slice();
+    assert!(w
+        .client()
+        .put_blob_raw(Digest::of(small).as_bytes(), small.len() as u64, &[small])
+        .unwrap());
+    let batch = [Digest::of(small)];
+    let hold = Duration::from_secs(6);
+    let connect = || Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
+    let alone = connect()
+        .batch_behind_stalled_downloads_raw(big, 0, &batch, hold)
+        .unwrap()
+        .expect("a batch on a connection of its own was not answered");
+    assert!(alone < Duration::from_secs(1), "alone: {alone:?}");
+    let behind = connect()
+        .batch_behind_stalled_downloads_raw(
+            big,
+            worker::transfers::DOWNLOADS_PER_CONNECTION,
+            &batch,
+            hold,
+        )
+        .unwrap()
+        .expect("the batch behind stalled downloads was never answered");
+    assert!(
+        behind > Duration::from_millis(1500),
+        "answered after {behind:?}, before the stalled downloads gave a turn back"
+    );
     assert!(w.client().stats().is_ok(), "the worker stopped serving");
 }
 
@@ -2111,6 +2155,26 @@ fn many_small_answers_read_by_their_client_leave_its_connection_open() {
     for _ in 0..20_000 {
         c.put_blobs_raw(&[]).unwrap();
     }
+}
+
+/// Calls a client cancels get no answer on the wire, so they must not be
+/// counted as answers still to be written: 48,000 `getBlob`s cancelled
+/// while they waited for a download turn, then 40,000 asks for the
+/// counters on the same connection, all of which come back.
+#[test]
+fn cancelled_calls_are_not_counted_as_answers_to_write() {
+    let t = tempfile::tempdir().unwrap();
+    let w = Worker::start(&t.path().join("worker-store"), t.path(), 1, &[]);
+    let big = four_chunk_blob(&w);
+    let c = Client::connect(&Endpoint::parse(&w.addr), b"", &[]).unwrap();
+    // Well under the stall timeout (60 s), which would end the stalled
+    // downloads and so unblock a connection the count had closed.
+    c.cancel_calls_raw(big, 48_000, Duration::from_secs(20))
+        .unwrap();
+    let answered = c
+        .ask_raw(&Ask::Stats, 40_000, Duration::from_secs(20))
+        .unwrap();
+    assert_eq!(answered, 40_000);
 }
 
 /// A directory to upload, and the ask for it.

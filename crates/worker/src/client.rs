@@ -579,10 +579,8 @@ impl Client {
             let mut req = self.cas.find_missing_request();
             {
                 let mut p = req.get();
-                let bb: Vec<&[u8]> = b.iter().map(|d| d.as_bytes().as_slice()).collect();
-                raw_list(p.reborrow().init_blobs(bb.len() as u32), &bb);
-                let dd: Vec<&[u8]> = d.iter().map(|d| d.as_bytes().as_slice()).collect();
-                raw_list(p.init_directories(dd.len() as u32), &dd);
+                crate::set_digest_list(p.reborrow().init_blobs(b.len() as u32), b);
+                crate::set_digest_list(p.init_directories(d.len() as u32), d);
             }
             let r = req.send().promise.await?;
             let r = r.get()?;
@@ -650,6 +648,114 @@ impl Client {
         })
     }
 
+    /// For tests of hostile input: on this one connection, stall `stalled`
+    /// downloads of `blob` (bigger than two chunks) into sinks that never
+    /// take a chunk, and once the worker has begun them all, ask for
+    /// `batch` in one `getBlobs`; how long its answer took, if it came
+    /// within `hold`.
+    pub fn batch_behind_stalled_downloads_raw(
+        &self,
+        blob: Digest,
+        stalled: usize,
+        batch: &[Digest],
+        hold: std::time::Duration,
+    ) -> Result<Option<std::time::Duration>, Error> {
+        self.run(async {
+            // Held in flight to the end of this block: dropping them would
+            // give their turns back.
+            let _stalled = self.stall_downloads(blob, stalled, hold).await?;
+            let asked = std::time::Instant::now();
+            let mut req = self.cas.get_blobs_request();
+            crate::set_digest_list(req.get().init_digests(batch.len() as u32), batch);
+            match tokio::time::timeout(hold, req.send().promise).await {
+                Ok(got) => {
+                    got?;
+                    Ok(Some(asked.elapsed()))
+                }
+                Err(_) => Ok(None),
+            }
+        })
+    }
+
+    /// For tests of hostile input: on this one connection, hold the
+    /// download turns with stalled downloads of `blob` (bigger than two
+    /// chunks), then send `n` more `getBlob`s, each of which waits for a
+    /// turn, and cancel them, a round of at most 60 at a time; then ask
+    /// for the counters, which must come back within `hold`.
+    pub fn cancel_calls_raw(
+        &self,
+        blob: Digest,
+        n: usize,
+        hold: std::time::Duration,
+    ) -> Result<(), Error> {
+        self.run(async {
+            let turns = crate::transfers::DOWNLOADS_PER_CONNECTION;
+            let _stalled = self.stall_downloads(blob, turns, hold).await?;
+            let mut left = n;
+            while left > 0 {
+                let round = left.min(60);
+                let waiting: Vec<_> = (0..round)
+                    .map(|_| self.stalled_get_blob(blob, Rc::default()))
+                    .collect();
+                tokio::task::yield_now().await;
+                drop(waiting);
+                left -= round;
+            }
+            // Every cancellation read: the counters answered after them.
+            let stats = self.executor.stats_request().send().promise;
+            match tokio::time::timeout(hold, stats).await {
+                Ok(got) => got.map(drop),
+                Err(_) => Err(capnp::Error::failed(format!(
+                    "no answer within {hold:?} after {n} cancelled calls"
+                ))),
+            }
+        })
+    }
+
+    /// A `getBlob` of `blob` into a sink that never takes a chunk, counting
+    /// in `begun` the chunks the worker began to send.
+    fn stalled_get_blob(
+        &self,
+        blob: Digest,
+        begun: Rc<std::cell::Cell<usize>>,
+    ) -> capnp::capability::Promise<
+        capnp::capability::Response<cas::get_blob_results::Owned>,
+        capnp::Error,
+    > {
+        let mut req = self.cas.get_blob_request();
+        req.get().set_digest(blob.as_bytes());
+        req.get()
+            .set_sink(capnp_rpc::new_client(StallingSink { begun }));
+        req.send().promise
+    }
+
+    /// `n` downloads of `blob` into sinks that never take a chunk, once the
+    /// worker has begun them all (within `hold`); they stay in flight while
+    /// the returned future is held.
+    async fn stall_downloads(
+        &self,
+        blob: Digest,
+        n: usize,
+        hold: std::time::Duration,
+    ) -> Result<impl std::future::Future + '_, capnp::Error> {
+        let begun = Rc::new(std::cell::Cell::new(0));
+        let gets = (0..n).map(|_| self.stalled_get_blob(blob, begun.clone()));
+        let gets = futures::future::join_all(gets);
+        let _ = tokio::time::timeout(hold, async {
+            while begun.get() < n {
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        })
+        .await;
+        if begun.get() < n {
+            return Err(capnp::Error::failed(format!(
+                "the worker began {} of {n} downloads",
+                begun.get()
+            )));
+        }
+        Ok(gets)
+    }
+
     /// `putBlob` streamed in the given chunks, announcing `size`. False if
     /// the worker already had it (nothing was sent).
     pub fn put_blob_raw(&self, digest: &[u8], size: u64, chunks: &[&[u8]]) -> Result<bool, Error> {
@@ -705,12 +811,8 @@ impl Client {
             let gets = (0..downloads).map(|_| {
                 let begun = begun.clone();
                 async move {
-                    let mut req = self.cas.get_blob_request();
-                    req.get().set_digest(blob.as_bytes());
-                    req.get()
-                        .set_sink(capnp_rpc::new_client(StallingSink { begun }));
                     // Ended by the worker, or never: either way held.
-                    let _ = req.send().promise.await;
+                    let _ = self.stalled_get_blob(blob, begun).await;
                     futures::future::pending::<()>().await;
                     Ok::<(), capnp::Error>(())
                 }
@@ -762,10 +864,7 @@ impl Client {
                     }
                     Ask::Blobs(ds) => {
                         let mut req = self.cas.get_blobs_request();
-                        let mut l = req.get().init_digests(ds.len() as u32);
-                        for (i, d) in ds.iter().enumerate() {
-                            l.set(i as u32, d.as_bytes());
-                        }
+                        crate::set_digest_list(req.get().init_digests(ds.len() as u32), ds);
                         req.send().promise.await.map(drop)
                     }
                     Ask::Stats => self.executor.stats_request().send().promise.await.map(drop),
@@ -784,10 +883,7 @@ impl Client {
     pub fn get_blobs_raw(&self, digests: &[Digest]) -> Result<Vec<Vec<u8>>, Error> {
         self.run(async {
             let mut req = self.cas.get_blobs_request();
-            let mut l = req.get().init_digests(digests.len() as u32);
-            for (i, d) in digests.iter().enumerate() {
-                l.set(i as u32, d.as_bytes());
-            }
+            crate::set_digest_list(req.get().init_digests(digests.len() as u32), digests);
             let r = req.send().promise.await?;
             let got = r.get()?.get_blobs()?;
             got.iter()
@@ -1024,8 +1120,7 @@ impl Client {
         st: &UploadState,
     ) -> Result<Vec<Digest>, Upload> {
         let mut req = self.cas.claim_blobs_request();
-        let refs: Vec<&[u8]> = blobs.iter().map(|d| d.as_bytes().as_slice()).collect();
-        raw_list(req.get().init_digests(refs.len() as u32), &refs);
+        crate::set_digest_list(req.get().init_digests(blobs.len() as u32), &blobs);
         let r = req.send().promise.await?;
         let r = r.get()?;
         st.others
@@ -1039,8 +1134,7 @@ impl Client {
             let mut missing = Vec::new();
             for chunk in blobs.chunks(FIND_BATCH) {
                 let mut req = self.cas.await_blobs_request();
-                let refs: Vec<&[u8]> = chunk.iter().map(|d| d.as_bytes().as_slice()).collect();
-                raw_list(req.get().init_digests(refs.len() as u32), &refs);
+                crate::set_digest_list(req.get().init_digests(chunk.len() as u32), chunk);
                 let r = req.send().promise.await?;
                 missing.extend(crate::digest_list(r.get()?.get_missing()?)?);
             }
@@ -1193,10 +1287,10 @@ impl Client {
         asked: &[(Digest, u64)],
     ) -> Result<u64, Download> {
         let mut req = self.cas.get_blobs_request();
-        let mut l = req.get().init_digests(asked.len() as u32);
-        for (i, (d, _)) in asked.iter().enumerate() {
-            l.set(i as u32, d.as_bytes());
-        }
+        crate::set_digest_list(
+            req.get().init_digests(asked.len() as u32),
+            asked.iter().map(|(d, _)| d),
+        );
         let r = req.send().promise.await?;
         let got = r.get()?.get_blobs()?;
         if got.len() as usize != asked.len() {

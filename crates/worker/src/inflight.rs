@@ -33,10 +33,15 @@
 //! are its struct's size, measured once it is set; its frame, the
 //! `Return` around it, is counted on the wire as [`ANSWER_WIRE_FLOOR`].
 //! Counted as out sooner than they are, answers a slow reader has not
-//! taken are under-counted by what the frames' floor misses (~16 bytes of
-//! an empty `Return`'s ~80; more where it carries a capability). Whatever
-//! else
-//! the worker writes (its own calls: a download's chunks, a build's log)
+//! taken are under-counted by what the frames' floor misses (~24 bytes of
+//! an empty `Return`'s ~80; more where it carries a capability). Only a
+//! call whose method returned is counted ([`Call::returns`]): one its
+//! client cancels while it runs sends no answer. One that returns after
+//! its client sent `Finish` on a call it had pipelined on gets a
+//! `Return` of 56 bytes, the floor, whatever it had set: such a client
+//! makes its own connection's count run ahead by what the answers would
+//! have carried, which only ever holds back that connection. Whatever
+//! else the worker writes (its own calls: a download's chunks, a build's log)
 //! is bounded where it is made. The gate stops new calls at the backlog,
 //! not those in progress, so the calls whose answers carry what they read
 //! wait for room before they read it ([`Calls::answer_room`]): a directory
@@ -82,9 +87,11 @@ pub const ANSWER_BACKLOG: u64 = 16 << 20;
 /// honest client has far fewer than the 16,384 this allows outstanding.
 pub const ANSWER_COST: u64 = 1024;
 /// The fewest bytes an answer takes on the wire: a `Return` of an empty
-/// struct was ~80. Where the writer will be once an answer is out is
+/// struct was ~80, a `canceled` one (no payload: the segment table, the
+/// root pointer, a `Message` of one word and a pointer, a `Return` of two
+/// and one) is 56. Where the writer will be once an answer is out is
 /// counted with this, a floor (see the module's doc).
-pub const ANSWER_WIRE_FLOOR: u64 = 64;
+pub const ANSWER_WIRE_FLOOR: u64 = 56;
 
 /// One connection's calls in progress and answers not yet written.
 #[derive(Default)]
@@ -119,6 +126,8 @@ impl Calls {
         Call {
             calls: self.clone(),
             held: Cell::new(0),
+            answer_bytes: Cell::new(0),
+            returned: Cell::new(false),
         }
     }
 
@@ -136,8 +145,9 @@ impl Calls {
     /// before reading what an answer will carry. The gate stops new calls
     /// at the backlog, but not the calls already in progress: 64 of them
     /// each reading a directory of ~8 MB off the event loop made every
-    /// answer at once (1.5 GiB). A caller counts its answer
-    /// ([`Call::answers`]) before it lets the next one look.
+    /// answer at once (1.5 GiB). A caller's answer is counted as its call
+    /// ends, in the turn it is set ([`Call::answers`]), before the next
+    /// one looks.
     pub(crate) async fn answer_room(&self) {
         loop {
             let drained = self.drained.notified();
@@ -163,7 +173,7 @@ impl Calls {
     fn answer(&self, wire: u64, cost: u64) {
         let out_by = self.answered_to.get().max(self.written.get()) + wire;
         self.answered_to.set(out_by);
-        if out_by > self.written.get() && cost > 0 {
+        if out_by > self.written.get() {
             self.unwritten.borrow_mut().push_back((out_by, cost));
             self.unwritten_cost.set(self.unwritten_cost.get() + cost);
         }
@@ -203,9 +213,26 @@ pub(crate) struct Call {
     calls: Rc<Calls>,
     /// Bytes its message carries.
     held: Cell<u64>,
+    /// Bytes its answer's struct takes on the wire (see [`Call::answers`]).
+    answer_bytes: Cell<u64>,
+    /// Whether its method returned (see [`Call::returns`]).
+    returned: Cell<bool>,
 }
 
 impl Call {
+    /// Run the method's `body`, noting that it returned. A call the client
+    /// cancels (a `Finish` before the answer) has its method dropped where
+    /// it waits and sends no answer, so only a call that returned is
+    /// counted as one to write: counted anyway, each cancelled call's
+    /// floor ran ahead of the writer, and 48,000 of them (`getBlob`s
+    /// cancelled while they waited for a turn) left so many answers
+    /// counted as unwritten that the connection was never read again.
+    pub(crate) async fn returns<T>(&self, body: impl std::future::Future<Output = T>) -> T {
+        let out = body.await;
+        self.returned.set(true);
+        out
+    }
+
     /// This call's message carries `bytes` (blobs, directories, digests,
     /// an action): counted against [`CALL_BYTES`] until the call ends.
     pub(crate) fn holds(&self, bytes: usize) {
@@ -216,12 +243,13 @@ impl Call {
 
     /// This call's answer, once set, is a struct of `size` (its
     /// `total_size`: a directory, a list, the counters), which it takes on
-    /// the wire besides its frame: counted now, as the answer is made
-    /// before anything else runs. A size that could not be taken counts
-    /// nothing, a floor.
+    /// the wire besides its frame. Counted with the frame as one answer
+    /// when the call ends, which is in the same turn of the event loop: a
+    /// method sets its answer last, awaiting nothing after, so the answer
+    /// is counted before any other call looks (`big_answer_turn`). A size
+    /// that could not be taken counts nothing, a floor.
     pub(crate) fn answers(&self, size: capnp::Result<capnp::MessageSize>) {
-        let bytes = size.map_or(0, |s| s.word_count * 8);
-        self.calls.answer(bytes, bytes);
+        self.answer_bytes.set(size.map_or(0, |s| s.word_count * 8));
     }
 }
 
@@ -234,7 +262,10 @@ impl Drop for Call {
         calls
             .held
             .set(calls.held.get().saturating_sub(self.held.get()));
-        calls.answer(ANSWER_WIRE_FLOOR, ANSWER_COST);
+        if self.returned.get() {
+            let bytes = self.answer_bytes.get();
+            calls.answer(bytes + ANSWER_WIRE_FLOOR, bytes + ANSWER_COST);
+        }
         calls.wake_reader();
     }
 }
@@ -321,6 +352,13 @@ impl<W: futures::AsyncWrite + Unpin> futures::AsyncWrite for Counted<W> {
 mod tests {
     use super::*;
 
+    /// A call whose method returned, its answer not yet written.
+    fn returned(calls: &Rc<Calls>) -> Call {
+        let call = calls.enter();
+        call.returned.set(true);
+        call
+    }
+
     /// Answers whose writes go out in full, each at least its floor, are
     /// all counted out again, however many: a count running ahead of the
     /// writer would close the connection of a client that reads all.
@@ -328,7 +366,7 @@ mod tests {
     fn answers_written_in_full_are_never_a_backlog() {
         let calls = Rc::new(Calls::default());
         for _ in 0..100_000 {
-            drop(calls.enter());
+            drop(returned(&calls));
             // An empty `Return` was ~80 bytes.
             calls.wrote(80);
             assert!(!calls.full());
@@ -344,14 +382,14 @@ mod tests {
         let calls = Rc::new(Calls::default());
         let allowed = ANSWER_BACKLOG / ANSWER_COST;
         for _ in 0..allowed {
-            drop(calls.enter());
+            drop(returned(&calls));
         }
         assert!(!calls.full());
-        drop(calls.enter());
+        drop(returned(&calls));
         assert!(calls.full());
         calls.wrote(((allowed + 1) * ANSWER_WIRE_FLOOR) as usize);
         assert!(!calls.full());
-        let big = calls.enter();
+        let big = returned(&calls);
         big.answers(Ok(capnp::MessageSize {
             word_count: ANSWER_BACKLOG / 8 + 1,
             cap_count: 0,
@@ -361,6 +399,19 @@ mod tests {
         calls.wrote(ANSWER_BACKLOG as usize);
         assert!(calls.full(), "counted out before its last bytes");
         calls.wrote(8 + ANSWER_WIRE_FLOOR as usize);
+        assert!(!calls.full());
+    }
+
+    /// A call dropped before its method returned (cancelled by its client)
+    /// sends no answer and counts none, however many.
+    #[test]
+    fn cancelled_calls_count_no_answer() {
+        let calls = Rc::new(Calls::default());
+        for _ in 0..100_000 {
+            drop(calls.enter());
+        }
+        assert!(calls.unwritten.borrow().is_empty());
+        assert_eq!(calls.answered_to.get(), 0);
         assert!(!calls.full());
     }
 }

@@ -155,6 +155,16 @@ fn digest_list(l: capnp::data_list::Reader) -> Result<Vec<castore::Digest>, capn
     l.iter().map(|d| digest_from(d?)).collect()
 }
 
+/// Fill `l`, made for as many, with `ds`: the list [`digest_list`] reads.
+fn set_digest_list<'a>(
+    mut l: capnp::data_list::Builder<'_>,
+    ds: impl IntoIterator<Item = &'a castore::Digest>,
+) {
+    for (i, d) in ds.into_iter().enumerate() {
+        l.set(i as u32, d.as_bytes());
+    }
+}
+
 /// Read an access token from `path`: its bytes without surrounding
 /// whitespace, at least [`server::MIN_TOKEN_BYTES`] of them.
 pub fn read_token_file(path: &std::path::Path) -> Result<Vec<u8>, Error> {

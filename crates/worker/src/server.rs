@@ -504,13 +504,6 @@ const DIGEST_IN_LIST_BYTES: usize = 40;
 /// its bytes: its pointer and the padding to a word.
 const BLOB_IN_LIST_BYTES: usize = 16;
 
-/// Fill `l` with `ds`.
-fn set_digests(mut l: capnp::data_list::Builder<'_>, ds: &[Digest]) {
-    for (i, d) in ds.iter().enumerate() {
-        l.set(i as u32, d.as_bytes());
-    }
-}
-
 fn spawn_connection<S>(stream: S, (bootstrap, calls): Connection, open: Rc<Cell<usize>>)
 where
     S: futures::AsyncRead + futures::AsyncWrite + Unpin + 'static,
@@ -562,13 +555,16 @@ impl gate::Server for GateImpl {
         mut results: gate::VersionResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let mut r = results.get();
-        r.set_protocol(PROTOCOL_VERSION);
-        r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
-        r.set_public_key(&self.shared.public_key);
-        r.set_tls_binding(&self.shared.tls_binding);
-        call.answers(r.total_size());
-        Ok(())
+        call.returns(async {
+            let mut r = results.get();
+            r.set_protocol(PROTOCOL_VERSION);
+            r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
+            r.set_public_key(&self.shared.public_key);
+            r.set_tls_binding(&self.shared.tls_binding);
+            call.answers(r.total_size());
+            Ok(())
+        })
+        .await
     }
 
     async fn login(
@@ -577,24 +573,27 @@ impl gate::Server for GateImpl {
         mut results: gate::LoginResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let p = params.get()?;
-        if p.get_protocol() != PROTOCOL_VERSION {
-            return Err(fail(format!(
-                "this worker speaks protocol {PROTOCOL_VERSION}, the client {}: upgrade the older of the two",
-                p.get_protocol()
-            )));
-        }
-        if let Some(want) = &self.token {
-            let token = p.get_token()?;
-            call.holds(token.len());
-            if blake3::hash(token) != *want {
-                return Err(fail(
-                    "access denied: the worker refused the access token; pass the worker's --token-file to the client",
-                ));
+        call.returns(async {
+            let p = params.get()?;
+            if p.get_protocol() != PROTOCOL_VERSION {
+                return Err(fail(format!(
+                    "this worker speaks protocol {PROTOCOL_VERSION}, the client {}: upgrade the older of the two",
+                    p.get_protocol()
+                )));
             }
-        }
-        results.get().set_executor(self.executor.clone());
-        Ok(())
+            if let Some(want) = &self.token {
+                let token = p.get_token()?;
+                call.holds(token.len());
+                if blake3::hash(token) != *want {
+                    return Err(fail(
+                        "access denied: the worker refused the access token; pass the worker's --token-file to the client",
+                    ));
+                }
+            }
+            results.get().set_executor(self.executor.clone());
+            Ok(())
+        })
+        .await
     }
 }
 
@@ -623,16 +622,19 @@ impl executor::Server for ExecutorImpl {
         _: executor::CasParams,
         mut results: executor::CasResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
-        let roots = self.shared.store.temp_roots(&[]).map_err(store_err)?;
-        results.get().set_cas(capnp_rpc::new_client(CasImpl {
-            shared: self.shared.clone(),
-            mine: RefCell::new(HashMap::new()),
-            roots: Arc::new(roots),
-            turns: self.turns.clone(),
-            calls: self.calls.clone(),
-        }));
-        Ok(())
+        let call = self.calls.enter();
+        call.returns(async {
+            let roots = self.shared.store.temp_roots(&[]).map_err(store_err)?;
+            results.get().set_cas(capnp_rpc::new_client(CasImpl {
+                shared: self.shared.clone(),
+                mine: RefCell::new(HashMap::new()),
+                roots: Arc::new(roots),
+                turns: self.turns.clone(),
+                calls: self.calls.clone(),
+            }));
+            Ok(())
+        })
+        .await
     }
 
     async fn stats(
@@ -641,20 +643,23 @@ impl executor::Server for ExecutorImpl {
         mut results: executor::StatsResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let c = &self.shared.counters;
-        let mut s = results.get().init_stats();
-        s.set_blobs_written(c.blobs_written.load(Ordering::SeqCst));
-        s.set_blob_bytes_written(c.blob_bytes_written.load(Ordering::SeqCst));
-        s.set_directories_written(c.directories_written.load(Ordering::SeqCst));
-        s.set_bytes_received(c.bytes_received.load(Ordering::SeqCst));
-        let r = &self.shared.runner;
-        s.set_builds_started(r.stats.builds_started.load(Ordering::SeqCst));
-        s.set_builds_running(r.running_count() as u32);
-        s.set_builds_queued(r.stats.queued.load(Ordering::SeqCst));
-        s.set_max_concurrent_builds(r.stats.max_running.load(Ordering::SeqCst));
-        s.set_jobs(r.jobs() as u32);
-        call.answers(results.get().total_size());
-        Ok(())
+        call.returns(async {
+            let c = &self.shared.counters;
+            let mut s = results.get().init_stats();
+            s.set_blobs_written(c.blobs_written.load(Ordering::SeqCst));
+            s.set_blob_bytes_written(c.blob_bytes_written.load(Ordering::SeqCst));
+            s.set_directories_written(c.directories_written.load(Ordering::SeqCst));
+            s.set_bytes_received(c.bytes_received.load(Ordering::SeqCst));
+            let r = &self.shared.runner;
+            s.set_builds_started(r.stats.builds_started.load(Ordering::SeqCst));
+            s.set_builds_running(r.running_count() as u32);
+            s.set_builds_queued(r.stats.queued.load(Ordering::SeqCst));
+            s.set_max_concurrent_builds(r.stats.max_running.load(Ordering::SeqCst));
+            s.set_jobs(r.jobs() as u32);
+            call.answers(results.get().total_size());
+            Ok(())
+        })
+        .await
     }
 
     async fn build(
@@ -663,94 +668,97 @@ impl executor::Server for ExecutorImpl {
         mut results: executor::BuildResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let p = params.get()?;
-        let client = p.get_protocol();
-        if client != PROTOCOL_VERSION {
-            return Err(fail(format!(
-                "this worker speaks protocol {PROTOCOL_VERSION}, the client sent {client}{}: upgrade the client",
-                if client == 0 { " (or none)" } else { "" }
-            )));
-        }
-        let sh = self.shared.clone();
-        if sh.shutting_down.get() {
-            return Err(fail(
-                "the worker is shutting down: send the build elsewhere",
-            ));
-        }
-        let text = p.get_action()?.to_str()?.to_owned();
-        let lock = p.get_lock()?.to_vec();
-        call.holds(text.len() + lock.len());
-        let sink = p.get_log_sink()?;
-        let cache = match p.get_cache() {
-            Ok(WirePolicy::Rebuild) => CachePolicy::Rebuild,
-            Ok(WirePolicy::Check) => CachePolicy::Check,
-            _ => CachePolicy::Use,
-        };
-        let set_failure = |results: &mut executor::BuildResults, class, msg: &str| {
-            let mut f = results.get().init_failure();
-            f.set_class(match class {
-                ExitClass::BuildFailed | ExitClass::CheckMismatch => WireClass::BuildFailed,
-                ExitClass::Usage => WireClass::Usage,
-                ExitClass::Integrity => WireClass::Integrity,
-            });
-            f.set_message(msg);
-        };
-        let action = match Action::parse(&text, Path::new("action.toml")) {
-            Ok(a) => a,
-            Err(e) => {
-                set_failure(&mut results, ExitClass::Usage, &e.to_string());
-                return Ok(());
+        call.returns(async {
+            let p = params.get()?;
+            let client = p.get_protocol();
+            if client != PROTOCOL_VERSION {
+                return Err(fail(format!(
+                    "this worker speaks protocol {PROTOCOL_VERSION}, the client sent {client}{}: upgrade the client",
+                    if client == 0 { " (or none)" } else { "" }
+                )));
             }
-        };
-        let cancel = Arc::new(AtomicBool::new(false));
-        let mut guard = CancelOnDrop(cancel.clone(), false);
-        let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
-        let job = Job {
-            action,
-            lock,
-            cache,
-            cacheable: true,
-        };
-        let flag = cancel.clone();
-        let forward = async move {
-            while let Some(chunk) = rx.recv().await {
-                let mut req = sink.write_request();
-                req.get().set_chunk(&chunk);
-                if req.send().await.is_err() {
-                    // The caller is gone: stop the build.
-                    flag.store(true, Ordering::SeqCst);
-                    break;
+            let sh = self.shared.clone();
+            if sh.shutting_down.get() {
+                return Err(fail(
+                    "the worker is shutting down: send the build elsewhere",
+                ));
+            }
+            let text = p.get_action()?.to_str()?.to_owned();
+            let lock = p.get_lock()?.to_vec();
+            call.holds(text.len() + lock.len());
+            let sink = p.get_log_sink()?;
+            let cache = match p.get_cache() {
+                Ok(WirePolicy::Rebuild) => CachePolicy::Rebuild,
+                Ok(WirePolicy::Check) => CachePolicy::Check,
+                _ => CachePolicy::Use,
+            };
+            let set_failure = |results: &mut executor::BuildResults, class, msg: &str| {
+                let mut f = results.get().init_failure();
+                f.set_class(match class {
+                    ExitClass::BuildFailed | ExitClass::CheckMismatch => WireClass::BuildFailed,
+                    ExitClass::Usage => WireClass::Usage,
+                    ExitClass::Integrity => WireClass::Integrity,
+                });
+                f.set_message(msg);
+            };
+            let action = match Action::parse(&text, Path::new("action.toml")) {
+                Ok(a) => a,
+                Err(e) => {
+                    set_failure(&mut results, ExitClass::Usage, &e.to_string());
+                    return Ok(());
                 }
+            };
+            let cancel = Arc::new(AtomicBool::new(false));
+            let mut guard = CancelOnDrop(cancel.clone(), false);
+            let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
+            let job = Job {
+                action,
+                lock,
+                cache,
+                cacheable: true,
+            };
+            let flag = cancel.clone();
+            let forward = async move {
+                while let Some(chunk) = rx.recv().await {
+                    let mut req = sink.write_request();
+                    req.get().set_chunk(&chunk);
+                    if req.send().await.is_err() {
+                        // The caller is gone: stop the build.
+                        flag.store(true, Ordering::SeqCst);
+                        break;
+                    }
+                }
+            };
+            let (r, ()) = futures::future::join(sh.runner.run(job, cancel, tx), forward).await;
+            let Ok(r) = r else {
+                return Err(fail(
+                    "the worker is shutting down: send the build elsewhere",
+                ));
+            };
+            guard.1 = true;
+            match r {
+                JobResult::Done {
+                    digest,
+                    bytes,
+                    cached,
+                    check,
+                    ..
+                } => {
+                    let check = check
+                        .map(|c| serde_json::to_vec(&c).unwrap_or_default())
+                        .unwrap_or_default();
+                    let mut b = results.get();
+                    b.set_record_digest(digest.as_bytes());
+                    b.set_record(&bytes);
+                    b.set_cached(cached);
+                    b.set_check(&check);
+                }
+                JobResult::Failed { class, message } => set_failure(&mut results, class, &message),
             }
-        };
-        let (r, ()) = futures::future::join(sh.runner.run(job, cancel, tx), forward).await;
-        let Ok(r) = r else {
-            return Err(fail(
-                "the worker is shutting down: send the build elsewhere",
-            ));
-        };
-        guard.1 = true;
-        match r {
-            JobResult::Done {
-                digest,
-                bytes,
-                cached,
-                check,
-                ..
-            } => {
-                let check = check
-                    .map(|c| serde_json::to_vec(&c).unwrap_or_default())
-                    .unwrap_or_default();
-                let mut b = results.get();
-                b.set_record_digest(digest.as_bytes());
-                b.set_record(&bytes);
-                b.set_cached(cached);
-                b.set_check(&check);
-            }
-            JobResult::Failed { class, message } => set_failure(&mut results, class, &message),
-        }
-        call.answers(results.get().total_size());
-        Ok(())
+            call.answers(results.get().total_size());
+            Ok(())
+        })
+        .await
     }
 }
 
@@ -822,30 +830,33 @@ impl UploadStream {
 impl blob_upload::Server for UploadImpl {
     async fn write(self: Rc<Self>, params: blob_upload::WriteParams) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let chunk = params.get()?.get_chunk()?;
-        call.holds(chunk.len());
-        let total = self.received.get() + chunk.len() as u64;
-        self.shared
-            .counters
-            .bytes_received
-            .fetch_add(chunk.len() as u64, Ordering::SeqCst);
-        if total > self.size {
-            self.stream.end();
-            return Err(fail(format!(
-                "blob {}: more bytes than the announced {}; upload refused",
-                self.digest, self.size
-            )));
-        }
-        self.received.set(total);
-        self.stream.last.set(tokio::time::Instant::now());
-        let tx = self.stream.tx.borrow().clone();
-        match tx {
-            Some(tx) => tx
-                .send(chunk.to_vec())
-                .await
-                .map_err(|_| fail(format!("blob {}: the store writer stopped", self.digest))),
-            None => Err(self.closed()),
-        }
+        call.returns(async {
+            let chunk = params.get()?.get_chunk()?;
+            call.holds(chunk.len());
+            let total = self.received.get() + chunk.len() as u64;
+            self.shared
+                .counters
+                .bytes_received
+                .fetch_add(chunk.len() as u64, Ordering::SeqCst);
+            if total > self.size {
+                self.stream.end();
+                return Err(fail(format!(
+                    "blob {}: more bytes than the announced {}; upload refused",
+                    self.digest, self.size
+                )));
+            }
+            self.received.set(total);
+            self.stream.last.set(tokio::time::Instant::now());
+            let tx = self.stream.tx.borrow().clone();
+            match tx {
+                Some(tx) => tx
+                    .send(chunk.to_vec())
+                    .await
+                    .map_err(|_| fail(format!("blob {}: the store writer stopped", self.digest))),
+                None => Err(self.closed()),
+            }
+        })
+        .await
     }
 
     async fn finish(
@@ -853,25 +864,28 @@ impl blob_upload::Server for UploadImpl {
         _: blob_upload::FinishParams,
         _: blob_upload::FinishResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
-        if self.stream.stalled.get() {
-            return Err(self.closed());
-        }
-        self.stream.tx.borrow_mut().take();
-        let handle = self
-            .writer
-            .borrow_mut()
-            .take()
-            .ok_or_else(|| fail("upload already finished"))?;
-        let r = handle.await.map_err(join_err)?;
-        // Given back once the blob is in (or refused): a waiting upload of
-        // the same blob then finds it.
-        self.stream.end();
-        r.map_err(fail)?;
-        let c = &self.shared.counters;
-        c.blobs_written.fetch_add(1, Ordering::SeqCst);
-        c.blob_bytes_written.fetch_add(self.size, Ordering::SeqCst);
-        Ok(())
+        let call = self.calls.enter();
+        call.returns(async {
+            if self.stream.stalled.get() {
+                return Err(self.closed());
+            }
+            self.stream.tx.borrow_mut().take();
+            let handle = self
+                .writer
+                .borrow_mut()
+                .take()
+                .ok_or_else(|| fail("upload already finished"))?;
+            let r = handle.await.map_err(join_err)?;
+            // Given back once the blob is in (or refused): a waiting upload of
+            // the same blob then finds it.
+            self.stream.end();
+            r.map_err(fail)?;
+            let c = &self.shared.counters;
+            c.blobs_written.fetch_add(1, Ordering::SeqCst);
+            c.blob_bytes_written.fetch_add(self.size, Ordering::SeqCst);
+            Ok(())
+        })
+        .await
     }
 }
 
@@ -1054,20 +1068,23 @@ impl cas::Server for CasImpl {
         mut results: cas::FindMissingResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let p = params.get()?;
-        let blobs = held_digests(&call, p.get_blobs()?)?;
-        let dirs = held_digests(&call, p.get_directories()?)?;
-        // What is here is held (see `hold`); what was absent is reported
-        // missing without a second look.
-        let (blobs_here, mut mb) = self.split_present(ObjectKind::Blob, blobs).await?;
-        let (dirs_here, mut md) = self.split_present(ObjectKind::Directory, dirs).await?;
-        mb.extend(self.hold(ObjectKind::Blob, blobs_here).await?);
-        md.extend(self.hold(ObjectKind::Directory, dirs_here).await?);
-        let mut r = results.get();
-        set_digests(r.reborrow().init_blobs(mb.len() as u32), &mb);
-        set_digests(r.init_directories(md.len() as u32), &md);
-        call.answers(results.get().total_size());
-        Ok(())
+        call.returns(async {
+            let p = params.get()?;
+            let blobs = held_digests(&call, p.get_blobs()?)?;
+            let dirs = held_digests(&call, p.get_directories()?)?;
+            // What is here is held (see `hold`); what was absent is reported
+            // missing without a second look.
+            let (blobs_here, mut mb) = self.split_present(ObjectKind::Blob, blobs).await?;
+            let (dirs_here, mut md) = self.split_present(ObjectKind::Directory, dirs).await?;
+            mb.extend(self.hold(ObjectKind::Blob, blobs_here).await?);
+            md.extend(self.hold(ObjectKind::Directory, dirs_here).await?);
+            let mut r = results.get();
+            crate::set_digest_list(r.reborrow().init_blobs(mb.len() as u32), &mb);
+            crate::set_digest_list(r.init_directories(md.len() as u32), &md);
+            call.answers(results.get().total_size());
+            Ok(())
+        })
+        .await
     }
 
     async fn put_blob(
@@ -1075,65 +1092,68 @@ impl cas::Server for CasImpl {
         params: cas::PutBlobParams,
         mut results: cas::PutBlobResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
-        let p = params.get()?;
-        let digest = digest_from(p.get_digest()?)?;
-        let size = p.get_size();
-        let turn = self.turns.upload().await;
-        let claim = loop {
-            if let Some(claim) = self.claim_blob(digest).await {
-                break claim; // ours to write: rooted just before its commit
-            }
-            // Already here: rooted, then looked for again (a gc may have
-            // taken it in between). Only what the store holds is rooted, so
-            // a client naming made-up digests grows nothing.
-            self.roots.add(&[digest]).map_err(store_err)?;
-            if self.shared.store.has(ObjectKind::Blob, &digest) {
-                return Ok(()); // no upload capability: send nothing
-            }
-        };
-        let roots = self.roots.clone();
-        let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
-        let store = self.shared.store.clone();
-        let writer = tokio::task::spawn_blocking(move || -> Result<(), String> {
-            let txn = store.txn().map_err(|e| e.to_string())?;
-            let mut r = ChannelReader::new(rx);
-            let (got, n) = txn.put_blob_buffered(&mut r).map_err(|e| e.to_string())?;
-            if n != size {
-                return Err(format!(
-                    "blob {digest} refused: {n} bytes arrived, {size} were announced; nothing was stored"
-                ));
-            }
-            if got != digest {
-                return Err(format!(
-                    "blob {digest} refused: the uploaded bytes hash to {got}; nothing was stored"
-                ));
-            }
-            // The transaction holds gc off until it commits.
-            roots.add(&[digest]).map_err(|e| e.to_string())?;
-            txn.commit_unsynced().map_err(|e| e.to_string())
-        });
-        let stream = Rc::new(UploadStream {
-            tx: RefCell::new(Some(tx)),
-            claim: RefCell::new(Some(claim)),
-            turn: RefCell::new(Some(turn)),
-            last: Cell::new(tokio::time::Instant::now()),
-            stalled: Cell::new(false),
-        });
-        tokio::task::spawn_local(UploadStream::watch(
-            Rc::downgrade(&stream),
-            self.shared.stall_timeout,
-        ));
-        results.get().set_upload(capnp_rpc::new_client(UploadImpl {
-            shared: self.shared.clone(),
-            digest,
-            size,
-            received: Cell::new(0),
-            writer: RefCell::new(Some(writer)),
-            stream,
-            calls: self.calls.clone(),
-        }));
-        Ok(())
+        let call = self.calls.enter();
+        call.returns(async {
+            let p = params.get()?;
+            let digest = digest_from(p.get_digest()?)?;
+            let size = p.get_size();
+            let turn = self.turns.upload().await;
+            let claim = loop {
+                if let Some(claim) = self.claim_blob(digest).await {
+                    break claim; // ours to write: rooted just before its commit
+                }
+                // Already here: rooted, then looked for again (a gc may have
+                // taken it in between). Only what the store holds is rooted, so
+                // a client naming made-up digests grows nothing.
+                self.roots.add(&[digest]).map_err(store_err)?;
+                if self.shared.store.has(ObjectKind::Blob, &digest) {
+                    return Ok(()); // no upload capability: send nothing
+                }
+            };
+            let roots = self.roots.clone();
+            let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
+            let store = self.shared.store.clone();
+            let writer = tokio::task::spawn_blocking(move || -> Result<(), String> {
+                let txn = store.txn().map_err(|e| e.to_string())?;
+                let mut r = ChannelReader::new(rx);
+                let (got, n) = txn.put_blob_buffered(&mut r).map_err(|e| e.to_string())?;
+                if n != size {
+                    return Err(format!(
+                        "blob {digest} refused: {n} bytes arrived, {size} were announced; nothing was stored"
+                    ));
+                }
+                if got != digest {
+                    return Err(format!(
+                        "blob {digest} refused: the uploaded bytes hash to {got}; nothing was stored"
+                    ));
+                }
+                // The transaction holds gc off until it commits.
+                roots.add(&[digest]).map_err(|e| e.to_string())?;
+                txn.commit_unsynced().map_err(|e| e.to_string())
+            });
+            let stream = Rc::new(UploadStream {
+                tx: RefCell::new(Some(tx)),
+                claim: RefCell::new(Some(claim)),
+                turn: RefCell::new(Some(turn)),
+                last: Cell::new(tokio::time::Instant::now()),
+                stalled: Cell::new(false),
+            });
+            tokio::task::spawn_local(UploadStream::watch(
+                Rc::downgrade(&stream),
+                self.shared.stall_timeout,
+            ));
+            results.get().set_upload(capnp_rpc::new_client(UploadImpl {
+                shared: self.shared.clone(),
+                digest,
+                size,
+                received: Cell::new(0),
+                writer: RefCell::new(Some(writer)),
+                stream,
+                calls: self.calls.clone(),
+            }));
+            Ok(())
+        })
+        .await
     }
 
     async fn put_blobs(
@@ -1142,66 +1162,69 @@ impl cas::Server for CasImpl {
         _: cas::PutBlobsResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let list = params.get()?.get_blobs()?;
-        let mut blobs = Vec::with_capacity(list.len() as usize);
-        let mut received = 0u64;
-        for b in list.iter() {
-            let d = digest_from(b.get_digest()?)?;
-            let data = b.get_data()?;
-            received += data.len() as u64;
-            blobs.push((d, data.to_vec()));
-        }
-        call.holds(received as usize + blobs.len() * (DIGEST_IN_LIST_BYTES + BLOB_IN_LIST_BYTES));
-        self.shared
-            .counters
-            .bytes_received
-            .fetch_add(received, Ordering::SeqCst);
-        // Each blob is hashed once, here, off the event loop: what the
-        // check found is what the store files it under.
-        let checked = tokio::task::spawn_blocking(move || {
-            blobs
-                .into_iter()
-                .map(|(d, data)| {
-                    CheckedBlob::expecting(&d, data).map_err(|got| {
-                        format!(
-                            "blob {d} refused: its bytes hash to {got}; nothing of this batch was stored"
-                        )
+        call.returns(async {
+            let list = params.get()?.get_blobs()?;
+            let mut blobs = Vec::with_capacity(list.len() as usize);
+            let mut received = 0u64;
+            for b in list.iter() {
+                let d = digest_from(b.get_digest()?)?;
+                let data = b.get_data()?;
+                received += data.len() as u64;
+                blobs.push((d, data.to_vec()));
+            }
+            call.holds(received as usize + blobs.len() * (DIGEST_IN_LIST_BYTES + BLOB_IN_LIST_BYTES));
+            self.shared
+                .counters
+                .bytes_received
+                .fetch_add(received, Ordering::SeqCst);
+            // Each blob is hashed once, here, off the event loop: what the
+            // check found is what the store files it under.
+            let checked = tokio::task::spawn_blocking(move || {
+                blobs
+                    .into_iter()
+                    .map(|(d, data)| {
+                        CheckedBlob::expecting(&d, data).map_err(|got| {
+                            format!(
+                                "blob {d} refused: its bytes hash to {got}; nothing of this batch was stored"
+                            )
+                        })
                     })
-                })
-                .collect::<Result<Vec<_>, String>>()
-        })
-        .await
-        .map_err(join_err)?
-        .map_err(fail)?;
-        // Rooted before the claims look at the store: each is written
-        // below or already there, and stays for this client either way.
-        let sent: Vec<Digest> = checked.iter().map(|b| *b.digest()).collect();
-        self.roots.add(&sent).map_err(store_err)?;
-        let mut claims = Vec::new();
-        let mut todo = Vec::new();
-        let mut seen = HashSet::new();
-        for blob in checked {
-            let d = *blob.digest();
-            if !seen.insert(d) {
-                continue;
-            }
-            if let Some(c) = self.claim_blob(d).await {
-                claims.push(c);
-                todo.push(blob);
-            }
-        }
-        let store = self.shared.store.clone();
-        let n = todo.len() as u64;
-        let bytes: u64 = todo.iter().map(|b| b.bytes().len() as u64).sum();
-        tokio::task::spawn_blocking(move || store.put_blobs_unsynced(&todo))
+                    .collect::<Result<Vec<_>, String>>()
+            })
             .await
             .map_err(join_err)?
-            .map_err(store_err)?;
-        drop(claims);
-        let c = &self.shared.counters;
-        c.blobs_written.fetch_add(n, Ordering::SeqCst);
-        c.blob_bytes_written.fetch_add(bytes, Ordering::SeqCst);
-        Ok(())
+            .map_err(fail)?;
+            // Rooted before the claims look at the store: each is written
+            // below or already there, and stays for this client either way.
+            let sent: Vec<Digest> = checked.iter().map(|b| *b.digest()).collect();
+            self.roots.add(&sent).map_err(store_err)?;
+            let mut claims = Vec::new();
+            let mut todo = Vec::new();
+            let mut seen = HashSet::new();
+            for blob in checked {
+                let d = *blob.digest();
+                if !seen.insert(d) {
+                    continue;
+                }
+                if let Some(c) = self.claim_blob(d).await {
+                    claims.push(c);
+                    todo.push(blob);
+                }
+            }
+            let store = self.shared.store.clone();
+            let n = todo.len() as u64;
+            let bytes: u64 = todo.iter().map(|b| b.bytes().len() as u64).sum();
+            tokio::task::spawn_blocking(move || store.put_blobs_unsynced(&todo))
+                .await
+                .map_err(join_err)?
+                .map_err(store_err)?;
+            drop(claims);
+            let c = &self.shared.counters;
+            c.blobs_written.fetch_add(n, Ordering::SeqCst);
+            c.blob_bytes_written.fetch_add(bytes, Ordering::SeqCst);
+            Ok(())
+        })
+        .await
     }
 
     async fn put_directory(
@@ -1210,14 +1233,17 @@ impl cas::Server for CasImpl {
         mut results: cas::PutDirectoryResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let bytes = params.get()?.get_directory()?.to_vec();
-        call.holds(bytes.len());
-        let d = self.put_dirs(vec![bytes]).await?;
-        if let Some(d) = d.first() {
-            results.get().set_digest(d.as_bytes());
-        }
-        call.answers(results.get().total_size());
-        Ok(())
+        call.returns(async {
+            let bytes = params.get()?.get_directory()?.to_vec();
+            call.holds(bytes.len());
+            let d = self.put_dirs(vec![bytes]).await?;
+            if let Some(d) = d.first() {
+                results.get().set_digest(d.as_bytes());
+            }
+            call.answers(results.get().total_size());
+            Ok(())
+        })
+        .await
     }
 
     async fn put_directories(
@@ -1226,14 +1252,17 @@ impl cas::Server for CasImpl {
         _: cas::PutDirectoriesResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let list = params.get()?.get_directories()?;
-        let mut v = Vec::with_capacity(list.len() as usize);
-        for d in list.iter() {
-            v.push(d?.to_vec());
-        }
-        call.holds(v.iter().map(|d| d.len() + BLOB_IN_LIST_BYTES).sum());
-        self.put_dirs(v).await?;
-        Ok(())
+        call.returns(async {
+            let list = params.get()?.get_directories()?;
+            let mut v = Vec::with_capacity(list.len() as usize);
+            for d in list.iter() {
+                v.push(d?.to_vec());
+            }
+            call.holds(v.iter().map(|d| d.len() + BLOB_IN_LIST_BYTES).sum());
+            self.put_dirs(v).await?;
+            Ok(())
+        })
+        .await
     }
 
     async fn get_blob(
@@ -1241,47 +1270,50 @@ impl cas::Server for CasImpl {
         params: cas::GetBlobParams,
         mut results: cas::GetBlobResults,
     ) -> Result<(), capnp::Error> {
-        let _call = self.calls.enter();
-        let p = params.get()?;
-        let digest = digest_from(p.get_digest()?)?;
-        let sink: byte_sink::Client = p.get_sink()?;
-        let _turn = self.turns.download().await;
-        let stall = self.shared.stall_timeout;
-        // Read a chunk at a time, the next one while this one goes out: a
-        // stalled download holds two chunks and no thread. A reader thread
-        // with a queue of four held the blob's first four chunks and its
-        // thread (80 stalled downloads of a 3.75 MiB blob: ~300 MiB).
-        let store = self.shared.store.clone();
-        let blob =
-            tokio::task::spawn_blocking(move || castore::BlobStore::open_blob(&store, &digest))
-                .await
-                .map_err(join_err)?
-                .map_err(store_err)?;
-        let mut next = Some(tokio::task::spawn_blocking(move || crate::next_chunk(blob)));
-        let mut size = 0u64;
-        while let Some(reading) = next.take() {
-            let (blob, chunk) = reading
-                .await
-                .map_err(join_err)?
-                .map_err(|e| fail(format!("reading blob {digest}: {e}")))?;
-            if chunk.is_empty() {
-                break;
+        let call = self.calls.enter();
+        call.returns(async {
+            let p = params.get()?;
+            let digest = digest_from(p.get_digest()?)?;
+            let sink: byte_sink::Client = p.get_sink()?;
+            let _turn = self.turns.download().await;
+            let stall = self.shared.stall_timeout;
+            // Read a chunk at a time, the next one while this one goes out: a
+            // stalled download holds two chunks and no thread. A reader thread
+            // with a queue of four held the blob's first four chunks and its
+            // thread (80 stalled downloads of a 3.75 MiB blob: ~300 MiB).
+            let store = self.shared.store.clone();
+            let blob =
+                tokio::task::spawn_blocking(move || castore::BlobStore::open_blob(&store, &digest))
+                    .await
+                    .map_err(join_err)?
+                    .map_err(store_err)?;
+            let mut next = Some(tokio::task::spawn_blocking(move || crate::next_chunk(blob)));
+            let mut size = 0u64;
+            while let Some(reading) = next.take() {
+                let (blob, chunk) = reading
+                    .await
+                    .map_err(join_err)?
+                    .map_err(|e| fail(format!("reading blob {digest}: {e}")))?;
+                if chunk.is_empty() {
+                    break;
+                }
+                next = Some(tokio::task::spawn_blocking(move || crate::next_chunk(blob)));
+                size += chunk.len() as u64;
+                let mut req = sink.write_request();
+                req.get().set_chunk(&chunk);
+                drop(chunk); // the message holds its copy until the client takes it
+                tokio::time::timeout(stall, req.send())
+                    .await
+                    .map_err(|_| {
+                        fail(format!(
+                            "blob {digest}: the client took no chunk for {stall:?}, so the worker ended the download"
+                        ))
+                    })??;
             }
-            next = Some(tokio::task::spawn_blocking(move || crate::next_chunk(blob)));
-            size += chunk.len() as u64;
-            let mut req = sink.write_request();
-            req.get().set_chunk(&chunk);
-            drop(chunk); // the message holds its copy until the client takes it
-            tokio::time::timeout(stall, req.send())
-                .await
-                .map_err(|_| {
-                    fail(format!(
-                        "blob {digest}: the client took no chunk for {stall:?}, so the worker ended the download"
-                    ))
-                })??;
-        }
-        results.get().set_size(size);
-        Ok(())
+            results.get().set_size(size);
+            Ok(())
+        })
+        .await
     }
 
     async fn get_blobs(
@@ -1290,21 +1322,24 @@ impl cas::Server for CasImpl {
         mut results: cas::GetBlobsResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let digests = held_digests(&call, params.get()?.get_digests()?)?;
-        // A download's turn: what it reads stays in memory until answered.
-        let _turn = self.turns.download().await;
-        self.calls.answer_room().await;
-        let store = self.shared.store.clone();
-        let blobs = tokio::task::spawn_blocking(move || crate::read_blobs(&store, &digests))
-            .await
-            .map_err(join_err)?
-            .map_err(fail)?;
-        let mut l = results.get().init_blobs(blobs.len() as u32);
-        for (i, b) in blobs.iter().enumerate() {
-            l.set(i as u32, b);
-        }
-        call.answers(results.get().total_size());
-        Ok(())
+        call.returns(async {
+            let digests = held_digests(&call, params.get()?.get_digests()?)?;
+            // A download's turn: what it reads stays in memory until answered.
+            let _turn = self.turns.download().await;
+            self.calls.answer_room().await;
+            let store = self.shared.store.clone();
+            let blobs = tokio::task::spawn_blocking(move || crate::read_blobs(&store, &digests))
+                .await
+                .map_err(join_err)?
+                .map_err(fail)?;
+            let mut l = results.get().init_blobs(blobs.len() as u32);
+            for (i, b) in blobs.iter().enumerate() {
+                l.set(i as u32, b);
+            }
+            call.answers(results.get().total_size());
+            Ok(())
+        })
+        .await
     }
 
     async fn claim_blobs(
@@ -1313,47 +1348,50 @@ impl cas::Server for CasImpl {
         mut results: cas::ClaimBlobsResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let digests = held_digests(&call, params.get()?.get_digests()?)?;
-        let (mut mine, asked): (Vec<Digest>, Vec<Digest>) = digests
-            .into_iter()
-            .partition(|d| self.mine.borrow().contains_key(d));
-        let found = self.shared.reserve_absent(ObjectKind::Blob, &asked).await?;
-        let (mut here, mut kept, mut others) = (Vec::new(), Vec::new(), Vec::new());
-        for (d, found) in asked.into_iter().zip(found) {
-            match found {
-                Reserved::Mine(c) => kept.push((d, c)),
-                Reserved::Here => here.push(d),
-                Reserved::Busy => others.push(d),
+        call.returns(async {
+            let digests = held_digests(&call, params.get()?.get_digests()?)?;
+            let (mut mine, asked): (Vec<Digest>, Vec<Digest>) = digests
+                .into_iter()
+                .partition(|d| self.mine.borrow().contains_key(d));
+            let found = self.shared.reserve_absent(ObjectKind::Blob, &asked).await?;
+            let (mut here, mut kept, mut others) = (Vec::new(), Vec::new(), Vec::new());
+            for (d, found) in asked.into_iter().zip(found) {
+                match found {
+                    Reserved::Mine(c) => kept.push((d, c)),
+                    Reserved::Here => here.push(d),
+                    Reserved::Busy => others.push(d),
+                }
             }
-        }
-        // What is here is held for this client, as `find_missing` holds
-        // it, and claimed after all if a gc took it in between.
-        for d in self.hold(ObjectKind::Blob, here).await? {
-            match self.shared.try_reserve((ObjectKind::Blob, d)) {
-                Some(c) => kept.push((d, c)),
-                None => others.push(d),
+            // What is here is held for this client, as `find_missing` holds
+            // it, and claimed after all if a gc took it in between.
+            for d in self.hold(ObjectKind::Blob, here).await? {
+                match self.shared.try_reserve((ObjectKind::Blob, d)) {
+                    Some(c) => kept.push((d, c)),
+                    None => others.push(d),
+                }
             }
-        }
-        let mut coming = Vec::new();
-        for (d, c) in kept {
-            self.mine.borrow_mut().insert(d, c);
-            mine.push(d);
-            coming.push((ObjectKind::Blob, d));
-        }
-        // What this client will send, named in the unsynced log now in
-        // one write: each batch's commit then waits for no disk.
-        if !coming.is_empty() {
-            let store = self.shared.store.clone();
-            tokio::task::spawn_blocking(move || store.intend_unsynced(&coming))
-                .await
-                .map_err(join_err)?
-                .map_err(store_err)?;
-        }
-        let mut r = results.get();
-        set_digests(r.reborrow().init_mine(mine.len() as u32), &mine);
-        set_digests(r.init_others(others.len() as u32), &others);
-        call.answers(results.get().total_size());
-        Ok(())
+            let mut coming = Vec::new();
+            for (d, c) in kept {
+                self.mine.borrow_mut().insert(d, c);
+                mine.push(d);
+                coming.push((ObjectKind::Blob, d));
+            }
+            // What this client will send, named in the unsynced log now in
+            // one write: each batch's commit then waits for no disk.
+            if !coming.is_empty() {
+                let store = self.shared.store.clone();
+                tokio::task::spawn_blocking(move || store.intend_unsynced(&coming))
+                    .await
+                    .map_err(join_err)?
+                    .map_err(store_err)?;
+            }
+            let mut r = results.get();
+            crate::set_digest_list(r.reborrow().init_mine(mine.len() as u32), &mine);
+            crate::set_digest_list(r.init_others(others.len() as u32), &others);
+            call.answers(results.get().total_size());
+            Ok(())
+        })
+        .await
     }
 
     async fn await_blobs(
@@ -1362,17 +1400,20 @@ impl cas::Server for CasImpl {
         mut results: cas::AwaitBlobsResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let digests = held_digests(&call, params.get()?.get_digests()?)?;
-        let mut missing = Vec::new();
-        for d in digests {
-            self.shared.settled((ObjectKind::Blob, d)).await;
-            if !self.shared.store.has(ObjectKind::Blob, &d) {
-                missing.push(d);
+        call.returns(async {
+            let digests = held_digests(&call, params.get()?.get_digests()?)?;
+            let mut missing = Vec::new();
+            for d in digests {
+                self.shared.settled((ObjectKind::Blob, d)).await;
+                if !self.shared.store.has(ObjectKind::Blob, &d) {
+                    missing.push(d);
+                }
             }
-        }
-        set_digests(results.get().init_missing(missing.len() as u32), &missing);
-        call.answers(results.get().total_size());
-        Ok(())
+            crate::set_digest_list(results.get().init_missing(missing.len() as u32), &missing);
+            call.answers(results.get().total_size());
+            Ok(())
+        })
+        .await
     }
 
     async fn get_directory(
@@ -1381,34 +1422,37 @@ impl cas::Server for CasImpl {
         mut results: cas::GetDirectoryResults,
     ) -> Result<(), capnp::Error> {
         let call = self.calls.enter();
-        let digest = digest_from(params.get()?.get_digest()?)?;
-        let _turn = self.calls.big_answer_turn().await;
-        let store = self.shared.store.clone();
-        let read = move || {
-            store
-                .get_directory(&digest)
-                .map(|dir| (dir.len(), dir.encode()))
-        };
-        // A big one is read, checked and encoded off the event loop, which
-        // serves every connection (~8 MB took 43-62 ms); a small one on it,
-        // as a thread's round trip made an output of 1,500 directories
-        // download ~15% slower.
-        let small = match self.shared.store.object_len(ObjectKind::Directory, &digest) {
-            Some(len) => len <= INLINE_DIRECTORY_BYTES,
-            None => true, // absent: the read says so
-        };
-        let (entries, encoded) = if small {
-            read()
-        } else {
-            tokio::task::spawn_blocking(read).await.map_err(join_err)?
-        }
-        .map_err(store_err)?;
-        if let Some(why) = crate::too_big_for_a_message(&digest, entries, encoded.len()) {
-            return Err(capnp::Error::failed(format!("the build's output {why}")));
-        }
-        results.get().set_directory(&encoded);
-        call.answers(results.get().total_size());
-        Ok(())
+        call.returns(async {
+            let digest = digest_from(params.get()?.get_digest()?)?;
+            let _turn = self.calls.big_answer_turn().await;
+            let store = self.shared.store.clone();
+            let read = move || {
+                store
+                    .get_directory(&digest)
+                    .map(|dir| (dir.len(), dir.encode()))
+            };
+            // A big one is read, checked and encoded off the event loop, which
+            // serves every connection (~8 MB took 43-62 ms); a small one on it,
+            // as a thread's round trip made an output of 1,500 directories
+            // download ~15% slower.
+            let small = match self.shared.store.object_len(ObjectKind::Directory, &digest) {
+                Some(len) => len <= INLINE_DIRECTORY_BYTES,
+                None => true, // absent: the read says so
+            };
+            let (entries, encoded) = if small {
+                read()
+            } else {
+                tokio::task::spawn_blocking(read).await.map_err(join_err)?
+            }
+            .map_err(store_err)?;
+            if let Some(why) = crate::too_big_for_a_message(&digest, entries, encoded.len()) {
+                return Err(capnp::Error::failed(format!("the build's output {why}")));
+            }
+            results.get().set_directory(&encoded);
+            call.answers(results.get().total_size());
+            Ok(())
+        })
+        .await
     }
 }
 
@@ -1495,5 +1539,44 @@ mod tests {
             assert!(matches!(fourth[0], Reserved::Here));
             assert!(s.claims.borrow().is_empty());
         });
+    }
+
+    /// Every method a client can call enters a counted call and runs its
+    /// body through `Call::returns`: one that did not would have its
+    /// answers never counted against the backlog (`inflight`), so a client
+    /// could leave any number of them unread. Read from this file's own
+    /// text, so that a method added later is checked too.
+    #[test]
+    fn every_method_counts_its_call_and_its_answer() {
+        let source = include_str!("server.rs");
+        let mut methods = 0;
+        let mut in_server = false;
+        let mut lines = source.lines();
+        while let Some(line) = lines.next() {
+            if line.starts_with("impl ") {
+                in_server = line.contains("::Server for ");
+            }
+            if !(in_server && line.starts_with("    async fn ")) {
+                continue;
+            }
+            let name = line
+                .trim_start_matches("    async fn ")
+                .split('(')
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            let mut signature = line;
+            while !signature.ends_with('{') {
+                signature = lines.next().unwrap_or("{");
+            }
+            let body: Vec<&str> = lines.by_ref().take(2).map(str::trim).collect();
+            assert_eq!(
+                body,
+                ["let call = self.calls.enter();", "call.returns(async {"],
+                "the method {name} does not begin by counting its call and its answer"
+            );
+            methods += 1;
+        }
+        assert_eq!(methods, 17, "the worker's methods were not all found");
     }
 }
