@@ -35,7 +35,7 @@
 //! Counted as out sooner than they are, answers a slow reader has not
 //! taken are under-counted by what the frames' floor misses (~24 bytes of
 //! an empty `Return`'s ~80; more where it carries a capability). Only a
-//! call whose method returned is counted ([`Call::returns`]): one its
+//! call whose method returned is counted ([`Calls::serve`]): one its
 //! client cancels while it runs sends no answer. One that returns after
 //! its client sent `Finish` on a call it had pipelined on gets a
 //! `Return` of 56 bytes, the floor, whatever it had set: such a client
@@ -120,8 +120,23 @@ pub(crate) struct Calls {
 }
 
 impl Calls {
+    /// Serve one call: its method's `body`, given the counted [`Call`],
+    /// which notes that the body returned. A call the client cancels (a
+    /// `Finish` before the answer) has its method dropped where it waits
+    /// and sends no answer, so only a call that returned is counted as one
+    /// to write: counted anyway, each cancelled call's floor ran ahead of
+    /// the writer, and 48,000 of them (`getBlob`s cancelled while they
+    /// waited for a turn) left so many answers counted as unwritten that
+    /// the connection was never read again.
+    pub(crate) async fn serve<T>(self: &Rc<Self>, body: impl AsyncFnOnce(&Call) -> T) -> T {
+        let call = self.enter();
+        let out = body(&call).await;
+        call.returned.set(true);
+        out
+    }
+
     /// Count a call until the returned guard drops.
-    pub(crate) fn enter(self: &Rc<Self>) -> Call {
+    fn enter(self: &Rc<Self>) -> Call {
         self.in_progress.set(self.in_progress.get() + 1);
         Call {
             calls: self.clone(),
@@ -215,24 +230,11 @@ pub(crate) struct Call {
     held: Cell<u64>,
     /// Bytes its answer's struct takes on the wire (see [`Call::answers`]).
     answer_bytes: Cell<u64>,
-    /// Whether its method returned (see [`Call::returns`]).
+    /// Whether its method returned (see [`Calls::serve`]).
     returned: Cell<bool>,
 }
 
 impl Call {
-    /// Run the method's `body`, noting that it returned. A call the client
-    /// cancels (a `Finish` before the answer) has its method dropped where
-    /// it waits and sends no answer, so only a call that returned is
-    /// counted as one to write: counted anyway, each cancelled call's
-    /// floor ran ahead of the writer, and 48,000 of them (`getBlob`s
-    /// cancelled while they waited for a turn) left so many answers
-    /// counted as unwritten that the connection was never read again.
-    pub(crate) async fn returns<T>(&self, body: impl std::future::Future<Output = T>) -> T {
-        let out = body.await;
-        self.returned.set(true);
-        out
-    }
-
     /// This call's message carries `bytes` (blobs, directories, digests,
     /// an action): counted against [`CALL_BYTES`] until the call ends.
     pub(crate) fn holds(&self, bytes: usize) {

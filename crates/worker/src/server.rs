@@ -554,17 +554,17 @@ impl gate::Server for GateImpl {
         _: gate::VersionParams,
         mut results: gate::VersionResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let mut r = results.get();
-            r.set_protocol(PROTOCOL_VERSION);
-            r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
-            r.set_public_key(&self.shared.public_key);
-            r.set_tls_binding(&self.shared.tls_binding);
-            call.answers(r.total_size());
-            Ok(())
-        })
-        .await
+        self.calls
+            .serve(async |call| {
+                let mut r = results.get();
+                r.set_protocol(PROTOCOL_VERSION);
+                r.set_executor(format!("fhsx {}", env!("CARGO_PKG_VERSION")));
+                r.set_public_key(&self.shared.public_key);
+                r.set_tls_binding(&self.shared.tls_binding);
+                call.answers(r.total_size());
+                Ok(())
+            })
+            .await
     }
 
     async fn login(
@@ -572,8 +572,7 @@ impl gate::Server for GateImpl {
         params: gate::LoginParams,
         mut results: gate::LoginResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
+        self.calls.serve(async |call| {
             let p = params.get()?;
             if p.get_protocol() != PROTOCOL_VERSION {
                 return Err(fail(format!(
@@ -622,19 +621,19 @@ impl executor::Server for ExecutorImpl {
         _: executor::CasParams,
         mut results: executor::CasResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let roots = self.shared.store.temp_roots(&[]).map_err(store_err)?;
-            results.get().set_cas(capnp_rpc::new_client(CasImpl {
-                shared: self.shared.clone(),
-                mine: RefCell::new(HashMap::new()),
-                roots: Arc::new(roots),
-                turns: self.turns.clone(),
-                calls: self.calls.clone(),
-            }));
-            Ok(())
-        })
-        .await
+        self.calls
+            .serve(async |_| {
+                let roots = self.shared.store.temp_roots(&[]).map_err(store_err)?;
+                results.get().set_cas(capnp_rpc::new_client(CasImpl {
+                    shared: self.shared.clone(),
+                    mine: RefCell::new(HashMap::new()),
+                    roots: Arc::new(roots),
+                    turns: self.turns.clone(),
+                    calls: self.calls.clone(),
+                }));
+                Ok(())
+            })
+            .await
     }
 
     async fn stats(
@@ -642,24 +641,24 @@ impl executor::Server for ExecutorImpl {
         _: executor::StatsParams,
         mut results: executor::StatsResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let c = &self.shared.counters;
-            let mut s = results.get().init_stats();
-            s.set_blobs_written(c.blobs_written.load(Ordering::SeqCst));
-            s.set_blob_bytes_written(c.blob_bytes_written.load(Ordering::SeqCst));
-            s.set_directories_written(c.directories_written.load(Ordering::SeqCst));
-            s.set_bytes_received(c.bytes_received.load(Ordering::SeqCst));
-            let r = &self.shared.runner;
-            s.set_builds_started(r.stats.builds_started.load(Ordering::SeqCst));
-            s.set_builds_running(r.running_count() as u32);
-            s.set_builds_queued(r.stats.queued.load(Ordering::SeqCst));
-            s.set_max_concurrent_builds(r.stats.max_running.load(Ordering::SeqCst));
-            s.set_jobs(r.jobs() as u32);
-            call.answers(results.get().total_size());
-            Ok(())
-        })
-        .await
+        self.calls
+            .serve(async |call| {
+                let c = &self.shared.counters;
+                let mut s = results.get().init_stats();
+                s.set_blobs_written(c.blobs_written.load(Ordering::SeqCst));
+                s.set_blob_bytes_written(c.blob_bytes_written.load(Ordering::SeqCst));
+                s.set_directories_written(c.directories_written.load(Ordering::SeqCst));
+                s.set_bytes_received(c.bytes_received.load(Ordering::SeqCst));
+                let r = &self.shared.runner;
+                s.set_builds_started(r.stats.builds_started.load(Ordering::SeqCst));
+                s.set_builds_running(r.running_count() as u32);
+                s.set_builds_queued(r.stats.queued.load(Ordering::SeqCst));
+                s.set_max_concurrent_builds(r.stats.max_running.load(Ordering::SeqCst));
+                s.set_jobs(r.jobs() as u32);
+                call.answers(results.get().total_size());
+                Ok(())
+            })
+            .await
     }
 
     async fn build(
@@ -667,8 +666,7 @@ impl executor::Server for ExecutorImpl {
         params: executor::BuildParams,
         mut results: executor::BuildResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
+        self.calls.serve(async |call| {
             let p = params.get()?;
             let client = p.get_protocol();
             if client != PROTOCOL_VERSION {
@@ -829,34 +827,33 @@ impl UploadStream {
 
 impl blob_upload::Server for UploadImpl {
     async fn write(self: Rc<Self>, params: blob_upload::WriteParams) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let chunk = params.get()?.get_chunk()?;
-            call.holds(chunk.len());
-            let total = self.received.get() + chunk.len() as u64;
-            self.shared
-                .counters
-                .bytes_received
-                .fetch_add(chunk.len() as u64, Ordering::SeqCst);
-            if total > self.size {
-                self.stream.end();
-                return Err(fail(format!(
-                    "blob {}: more bytes than the announced {}; upload refused",
-                    self.digest, self.size
-                )));
-            }
-            self.received.set(total);
-            self.stream.last.set(tokio::time::Instant::now());
-            let tx = self.stream.tx.borrow().clone();
-            match tx {
-                Some(tx) => tx
-                    .send(chunk.to_vec())
-                    .await
-                    .map_err(|_| fail(format!("blob {}: the store writer stopped", self.digest))),
-                None => Err(self.closed()),
-            }
-        })
-        .await
+        self.calls
+            .serve(async |call| {
+                let chunk = params.get()?.get_chunk()?;
+                call.holds(chunk.len());
+                let total = self.received.get() + chunk.len() as u64;
+                self.shared
+                    .counters
+                    .bytes_received
+                    .fetch_add(chunk.len() as u64, Ordering::SeqCst);
+                if total > self.size {
+                    self.stream.end();
+                    return Err(fail(format!(
+                        "blob {}: more bytes than the announced {}; upload refused",
+                        self.digest, self.size
+                    )));
+                }
+                self.received.set(total);
+                self.stream.last.set(tokio::time::Instant::now());
+                let tx = self.stream.tx.borrow().clone();
+                match tx {
+                    Some(tx) => tx.send(chunk.to_vec()).await.map_err(|_| {
+                        fail(format!("blob {}: the store writer stopped", self.digest))
+                    }),
+                    None => Err(self.closed()),
+                }
+            })
+            .await
     }
 
     async fn finish(
@@ -864,28 +861,28 @@ impl blob_upload::Server for UploadImpl {
         _: blob_upload::FinishParams,
         _: blob_upload::FinishResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            if self.stream.stalled.get() {
-                return Err(self.closed());
-            }
-            self.stream.tx.borrow_mut().take();
-            let handle = self
-                .writer
-                .borrow_mut()
-                .take()
-                .ok_or_else(|| fail("upload already finished"))?;
-            let r = handle.await.map_err(join_err)?;
-            // Given back once the blob is in (or refused): a waiting upload of
-            // the same blob then finds it.
-            self.stream.end();
-            r.map_err(fail)?;
-            let c = &self.shared.counters;
-            c.blobs_written.fetch_add(1, Ordering::SeqCst);
-            c.blob_bytes_written.fetch_add(self.size, Ordering::SeqCst);
-            Ok(())
-        })
-        .await
+        self.calls
+            .serve(async |_| {
+                if self.stream.stalled.get() {
+                    return Err(self.closed());
+                }
+                self.stream.tx.borrow_mut().take();
+                let handle = self
+                    .writer
+                    .borrow_mut()
+                    .take()
+                    .ok_or_else(|| fail("upload already finished"))?;
+                let r = handle.await.map_err(join_err)?;
+                // Given back once the blob is in (or refused): a waiting upload of
+                // the same blob then finds it.
+                self.stream.end();
+                r.map_err(fail)?;
+                let c = &self.shared.counters;
+                c.blobs_written.fetch_add(1, Ordering::SeqCst);
+                c.blob_bytes_written.fetch_add(self.size, Ordering::SeqCst);
+                Ok(())
+            })
+            .await
     }
 }
 
@@ -1067,24 +1064,24 @@ impl cas::Server for CasImpl {
         params: cas::FindMissingParams,
         mut results: cas::FindMissingResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let p = params.get()?;
-            let blobs = held_digests(&call, p.get_blobs()?)?;
-            let dirs = held_digests(&call, p.get_directories()?)?;
-            // What is here is held (see `hold`); what was absent is reported
-            // missing without a second look.
-            let (blobs_here, mut mb) = self.split_present(ObjectKind::Blob, blobs).await?;
-            let (dirs_here, mut md) = self.split_present(ObjectKind::Directory, dirs).await?;
-            mb.extend(self.hold(ObjectKind::Blob, blobs_here).await?);
-            md.extend(self.hold(ObjectKind::Directory, dirs_here).await?);
-            let mut r = results.get();
-            crate::set_digest_list(r.reborrow().init_blobs(mb.len() as u32), &mb);
-            crate::set_digest_list(r.init_directories(md.len() as u32), &md);
-            call.answers(results.get().total_size());
-            Ok(())
-        })
-        .await
+        self.calls
+            .serve(async |call| {
+                let p = params.get()?;
+                let blobs = held_digests(call, p.get_blobs()?)?;
+                let dirs = held_digests(call, p.get_directories()?)?;
+                // What is here is held (see `hold`); what was absent is reported
+                // missing without a second look.
+                let (blobs_here, mut mb) = self.split_present(ObjectKind::Blob, blobs).await?;
+                let (dirs_here, mut md) = self.split_present(ObjectKind::Directory, dirs).await?;
+                mb.extend(self.hold(ObjectKind::Blob, blobs_here).await?);
+                md.extend(self.hold(ObjectKind::Directory, dirs_here).await?);
+                let mut r = results.get();
+                crate::set_digest_list(r.reborrow().init_blobs(mb.len() as u32), &mb);
+                crate::set_digest_list(r.init_directories(md.len() as u32), &md);
+                call.answers(results.get().total_size());
+                Ok(())
+            })
+            .await
     }
 
     async fn put_blob(
@@ -1092,8 +1089,7 @@ impl cas::Server for CasImpl {
         params: cas::PutBlobParams,
         mut results: cas::PutBlobResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
+        self.calls.serve(async |_| {
             let p = params.get()?;
             let digest = digest_from(p.get_digest()?)?;
             let size = p.get_size();
@@ -1161,8 +1157,7 @@ impl cas::Server for CasImpl {
         params: cas::PutBlobsParams,
         _: cas::PutBlobsResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
+        self.calls.serve(async |call| {
             let list = params.get()?.get_blobs()?;
             let mut blobs = Vec::with_capacity(list.len() as usize);
             let mut received = 0u64;
@@ -1232,18 +1227,18 @@ impl cas::Server for CasImpl {
         params: cas::PutDirectoryParams,
         mut results: cas::PutDirectoryResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let bytes = params.get()?.get_directory()?.to_vec();
-            call.holds(bytes.len());
-            let d = self.put_dirs(vec![bytes]).await?;
-            if let Some(d) = d.first() {
-                results.get().set_digest(d.as_bytes());
-            }
-            call.answers(results.get().total_size());
-            Ok(())
-        })
-        .await
+        self.calls
+            .serve(async |call| {
+                let bytes = params.get()?.get_directory()?.to_vec();
+                call.holds(bytes.len());
+                let d = self.put_dirs(vec![bytes]).await?;
+                if let Some(d) = d.first() {
+                    results.get().set_digest(d.as_bytes());
+                }
+                call.answers(results.get().total_size());
+                Ok(())
+            })
+            .await
     }
 
     async fn put_directories(
@@ -1251,18 +1246,18 @@ impl cas::Server for CasImpl {
         params: cas::PutDirectoriesParams,
         _: cas::PutDirectoriesResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let list = params.get()?.get_directories()?;
-            let mut v = Vec::with_capacity(list.len() as usize);
-            for d in list.iter() {
-                v.push(d?.to_vec());
-            }
-            call.holds(v.iter().map(|d| d.len() + BLOB_IN_LIST_BYTES).sum());
-            self.put_dirs(v).await?;
-            Ok(())
-        })
-        .await
+        self.calls
+            .serve(async |call| {
+                let list = params.get()?.get_directories()?;
+                let mut v = Vec::with_capacity(list.len() as usize);
+                for d in list.iter() {
+                    v.push(d?.to_vec());
+                }
+                call.holds(v.iter().map(|d| d.len() + BLOB_IN_LIST_BYTES).sum());
+                self.put_dirs(v).await?;
+                Ok(())
+            })
+            .await
     }
 
     async fn get_blob(
@@ -1270,8 +1265,7 @@ impl cas::Server for CasImpl {
         params: cas::GetBlobParams,
         mut results: cas::GetBlobResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
+        self.calls.serve(async |_| {
             let p = params.get()?;
             let digest = digest_from(p.get_digest()?)?;
             let sink: byte_sink::Client = p.get_sink()?;
@@ -1321,25 +1315,26 @@ impl cas::Server for CasImpl {
         params: cas::GetBlobsParams,
         mut results: cas::GetBlobsResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let digests = held_digests(&call, params.get()?.get_digests()?)?;
-            // A download's turn: what it reads stays in memory until answered.
-            let _turn = self.turns.download().await;
-            self.calls.answer_room().await;
-            let store = self.shared.store.clone();
-            let blobs = tokio::task::spawn_blocking(move || crate::read_blobs(&store, &digests))
-                .await
-                .map_err(join_err)?
-                .map_err(fail)?;
-            let mut l = results.get().init_blobs(blobs.len() as u32);
-            for (i, b) in blobs.iter().enumerate() {
-                l.set(i as u32, b);
-            }
-            call.answers(results.get().total_size());
-            Ok(())
-        })
-        .await
+        self.calls
+            .serve(async |call| {
+                let digests = held_digests(call, params.get()?.get_digests()?)?;
+                // A download's turn: what it reads stays in memory until answered.
+                let _turn = self.turns.download().await;
+                self.calls.answer_room().await;
+                let store = self.shared.store.clone();
+                let blobs =
+                    tokio::task::spawn_blocking(move || crate::read_blobs(&store, &digests))
+                        .await
+                        .map_err(join_err)?
+                        .map_err(fail)?;
+                let mut l = results.get().init_blobs(blobs.len() as u32);
+                for (i, b) in blobs.iter().enumerate() {
+                    l.set(i as u32, b);
+                }
+                call.answers(results.get().total_size());
+                Ok(())
+            })
+            .await
     }
 
     async fn claim_blobs(
@@ -1347,51 +1342,51 @@ impl cas::Server for CasImpl {
         params: cas::ClaimBlobsParams,
         mut results: cas::ClaimBlobsResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let digests = held_digests(&call, params.get()?.get_digests()?)?;
-            let (mut mine, asked): (Vec<Digest>, Vec<Digest>) = digests
-                .into_iter()
-                .partition(|d| self.mine.borrow().contains_key(d));
-            let found = self.shared.reserve_absent(ObjectKind::Blob, &asked).await?;
-            let (mut here, mut kept, mut others) = (Vec::new(), Vec::new(), Vec::new());
-            for (d, found) in asked.into_iter().zip(found) {
-                match found {
-                    Reserved::Mine(c) => kept.push((d, c)),
-                    Reserved::Here => here.push(d),
-                    Reserved::Busy => others.push(d),
+        self.calls
+            .serve(async |call| {
+                let digests = held_digests(call, params.get()?.get_digests()?)?;
+                let (mut mine, asked): (Vec<Digest>, Vec<Digest>) = digests
+                    .into_iter()
+                    .partition(|d| self.mine.borrow().contains_key(d));
+                let found = self.shared.reserve_absent(ObjectKind::Blob, &asked).await?;
+                let (mut here, mut kept, mut others) = (Vec::new(), Vec::new(), Vec::new());
+                for (d, found) in asked.into_iter().zip(found) {
+                    match found {
+                        Reserved::Mine(c) => kept.push((d, c)),
+                        Reserved::Here => here.push(d),
+                        Reserved::Busy => others.push(d),
+                    }
                 }
-            }
-            // What is here is held for this client, as `find_missing` holds
-            // it, and claimed after all if a gc took it in between.
-            for d in self.hold(ObjectKind::Blob, here).await? {
-                match self.shared.try_reserve((ObjectKind::Blob, d)) {
-                    Some(c) => kept.push((d, c)),
-                    None => others.push(d),
+                // What is here is held for this client, as `find_missing` holds
+                // it, and claimed after all if a gc took it in between.
+                for d in self.hold(ObjectKind::Blob, here).await? {
+                    match self.shared.try_reserve((ObjectKind::Blob, d)) {
+                        Some(c) => kept.push((d, c)),
+                        None => others.push(d),
+                    }
                 }
-            }
-            let mut coming = Vec::new();
-            for (d, c) in kept {
-                self.mine.borrow_mut().insert(d, c);
-                mine.push(d);
-                coming.push((ObjectKind::Blob, d));
-            }
-            // What this client will send, named in the unsynced log now in
-            // one write: each batch's commit then waits for no disk.
-            if !coming.is_empty() {
-                let store = self.shared.store.clone();
-                tokio::task::spawn_blocking(move || store.intend_unsynced(&coming))
-                    .await
-                    .map_err(join_err)?
-                    .map_err(store_err)?;
-            }
-            let mut r = results.get();
-            crate::set_digest_list(r.reborrow().init_mine(mine.len() as u32), &mine);
-            crate::set_digest_list(r.init_others(others.len() as u32), &others);
-            call.answers(results.get().total_size());
-            Ok(())
-        })
-        .await
+                let mut coming = Vec::new();
+                for (d, c) in kept {
+                    self.mine.borrow_mut().insert(d, c);
+                    mine.push(d);
+                    coming.push((ObjectKind::Blob, d));
+                }
+                // What this client will send, named in the unsynced log now in
+                // one write: each batch's commit then waits for no disk.
+                if !coming.is_empty() {
+                    let store = self.shared.store.clone();
+                    tokio::task::spawn_blocking(move || store.intend_unsynced(&coming))
+                        .await
+                        .map_err(join_err)?
+                        .map_err(store_err)?;
+                }
+                let mut r = results.get();
+                crate::set_digest_list(r.reborrow().init_mine(mine.len() as u32), &mine);
+                crate::set_digest_list(r.init_others(others.len() as u32), &others);
+                call.answers(results.get().total_size());
+                Ok(())
+            })
+            .await
     }
 
     async fn await_blobs(
@@ -1399,21 +1394,21 @@ impl cas::Server for CasImpl {
         params: cas::AwaitBlobsParams,
         mut results: cas::AwaitBlobsResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let digests = held_digests(&call, params.get()?.get_digests()?)?;
-            let mut missing = Vec::new();
-            for d in digests {
-                self.shared.settled((ObjectKind::Blob, d)).await;
-                if !self.shared.store.has(ObjectKind::Blob, &d) {
-                    missing.push(d);
+        self.calls
+            .serve(async |call| {
+                let digests = held_digests(call, params.get()?.get_digests()?)?;
+                let mut missing = Vec::new();
+                for d in digests {
+                    self.shared.settled((ObjectKind::Blob, d)).await;
+                    if !self.shared.store.has(ObjectKind::Blob, &d) {
+                        missing.push(d);
+                    }
                 }
-            }
-            crate::set_digest_list(results.get().init_missing(missing.len() as u32), &missing);
-            call.answers(results.get().total_size());
-            Ok(())
-        })
-        .await
+                crate::set_digest_list(results.get().init_missing(missing.len() as u32), &missing);
+                call.answers(results.get().total_size());
+                Ok(())
+            })
+            .await
     }
 
     async fn get_directory(
@@ -1421,38 +1416,38 @@ impl cas::Server for CasImpl {
         params: cas::GetDirectoryParams,
         mut results: cas::GetDirectoryResults,
     ) -> Result<(), capnp::Error> {
-        let call = self.calls.enter();
-        call.returns(async {
-            let digest = digest_from(params.get()?.get_digest()?)?;
-            let _turn = self.calls.big_answer_turn().await;
-            let store = self.shared.store.clone();
-            let read = move || {
-                store
-                    .get_directory(&digest)
-                    .map(|dir| (dir.len(), dir.encode()))
-            };
-            // A big one is read, checked and encoded off the event loop, which
-            // serves every connection (~8 MB took 43-62 ms); a small one on it,
-            // as a thread's round trip made an output of 1,500 directories
-            // download ~15% slower.
-            let small = match self.shared.store.object_len(ObjectKind::Directory, &digest) {
-                Some(len) => len <= INLINE_DIRECTORY_BYTES,
-                None => true, // absent: the read says so
-            };
-            let (entries, encoded) = if small {
-                read()
-            } else {
-                tokio::task::spawn_blocking(read).await.map_err(join_err)?
-            }
-            .map_err(store_err)?;
-            if let Some(why) = crate::too_big_for_a_message(&digest, entries, encoded.len()) {
-                return Err(capnp::Error::failed(format!("the build's output {why}")));
-            }
-            results.get().set_directory(&encoded);
-            call.answers(results.get().total_size());
-            Ok(())
-        })
-        .await
+        self.calls
+            .serve(async |call| {
+                let digest = digest_from(params.get()?.get_digest()?)?;
+                let _turn = self.calls.big_answer_turn().await;
+                let store = self.shared.store.clone();
+                let read = move || {
+                    store
+                        .get_directory(&digest)
+                        .map(|dir| (dir.len(), dir.encode()))
+                };
+                // A big one is read, checked and encoded off the event loop, which
+                // serves every connection (~8 MB took 43-62 ms); a small one on it,
+                // as a thread's round trip made an output of 1,500 directories
+                // download ~15% slower.
+                let small = match self.shared.store.object_len(ObjectKind::Directory, &digest) {
+                    Some(len) => len <= INLINE_DIRECTORY_BYTES,
+                    None => true, // absent: the read says so
+                };
+                let (entries, encoded) = if small {
+                    read()
+                } else {
+                    tokio::task::spawn_blocking(read).await.map_err(join_err)?
+                }
+                .map_err(store_err)?;
+                if let Some(why) = crate::too_big_for_a_message(&digest, entries, encoded.len()) {
+                    return Err(capnp::Error::failed(format!("the build's output {why}")));
+                }
+                results.get().set_directory(&encoded);
+                call.answers(results.get().total_size());
+                Ok(())
+            })
+            .await
     }
 }
 
@@ -1541,8 +1536,8 @@ mod tests {
         });
     }
 
-    /// Every method a client can call enters a counted call and runs its
-    /// body through `Call::returns`: one that did not would have its
+    /// Every method a client can call runs its body through
+    /// `Calls::serve`: one that did not would have its
     /// answers never counted against the backlog (`inflight`), so a client
     /// could leave any number of them unread. Read from this file's own
     /// text, so that a method added later is checked too.
@@ -1569,11 +1564,11 @@ mod tests {
             while !signature.ends_with('{') {
                 signature = lines.next().unwrap_or("{");
             }
-            let body: Vec<&str> = lines.by_ref().take(2).map(str::trim).collect();
-            assert_eq!(
-                body,
-                ["let call = self.calls.enter();", "call.returns(async {"],
-                "the method {name} does not begin by counting its call and its answer"
+            // rustfmt may put `.serve(` on the line after `self.calls`.
+            let head: String = lines.by_ref().take(2).map(str::trim).collect();
+            assert!(
+                head.starts_with("self.calls.serve(async |"),
+                "the method {name} does not begin by counting its call and its answer: {head}"
             );
             methods += 1;
         }
