@@ -1901,12 +1901,13 @@ fn four_chunk_blob(w: &Worker) -> Digest {
     let data: Vec<u8> = (0..3 * worker::CHUNK + 7)
         .map(|i| (i % 251) as u8)
         .collect();
+    let digest = Digest::of(&data);
     let chunks: Vec<&[u8]> = data.chunks(worker::CHUNK).collect();
     assert!(w
         .client()
-        .put_blob_raw(Digest::of(&data).as_bytes(), data.len() as u64, &chunks)
+        .put_blob_raw(digest.as_bytes(), data.len() as u64, &chunks)
         .unwrap());
-    Digest::of(&data)
+    digest
 }
 
 /// A batch download (`getBlobs`) reads its blobs into memory and holds

@@ -680,7 +680,8 @@ impl Client {
     /// For tests of hostile input: on this one connection, hold the
     /// download turns with stalled downloads of `blob` (bigger than two
     /// chunks), then send `n` more `getBlob`s, each of which waits for a
-    /// turn, and cancel them, a round of at most 60 at a time; then ask
+    /// turn, and cancel them, a round at a time of as many as the
+    /// connection's call cap leaves open beside the stalled ones; then ask
     /// for the counters, which must come back within `hold`.
     pub fn cancel_calls_raw(
         &self,
@@ -693,7 +694,9 @@ impl Client {
             let _stalled = self.stall_downloads(blob, turns, hold).await?;
             let mut left = n;
             while left > 0 {
-                let round = left.min(60);
+                // One below the cap, so that the worker still reads the
+                // cancellations: at the cap it reads nothing until a call ends.
+                let round = left.min(crate::inflight::CALLS_PER_CONNECTION - turns - 1);
                 let waiting: Vec<_> = (0..round)
                     .map(|_| self.stalled_get_blob(blob, Rc::default()))
                     .collect();
