@@ -82,17 +82,19 @@
 //! system directories by design) or its own work directory, or it is
 //! unreadable, or it is one of these, each from the host and each named:
 //!
-//! - **the supervisor** ([`SUPERVISOR_PATH`], 1.4 MB of this crate's
-//!   build): installed execute-only (mode 0111) and bound read-only, so the
-//!   command may run it (it then refuses to start: it is not PID 1) but
-//!   `open` for reading fails — it is the caller's file: with a build
-//!   user the command is in the "others" class (the file shows as
-//!   `nobody`'s inside), and as host root without one the sandbox uid is
-//!   its owner, with no capability to override the missing read bit. A process of an unreadable file is
+//! - **the supervisor** (26 KB of this crate's build): installed
+//!   execute-only (mode 0111) in the runtime directory and handed to bwrap
+//!   as an `O_PATH` descriptor ([`SUPERVISOR_FD`]), which bwrap execs as
+//!   PID 1 through [`SUPERVISOR_EXEC`]; PID 1 closes it before anything
+//!   else runs, so no path inside leads to the file and no mount of it is
+//!   made. Reading it fails anyway — it is the caller's file: with a build
+//!   user the command is in the "others" class, and as host root without
+//!   one the sandbox uid is its owner, with no capability to override the
+//!   missing read bit. A process of an unreadable file is
 //!   made non-dumpable by the kernel at `execve`, so PID 1's `/proc/1/exe`,
-//!   `mem`, `maps`, `environ`, `fd/` and `map_files/` (and those of a copy
-//!   the command execs itself, or of PID 1's child before it execs the
-//!   command) are closed as well, and `process_vm_readv` and `ptrace` are
+//!   `mem`, `maps`, `environ`, `fd/` and `map_files/` (and those of PID
+//!   1's child before it execs the command) are closed, and
+//!   `process_vm_readv` and `ptrace` are
 //!   refused. The command's own `/proc/self/exe` is the command.
 //! - **files bound by [`SandboxSpec::ro_bind_file`]**: readable; the
 //!   caller vouches for them. fhsx's executor binds only the fetch proxy's

@@ -319,15 +319,11 @@ impl BwrapFeatures {
     }
 }
 
-/// Whether `needle` occurs in `hay` (a binary of ~72 KB): a candidate is
-/// compared only where its first byte matches.
+/// Whether `needle` occurs in `hay` (a binary of ~72 KB). memchr's
+/// vectorised search: the byte-by-byte scan it replaced was 1-2% of a
+/// `fhsx run`'s own CPU.
 fn contains(hay: &[u8], needle: &[u8]) -> bool {
-    let Some((first, rest)) = needle.split_first() else {
-        return true;
-    };
-    hay.iter()
-        .enumerate()
-        .any(|(i, b)| b == first && hay[i + 1..].starts_with(rest))
+    memchr::memmem::find(hay, needle).is_some()
 }
 
 /// Find `bwrap` on `PATH` (or the standard locations).

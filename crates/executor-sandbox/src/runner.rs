@@ -255,6 +255,11 @@ pub struct Runtime {
     paths: RuntimePaths,
     bwrap: PathBuf,
     features: BwrapFeatures,
+    /// The installed supervisor, held by an `O_PATH` descriptor: each run
+    /// hands it to bwrap, which execs it as PID 1 through
+    /// [`SUPERVISOR_EXEC`](crate::spec::SUPERVISOR_EXEC) — no bind mount
+    /// of it, and a file swept or replaced meanwhile is still this one.
+    supervisor: OwnedFd,
 }
 
 static RUN_SEQ: AtomicU64 = AtomicU64::new(0);
@@ -410,6 +415,13 @@ impl Runtime {
         if install_file(&supervisor, SUPERVISOR_BYTES, SUPERVISOR_MODE)? {
             sweep_old_supervisors(&base, &supervisor);
         }
+        // O_PATH needs no read permission: the file stays execute-only.
+        let supervisor_fd: OwnedFd = fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_PATH | libc::O_NOFOLLOW)
+            .open(&supervisor)
+            .map_err(|e| path_err("opening", &supervisor, e))?
+            .into();
         let passwd = base.join("passwd");
         install_file(&passwd, PASSWD.as_bytes(), 0o444)?;
         let group = base.join("group");
@@ -438,6 +450,7 @@ impl Runtime {
             },
             bwrap,
             features,
+            supervisor: supervisor_fd,
         })
     }
 
@@ -486,8 +499,9 @@ impl Runtime {
         if let Some(p) = &spec.proxy {
             share_socket(&p.socket, who)?;
         }
-        let mut sources: Vec<PathBuf> =
-            vec![self.paths.supervisor.clone(), self.paths.rpc_socket.clone()];
+        // Not the supervisor: bwrap execs it through its descriptor, which
+        // walks no directory.
+        let mut sources: Vec<PathBuf> = vec![self.paths.rpc_socket.clone()];
         match &spec.root {
             RootProvider::View { tree, scratch, .. } => {
                 sources.push(tree.join("x"));
@@ -646,6 +660,7 @@ impl Runtime {
         // Everything the child needs, prepared before fork (the child may
         // only make async-signal-safe calls).
         let ctl_hi = sys::dup_at_least(ctl_child.as_raw_fd(), 10)?;
+        let supervisor_hi = sys::dup_at_least(self.supervisor.as_raw_fd(), 10)?;
         let args_hi = sys::dup_at_least(args_fd.as_raw_fd(), 10)?;
         let seccomp_hi = seccomp_fd
             .as_ref()
@@ -700,6 +715,7 @@ impl Runtime {
             stderr: err_hi.as_ref().map(|f| f.as_raw_fd()),
             control: ctl_hi.as_raw_fd(),
             args: args_hi.as_raw_fd(),
+            supervisor: supervisor_hi.as_raw_fd(),
             seccomp: seccomp_hi.as_ref().map(|f| f.as_raw_fd()),
             new_pgrp: opts.cancel.is_some(),
             run_as: spec.run_as,
@@ -765,7 +781,15 @@ impl Runtime {
         };
         drop(stack);
         drop((
-            ctl_child, ctl_hi, args_hi, args_fd, in_hi, out_hi, err_hi, stdin_fd,
+            ctl_child,
+            ctl_hi,
+            args_hi,
+            args_fd,
+            in_hi,
+            out_hi,
+            err_hi,
+            stdin_fd,
+            supervisor_hi,
         ));
         drop(combined);
         drop((seccomp_fd, seccomp_hi));
@@ -1104,6 +1128,8 @@ struct ChildFds {
     stderr: Option<RawFd>,
     control: RawFd,
     args: RawFd,
+    /// The supervisor's executable (`O_PATH`), for bwrap to exec.
+    supervisor: RawFd,
     seccomp: Option<RawFd>,
     /// Start bwrap in a process group of its own (see `RunOptions::cancel`).
     new_pgrp: bool,
@@ -1111,7 +1137,7 @@ struct ChildFds {
     run_as: Option<RunAs>,
 }
 
-/// In the forked child: join the cgroup, arrange fds 0-5, close every
+/// In the forked child: join the cgroup, arrange fds 0-6, close every
 /// other inherited descriptor, impose the pristine process state (see
 /// `pristine`), exec bwrap. Never returns.
 ///
@@ -1142,6 +1168,7 @@ unsafe fn exec_child(
             (Some(fds.control), crate::spec::CONTROL_FD),
             (Some(fds.args), ARGS_FD),
             (fds.seccomp, crate::spec::SECCOMP_FD),
+            (Some(fds.supervisor), crate::spec::SUPERVISOR_FD),
         ];
         for (from, to) in moves {
             if let Some(f) = from {
@@ -1151,7 +1178,7 @@ unsafe fn exec_child(
             }
         }
         // Nothing else crosses: bwrap hands every open fd to the sandbox.
-        let first = (crate::spec::SECCOMP_FD + 1) as libc::c_uint;
+        let first = (crate::spec::SUPERVISOR_FD + 1) as libc::c_uint;
         if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) != 0 {
             for fd in first as RawFd..65536 {
                 libc::close(fd);

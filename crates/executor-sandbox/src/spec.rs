@@ -57,14 +57,19 @@ pub const SCRATCH_DIR: &str = "/build";
 pub const RPC_SOCKET_PATH: &str = "/run/wf.sock";
 /// The environment variable naming the RPC bridge socket.
 pub const RPC_SOCKET_ENV: &str = "WF_RPC_SOCK";
-/// Where the supervisor binary appears inside; `/proc/1/cmdline` shows this.
-pub const SUPERVISOR_PATH: &str = "/run/fhsx/supervisor";
+/// The fd the supervisor's executable is handed to bwrap on (an `O_PATH`
+/// descriptor of the installed, execute-only file; the supervisor closes
+/// it first thing).
+pub const SUPERVISOR_FD: i32 = 6;
+/// The path bwrap execs as PID 1: the supervisor through its descriptor,
+/// so no mount of it is made (each bind costs bwrap a read of the mount
+/// table); `/proc/1/cmdline` shows this.
+pub const SUPERVISOR_EXEC: &str = "/proc/self/fd/6";
 /// The fd the supervisor's control channel has inside.
 pub const CONTROL_FD: i32 = 3;
 /// The fd bwrap reads the seccomp filter from (`--seccomp 5`).
 pub const SECCOMP_FD: i32 = 5;
-/// The sandbox's own directory inside (supervisor, proxy socket, extra
-/// files); not part of any view, so [`SandboxSpec::ro_bind_file`] may only
+/// The sandbox's own directory inside (proxy socket, extra files); not part of any view, so [`SandboxSpec::ro_bind_file`] may only
 /// place files below it.
 pub const FHSX_RUN_DIR: &str = "/run/fhsx";
 /// Where the fetch proxy's host socket appears inside
@@ -587,7 +592,7 @@ impl SandboxSpec {
                 format!("it must be a plain absolute path below {FHSX_RUN_DIR} (no `.`/`..`), e.g. {PROXY_CA_PATH}"),
             ));
         }
-        let taken = [Path::new(SUPERVISOR_PATH), Path::new(PROXY_SOCKET_PATH)];
+        let taken = [Path::new(PROXY_SOCKET_PATH)];
         if taken
             .iter()
             .any(|t| t.starts_with(dest) || dest.starts_with(t))
@@ -599,7 +604,7 @@ impl SandboxSpec {
             return Err(bad_path(
                 dest,
                 "a file's place inside",
-                "that place is already taken (the supervisor, the proxy socket or another file); pick another name",
+                "that place is already taken (the proxy socket or another file); pick another name",
             ));
         }
         // `a/./b` names `a/b`: store it as bwrap will see it.
@@ -610,8 +615,8 @@ impl SandboxSpec {
     /// The host files bound into the sandbox that the command can read,
     /// besides its root and its work directory: `(host path, path
     /// inside)`, each from [`ro_bind_file`](Self::ro_bind_file). The
-    /// supervisor is bound too, but execute-only: no byte of it is
-    /// readable inside. An executor recording what a build could read
+    /// supervisor is not bound: bwrap execs it from a descriptor
+    /// ([`SUPERVISOR_FD`]) that PID 1 closes at once. An executor recording what a build could read
     /// records these (their digests) with its read set.
     pub fn readable_host_files(&self) -> Vec<(PathBuf, PathBuf)> {
         self.files.clone()
@@ -677,7 +682,7 @@ impl SandboxSpec {
         layers::env::emit(self, host_env, &mut a);
         let split = a.0.len();
         a.push("--");
-        a.push(SUPERVISOR_PATH);
+        a.push(SUPERVISOR_EXEC);
         a.push("--control-fd");
         a.push(CONTROL_FD.to_string());
         if let Some(n) = self.nproc {

@@ -78,7 +78,6 @@ const GOLDEN: &[&str] = &[
     "--tmpfs", "/dev/shm",
     "--tmpfs", "/tmp",
     "--bind", "/home/u/proj", "/workspace",
-    "--ro-bind", "/run/user/0/fhsx/supervisor", "/run/fhsx/supervisor",
     // masks
     "--tmpfs", "/workspace/.dsh-run", "--remount-ro", "/workspace/.dsh-run",
     // RPC bridge, then the seal
@@ -91,7 +90,7 @@ const GOLDEN: &[&str] = &[
     "--setenv", "PATH", "/usr/bin:/bin",
     "--setenv", "WF_RPC_SOCK", "/run/wf.sock",
     // the command, under the supervisor
-    "--", "/run/fhsx/supervisor", "--control-fd", "3",
+    "--", "/proc/self/fd/6", "--control-fd", "3",
     // Landlock restates the writable places, and nothing else
     "--landlock-rw", "/workspace", "--landlock-rw", "/tmp", "--landlock-rw", "/dev/shm",
     "--landlock-files", "/dev", "--landlock-files", "/proc",
@@ -164,7 +163,7 @@ fn argv_boundary_example_on_the_real_host() {
         &argv,
         &["--unshare-all", "--unshare-user", "--unshare-net"]
     ));
-    assert!(has_seq(&argv, &["--", "/run/fhsx/supervisor"]));
+    assert!(has_seq(&argv, &["--", "/proc/self/fd/6"]));
     assert_never_mentions(&argv, &["DSH_HOME", &home_s, "OTHER"]);
     assert!(!argv.iter().any(|a| a == "HOME"));
 }

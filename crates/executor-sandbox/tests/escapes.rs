@@ -72,26 +72,31 @@ fn no_read_outside_declared_closure_root_home_and_unbound_host_paths() {
     assert_all_blocked(&r);
 }
 
-/// The supervisor is a host file bound into every sandbox: the command may
-/// run it but read none of its bytes, by its path or through PID 1.
+/// The supervisor is a host file bwrap execs as PID 1 from a descriptor
+/// (no mount of it): the command finds no path to it, may not read it
+/// through PID 1, and cannot exec it through the descriptor, which PID 1
+/// closed before the command existed.
 #[test]
 fn no_read_outside_declared_closure_the_supervisor_runs_but_cannot_be_read() {
     use std::os::unix::fs::PermissionsExt;
     let ws = workspace();
     let r = sh_in(
         ws.path(),
-        "for p in /run/fhsx/supervisor /proc/1/exe /proc/1/mem /proc/1/maps /proc/1/environ; do
+        "for p in /run/fhsx/supervisor /proc/1/exe /proc/1/mem /proc/1/maps /proc/1/environ /proc/1/fd/6 /proc/self/fd/6; do
            if head -c 1 \"$p\" >/dev/null 2>&1; then echo \"ESCAPED $p\"; else echo \"BLOCKED $p\"; fi
          done
          if ls /proc/1/map_files/ 2>/dev/null | grep -q .; then echo ESCAPED map_files; else echo BLOCKED map_files; fi
          if readlink /proc/1/exe >/dev/null 2>&1; then echo ESCAPED readlink; else echo BLOCKED readlink; fi
-         /run/fhsx/supervisor -- true 2>/dev/null; echo \"BLOCKED exec $?\"
+         /proc/1/exe -- true 2>/dev/null; echo \"BLOCKED exec-pid1 $?\"
+         /proc/self/fd/6 -- true 2>/dev/null; echo \"BLOCKED exec-fd $?\"
+         if grep -qw supervisor /proc/self/mountinfo; then echo ESCAPED mounted; else echo BLOCKED mounted; fi
          [ \"$(readlink /proc/self/exe)\" = /usr/bin/readlink ] && echo BLOCKED self-exe-is-the-command",
     );
     assert_all_blocked(&r);
     let o = out(&r);
-    // It runs (and refuses, not being PID 1): exit 125.
-    assert!(o.contains("BLOCKED exec 125"), "{o}");
+    // Neither the path through PID 1 nor the descriptor gets it run.
+    assert!(o.contains("BLOCKED exec-pid1 126"), "{o}");
+    assert!(o.contains("BLOCKED exec-fd 127"), "{o}");
     assert!(o.contains("BLOCKED self-exe-is-the-command"), "{o}");
     let rt = Runtime::new().expect("runtime");
     let mode = std::fs::metadata(&rt.paths().supervisor)
@@ -415,7 +420,7 @@ fn host_isolation_hostname_and_host_paths_in_proc_1_cmdline_are_hidden() {
         assert!(!o.contains(needle), "{needle:?} visible in a cmdline:\n{o}");
     }
     assert!(
-        o.contains("/run/fhsx/supervisor --control-fd 3 --landlock-rw /workspace"),
+        o.contains("/proc/self/fd/6 --control-fd 3 --landlock-rw /workspace"),
         "{o}"
     );
 }

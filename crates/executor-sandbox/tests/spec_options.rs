@@ -7,7 +7,7 @@ use std::sync::Arc;
 
 use executor_sandbox::{
     HostEnv, Limits, MemFs, RuntimePaths, SandboxError, SandboxSpec, DEFAULT_PROXY_PORT,
-    PROXY_CA_PATH, PROXY_SOCKET_PATH, SUPERVISOR_PATH,
+    PROXY_CA_PATH, PROXY_SOCKET_PATH, SUPERVISOR_EXEC,
 };
 
 fn host() -> MemFs {
@@ -58,7 +58,7 @@ fn proxy_binds_the_socket_and_tells_the_supervisor_by_argv() {
     .expect("the proxy socket is bound");
     let sealed = find(&a, &["--remount-ro", "/"]).unwrap();
     assert!(bind < sealed, "bound before the root is sealed: {a:?}");
-    let sup = a.iter().position(|x| x == SUPERVISOR_PATH).unwrap();
+    let sup = a.iter().position(|x| x == SUPERVISOR_EXEC).unwrap();
     let tail = &a[sup..];
     assert!(
         find(
@@ -127,9 +127,8 @@ fn ro_bind_file_binds_below_run_fhsx_only() {
         "/run/fhsx/./ca.pem",      // not plain
         "run/fhsx/ca.pem",         // relative
         "/run/fhsxx/ca.pem",       // a sibling, not below
-        SUPERVISOR_PATH,           // taken
         PROXY_SOCKET_PATH,         // taken
-        "/run/fhsx/supervisor/x",  // below a file that is taken
+        "/run/fhsx/proxy.sock/x",  // below a file that is taken
         PROXY_CA_PATH,             // taken by the first call
     ] {
         assert!(
@@ -179,7 +178,7 @@ fn limits_go_to_the_supervisor_as_rlimits() {
         open_files: Some(256),
     });
     let a = argv(&s);
-    let sup = a.iter().position(|x| x == SUPERVISOR_PATH).unwrap();
+    let sup = a.iter().position(|x| x == SUPERVISOR_EXEC).unwrap();
     let tail = &a[sup..];
     for pair in [
         ["--rlimit-fsize", "4096"],

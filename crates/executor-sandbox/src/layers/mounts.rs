@@ -1,12 +1,12 @@
 //! Mounts: the root provider's read-only tree, `/proc`, `/dev`, private
-//! `/dev/shm` and `/tmp`, the one writable host directory, the supervisor.
+//! `/dev/shm` and `/tmp`, the one writable host directory. (Not the
+//! supervisor: bwrap execs it from a descriptor, see `SUPERVISOR_EXEC`.)
 
 use std::path::{Path, PathBuf};
 
 use crate::probe::FileKind;
 use crate::spec::{
-    Argv, RootProvider, SandboxSpec, SystemEntry, SCRATCH_DIR, SUPERVISOR_PATH, VIEW_RESERVED,
-    WORKSPACE_DIR,
+    Argv, RootProvider, SandboxSpec, SystemEntry, SCRATCH_DIR, VIEW_RESERVED, WORKSPACE_DIR,
 };
 
 /// Host source → sandbox destination of every bind, for translating host
@@ -94,7 +94,6 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
             binds.add(scratch, Path::new(SCRATCH_DIR));
         }
     }
-    a.flag3("--ro-bind", &rt.supervisor, SUPERVISOR_PATH);
     // Extra read-only files below /run/fhsx (validated by ro_bind_file).
     // Not recorded in `binds`: a file named explicitly is never masked.
     for (src, dest) in &spec.files {

@@ -45,6 +45,9 @@ pub struct RunArgs {
     /// Print the exact bwrap argv, one argument per line, and exit without running.
     #[arg(long)]
     pub print_argv: bool,
+    /// With --print-argv: also write the seccomp filter the argv's `--seccomp 5` reads (classic BPF, as bwrap takes it) to FILE, to run that argv by hand (`5<FILE`).
+    #[arg(long, value_name = "FILE", requires = "print_argv")]
+    pub save_seccomp: Option<PathBuf>,
     /// The command and its arguments, after `--`.
     #[arg(last = true, required = true, value_name = "CMD")]
     pub command: Vec<OsString>,
@@ -111,6 +114,12 @@ pub fn run(g: &Globals, a: RunArgs) -> anyhow::Result<i32> {
     let host_env = current_host_env();
 
     if a.print_argv {
+        if let Some(path) = &a.save_seccomp {
+            let bytes = executor_sandbox::seccomp::filter_bytes()
+                .context("this architecture has no seccomp filter to save")?;
+            std::fs::write(path, bytes)
+                .with_context(|| format!("writing the seccomp filter to {}", path.display()))?;
+        }
         let argv = spec.bwrap_argv(&host_env, &a.command);
         let bwrap = rt.bwrap().as_os_str().to_os_string();
         let all: Vec<OsString> = std::iter::once(bwrap).chain(argv).collect();

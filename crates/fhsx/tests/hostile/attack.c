@@ -476,12 +476,19 @@ static int same_file(int fd, const struct stat *want) {
     return fstat(fd, &st) == 0 && st.st_dev == want->st_dev && st.st_ino == want->st_ino;
 }
 
-/* Try to read a byte of the supervisor (`path`, PID 1) by every way
- * there is: its file, PID 1's exe link, maps, mem, map_files and fds,
- * process_vm_readv, and a copy of it the command execs itself. */
+/* Try to read a byte of the supervisor (PID 1) by every way there is:
+ * `path` (where an older fhsx bound it; bwrap now execs it from a
+ * descriptor PID 1 closes at once, so no path should lead to it), PID 1's
+ * exe link, maps, mem, map_files and fds, process_vm_readv, an exec of
+ * /proc/1/exe, and — should `path` exist — a copy of it the command
+ * execs itself. */
 static void p_supervisor(const char *path) {
     struct stat sup;
-    if (stat(path, &sup) != 0) { printf("SETUP supervisor: stat %s: %s\n", path, strerror(errno)); return; }
+    int has_path = stat(path, &sup) == 0;
+    if (!has_path) {
+        blocked("supervisor", path, errno);
+        memset(&sup, 0, sizeof sup);
+    }
     char b[400], buf[64];
     const char *files[] = {path, "/proc/1/exe", "/proc/1/mem", "/proc/1/maps",
                            "/proc/1/environ", "/proc/1/task/1/mem"};
@@ -520,6 +527,9 @@ static void p_supervisor(const char *path) {
     }
     struct iovec local = {buf, 1}, remote = {(void *)0x400000, 1};
     expect_fail("supervisor", "process_vm_readv(1)", process_vm_readv(1, &local, 1, &remote, 1, 0));
+    char *pid1_argv[] = {"/proc/1/exe", NULL};
+    expect_fail("supervisor", "execv /proc/1/exe", execv("/proc/1/exe", pid1_argv));
+    if (!has_path) goto self_exe;
     /* Exec a copy of it and race for that process's exe and memory. */
     pid_t c = fork();
     if (c == 0) {
@@ -542,6 +552,7 @@ static void p_supervisor(const char *path) {
     if (!got) waitpid(c, NULL, 0);
     if (got) escaped("supervisor", "read the supervisor through an exec'd copy's /proc/PID/exe");
     else blocked("supervisor", "an exec'd copy's /proc/PID/exe", EACCES);
+self_exe:
     /* The command's own exe is the command. */
     struct stat self, cmd;
     if (stat("/proc/self/exe", &self) == 0 && stat("/opt/hostile/attack", &cmd) == 0 &&
