@@ -76,6 +76,14 @@ pub enum Error {
     BadRootFile { path: PathBuf, line: String },
 
     /// Any other I/O failure, with the path it happened on.
+    #[error("refusing to import {}: directories nest more than {limit} deep below it (at {prefix}); the store takes trees at most {limit} deep: make the tree shallower, or pack it as a tarball", .root.display())]
+    TooDeep {
+        root: PathBuf,
+        /// The first directory too deep, escaped and shortened.
+        prefix: String,
+        limit: usize,
+    },
+
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,

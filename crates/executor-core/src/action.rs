@@ -318,6 +318,17 @@ pub struct Limits {
     /// so any one body): past it the recording aborts as a violation.
     #[serde(default = "Limits::default_fetch")]
     pub fetch: u64,
+    /// Bytes the outputs may hold, all files together at their apparent
+    /// size (a sparse file counts as long as it reads): past it ingest
+    /// refuses them, and nothing of them reaches the store. Unset, `disk`.
+    /// (Unset is left out of the action digest, so actions written before
+    /// it keep theirs.)
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<u64>,
+    /// Entries (files, directories, symlinks) the outputs may hold, all
+    /// together. Unset, [`Limits::DEFAULT_OUTPUT_ENTRIES`].
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output_entries: Option<u64>,
 }
 
 impl Limits {
@@ -348,6 +359,21 @@ impl Limits {
     pub fn default_fetch() -> u64 {
         16 << 30
     }
+
+    /// A million entries: twice what a full LLVM or a TeX Live install
+    /// holds, and what ingest can check and import within its memory
+    /// bound (a directory's entries are held while it is hashed).
+    pub const DEFAULT_OUTPUT_ENTRIES: u64 = 1 << 20;
+
+    /// Bytes the outputs may hold (`output`, else `disk`).
+    pub fn output_bytes(&self) -> u64 {
+        self.output.unwrap_or(self.disk)
+    }
+
+    /// Entries the outputs may hold.
+    pub fn output_entries(&self) -> u64 {
+        self.output_entries.unwrap_or(Self::DEFAULT_OUTPUT_ENTRIES)
+    }
 }
 
 impl Default for Limits {
@@ -361,6 +387,8 @@ impl Default for Limits {
             reads: Self::default_reads(),
             log: Self::default_log(),
             fetch: Self::default_fetch(),
+            output: None,
+            output_entries: None,
         }
     }
 }

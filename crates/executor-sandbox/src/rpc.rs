@@ -6,8 +6,16 @@
 //! A frame longer than [`MAX_FRAME`] is answered with an error and the
 //! connection closed; garbage is answered with an error and closed; a
 //! truncated frame just closes the connection. Connections beyond the limit
-//! are refused with an error frame. Nothing a client sends can take the
-//! server down.
+//! are refused with an error frame, and so is every request past the run's
+//! budget of frames and bytes ([`RpcLimits`]). Nothing a client sends can
+//! take the server down.
+//!
+//! What a client sends is an attacker's: a log line's level comes from a
+//! closed set and its message is escaped ([`castore::shown::escaped`]), so
+//! it is one line that no terminal acts on, and it starts `[sandbox LEVEL]`,
+//! never as fhsx's own lines do. It goes where the command's stderr goes —
+//! for `fhsx build` the build's log, where it counts against `[limits]
+//! log` like anything else the build prints.
 
 use std::io::{self, Read, Write};
 use std::os::fd::AsRawFd;
@@ -53,11 +61,16 @@ pub trait RpcHandler: Send + Sync + 'static {
     fn handle(&self, request: Request) -> Response;
 }
 
-/// A handler that answers ping and status and writes log lines to stderr.
+/// The levels a log line may have.
+pub const LOG_LEVELS: [&str; 5] = ["error", "warn", "info", "debug", "trace"];
+
+/// A handler that answers ping and status and writes log lines where the
+/// command's stderr goes (fhsx's own stderr if not told otherwise).
 #[derive(Debug)]
 pub struct BasicHandler {
     pub run_id: String,
     started: Instant,
+    out: Option<std::sync::Mutex<std::fs::File>>,
 }
 
 impl BasicHandler {
@@ -65,6 +78,45 @@ impl BasicHandler {
         BasicHandler {
             run_id: run_id.into(),
             started: Instant::now(),
+            out: None,
+        }
+    }
+
+    /// Log lines go to `out` (the run's output: its log, for a build).
+    pub fn with_output(mut self, out: Option<std::fs::File>) -> Self {
+        self.out = out.map(std::sync::Mutex::new);
+        self
+    }
+
+    fn log(&self, level: &str, message: &str) -> Response {
+        let Some(level) = LOG_LEVELS.iter().find(|l| **l == level) else {
+            let shown: String = castore::shown::escaped(level.as_bytes())
+                .chars()
+                .take(64)
+                .collect();
+            return Response::Error {
+                message: format!(
+                    "unknown log level \"{shown}\": use one of {}",
+                    LOG_LEVELS.join(", ")
+                ),
+            };
+        };
+        let line = format!(
+            "[sandbox {level}] {}\n",
+            castore::shown::escaped(message.as_bytes())
+        );
+        let written = match &self.out {
+            Some(out) => out
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .write_all(line.as_bytes()),
+            None => io::stderr().write_all(line.as_bytes()),
+        };
+        match written {
+            Ok(()) => Response::Logged,
+            Err(e) => Response::Error {
+                message: format!("the run's log is closed: {e}"),
+            },
         }
     }
 }
@@ -73,14 +125,7 @@ impl RpcHandler for BasicHandler {
     fn handle(&self, request: Request) -> Response {
         match request {
             Request::Ping => Response::Pong,
-            Request::Log { level, message } => {
-                let clean: String = message
-                    .chars()
-                    .map(|c| if c.is_control() && c != '\t' { ' ' } else { c })
-                    .collect();
-                eprintln!("[sandbox {level}] {clean}");
-                Response::Logged
-            }
+            Request::Log { level, message } => self.log(&level, &message),
             Request::Status => Response::Status {
                 run_id: self.run_id.clone(),
                 elapsed_ms: self.started.elapsed().as_millis() as u64,
@@ -148,6 +193,11 @@ pub struct RpcLimits {
     pub max_connections: usize,
     /// A connection idle this long is closed.
     pub idle_timeout: Duration,
+    /// Requests the server answers over its life, all connections
+    /// together; past it each is refused and its connection closed.
+    pub max_frames: u64,
+    /// Request bytes the server reads over its life, likewise.
+    pub max_bytes: u64,
 }
 
 impl Default for RpcLimits {
@@ -155,7 +205,33 @@ impl Default for RpcLimits {
         RpcLimits {
             max_connections: 16,
             idle_timeout: Duration::from_secs(60),
+            // Room for a chatty build's log lines and pings (a million
+            // requests, 256 MiB), not for a flood that keeps fhsx busy.
+            max_frames: 1 << 20,
+            max_bytes: 256 << 20,
         }
+    }
+}
+
+/// What the clients of one server have sent so far.
+#[derive(Debug, Default)]
+struct Budget {
+    frames: std::sync::atomic::AtomicU64,
+    bytes: std::sync::atomic::AtomicU64,
+}
+
+impl Budget {
+    /// Count a frame of `len` bytes; an error message once past `limits`.
+    fn spend(&self, len: usize, limits: &RpcLimits) -> Result<(), String> {
+        let frames = self.frames.fetch_add(1, Ordering::Relaxed) + 1;
+        let bytes = self.bytes.fetch_add(len as u64, Ordering::Relaxed) + len as u64;
+        if frames > limits.max_frames || bytes > limits.max_bytes {
+            return Err(format!(
+                "the bridge's budget for this run ({} requests, {} bytes) is spent; send fewer messages",
+                limits.max_frames, limits.max_bytes
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -168,6 +244,7 @@ pub struct RpcServer {
     active: Arc<AtomicUsize>,
     handler: Arc<dyn RpcHandler>,
     limits: RpcLimits,
+    budget: Arc<Budget>,
 }
 
 impl std::fmt::Debug for RpcServer {
@@ -187,15 +264,11 @@ impl RpcServer {
     ) -> Result<RpcServer, SandboxError> {
         let mut server = Self::bind_polled(path, handler, limits)?;
         set_nonblocking(&server.listener, false, path)?;
-        let (l2, s2, a2, h2) = (
-            server.listener.clone(),
-            server.stop.clone(),
-            server.active.clone(),
-            server.handler.clone(),
-        );
+        let (l2, s2) = (server.listener.clone(), server.stop.clone());
+        let conns = server.connections();
         let thread = std::thread::Builder::new()
             .name("fhsx-rpc".into())
-            .spawn(move || accept_loop(&l2, &s2, &a2, h2, limits))
+            .spawn(move || accept_loop(&l2, &s2, &conns))
             .map_err(|e| path_err("starting the RPC thread for", path, e))?;
         server.thread = Some(thread);
         Ok(server)
@@ -225,7 +298,18 @@ impl RpcServer {
             active: Arc::new(AtomicUsize::new(0)),
             handler,
             limits,
+            budget: Arc::new(Budget::default()),
         })
+    }
+
+    /// What serving a connection needs, to hand to a thread.
+    fn connections(&self) -> Connections {
+        Connections {
+            active: self.active.clone(),
+            handler: self.handler.clone(),
+            limits: self.limits,
+            budget: self.budget.clone(),
+        }
     }
 
     /// The listening socket, for `poll`.
@@ -235,9 +319,10 @@ impl RpcServer {
 
     /// Admit every pending connection (polled mode).
     pub fn accept_ready(&self) {
+        let conns = self.connections();
         loop {
             match self.listener.accept() {
-                Ok((stream, _)) => admit(stream, &self.active, &self.handler, self.limits),
+                Ok((stream, _)) => admit(stream, &conns),
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => return,
                 Err(_) => {
@@ -293,20 +378,23 @@ fn error_frame(stream: &mut UnixStream, message: String) {
     }
 }
 
-fn accept_loop(
-    listener: &UnixListener,
-    stop: &AtomicBool,
-    active: &Arc<AtomicUsize>,
+/// A server's connections: how many are served, by what, within what.
+#[derive(Clone)]
+struct Connections {
+    active: Arc<AtomicUsize>,
     handler: Arc<dyn RpcHandler>,
     limits: RpcLimits,
-) {
+    budget: Arc<Budget>,
+}
+
+fn accept_loop(listener: &UnixListener, stop: &AtomicBool, conns: &Connections) {
     loop {
         let conn = listener.accept();
         if stop.load(Ordering::SeqCst) {
             return;
         }
         match conn {
-            Ok((s, _)) => admit(s, active, &handler, limits),
+            Ok((s, _)) => admit(s, conns),
             Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
             Err(_) => {
                 // EMFILE and friends: back off rather than spin.
@@ -318,12 +406,8 @@ fn accept_loop(
 
 /// Serve one accepted connection on its own thread, or refuse it with an
 /// error frame when the limit is reached.
-fn admit(
-    mut stream: UnixStream,
-    active: &Arc<AtomicUsize>,
-    handler: &Arc<dyn RpcHandler>,
-    limits: RpcLimits,
-) {
+fn admit(mut stream: UnixStream, conns: &Connections) {
+    let (active, limits) = (&conns.active, conns.limits);
     // An accepted socket does not inherit O_NONBLOCK on Linux, but be sure.
     let _ = stream.set_nonblocking(false);
     if active.fetch_add(1, Ordering::SeqCst) >= limits.max_connections {
@@ -339,17 +423,17 @@ fn admit(
         return;
     }
     let slot = Slot(active.clone());
-    let h = handler.clone();
+    let (h, budget) = (conns.handler.clone(), conns.budget.clone());
     // If the thread cannot start, the closure (and its slot) is dropped.
     let _ = std::thread::Builder::new()
         .name("fhsx-rpc-conn".into())
         .spawn(move || {
             let _slot = slot;
-            serve(stream, &*h, limits);
+            serve(stream, &*h, limits, &budget);
         });
 }
 
-fn serve(mut stream: UnixStream, handler: &dyn RpcHandler, limits: RpcLimits) {
+fn serve(mut stream: UnixStream, handler: &dyn RpcHandler, limits: RpcLimits, budget: &Budget) {
     let _ = stream.set_read_timeout(Some(limits.idle_timeout));
     let _ = stream.set_write_timeout(Some(limits.idle_timeout));
     loop {
@@ -362,6 +446,10 @@ fn serve(mut stream: UnixStream, handler: &dyn RpcHandler, limits: RpcLimits) {
             }
             Err(_) => return,
         };
+        if let Err(message) = budget.spend(frame.len() + 4, &limits) {
+            error_frame(&mut stream, message);
+            return;
+        }
         let response = match serde_json::from_slice::<Request>(&frame) {
             Ok(req) => handler.handle(req),
             Err(e) => {

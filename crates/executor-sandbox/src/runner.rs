@@ -618,14 +618,6 @@ impl Runtime {
             self.prepare_build_user(spec, who)?;
         }
         let (ctl_host, ctl_child) = sys::socketpair()?;
-        let handler = opts
-            .handler
-            .clone()
-            .unwrap_or_else(|| Arc::new(BasicHandler::new(format!("run-{}", std::process::id()))));
-        let server = RpcServer::bind_polled(&self.paths.rpc_socket, handler, opts.rpc_limits)?;
-        if let Some(who) = spec.run_as {
-            share_socket(&self.paths.rpc_socket, who)?;
-        }
 
         let stdin_fd: Option<OwnedFd> = match opts.stdin {
             Stdin::Inherit => None,
@@ -655,6 +647,16 @@ impl Runtime {
         };
         if let (MemoryEnforcement::AddressSpace, Some(m)) = (memory, spec.limits.memory) {
             note(&mut note_out, &address_space_note(m));
+        }
+        // The bridge's log lines go with the sandbox's notes: into the run's
+        // output, counted as the build's (see `rpc`).
+        let handler = opts.handler.clone().unwrap_or_else(|| {
+            let out = note_out.as_ref().and_then(|f| f.try_clone().ok());
+            Arc::new(BasicHandler::new(format!("run-{}", std::process::id())).with_output(out))
+        });
+        let server = RpcServer::bind_polled(&self.paths.rpc_socket, handler, opts.rpc_limits)?;
+        if let Some(who) = spec.run_as {
+            share_socket(&self.paths.rpc_socket, who)?;
         }
 
         // Everything the child needs, prepared before fork (the child may

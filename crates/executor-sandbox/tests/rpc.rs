@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use executor_sandbox::rpc::{call, read_frame, RpcLimits, RpcServer};
+use executor_sandbox::rpc::{call, read_frame, BasicHandler, RpcLimits, RpcServer};
 use executor_sandbox::{Request, Response, RpcHandler, SandboxError, MAX_FRAME};
 
 #[derive(Default)]
@@ -183,6 +183,7 @@ fn rpc_concurrent_connections_are_bounded() {
     let limits = RpcLimits {
         max_connections: 4,
         idle_timeout: Duration::from_secs(30),
+        ..RpcLimits::default()
     };
     let (s, _h) = server(d.path(), limits);
     // Fill every slot (each proven served by a ping).
@@ -213,4 +214,79 @@ fn rpc_concurrent_connections_are_bounded() {
         std::thread::sleep(Duration::from_millis(10));
     }
     assert!(ok, "a freed slot was never reused");
+}
+
+/// Past the run's budget of requests every request is refused and its
+/// connection closed, on any connection: a flood ends, and the server
+/// still stands.
+#[test]
+fn rpc_a_flood_past_the_budget_is_refused() {
+    let d = tempfile::tempdir().unwrap();
+    let limits = RpcLimits {
+        max_frames: 100,
+        ..RpcLimits::default()
+    };
+    let (s, h) = server(d.path(), limits);
+    let mut c = connect(&s);
+    for _ in 0..100 {
+        assert_eq!(call(&mut c, &Request::Ping).unwrap(), Response::Pong);
+    }
+    match call(&mut c, &Request::Ping).unwrap() {
+        Response::Error { message } => assert!(message.contains("budget"), "{message}"),
+        other => panic!("answered past the budget: {other:?}"),
+    }
+    // A new connection is no way around it.
+    let refused = call(
+        &mut connect(&s),
+        &Request::Log {
+            level: "info".into(),
+            message: "x".into(),
+        },
+    )
+    .unwrap();
+    assert!(matches!(refused, Response::Error { .. }), "{refused:?}");
+    assert_eq!(h.logs.load(Ordering::SeqCst), 0);
+}
+
+/// A log line's level comes from a closed set, and its message cannot
+/// drive a terminal nor start a line of its own: what the handler writes
+/// holds no control byte but the newline that ends it.
+#[test]
+fn rpc_log_lines_are_escaped_and_their_level_is_one_of_a_closed_set() {
+    let d = tempfile::tempdir().unwrap();
+    let out_path = d.path().join("out");
+    let out = std::fs::File::create(&out_path).unwrap();
+    let h = Arc::new(BasicHandler::new("t").with_output(Some(out)));
+    let s = RpcServer::bind(&d.path().join("wf.sock"), h, RpcLimits::default()).unwrap();
+    let mut c = connect(&s);
+    let forged = Request::Log {
+        level: "info".into(),
+        message: "ok\x1b]52;c;cHduZWQ=\x07\r\nfhsx: error: forged\u{9b}2J".into(),
+    };
+    assert_eq!(call(&mut c, &forged).unwrap(), Response::Logged);
+    let bad_level = Request::Log {
+        level: "info\x1b[2J".into(),
+        message: "m".into(),
+    };
+    match call(&mut c, &bad_level).unwrap() {
+        Response::Error { message } => {
+            assert!(message.contains("use one of"), "{message}");
+            assert!(!message.contains('\x1b'), "{message:?}");
+        }
+        other => panic!("a level outside the set was taken: {other:?}"),
+    }
+    drop(s);
+    let written = std::fs::read(&out_path).unwrap();
+    assert!(
+        written.starts_with(b"[sandbox info] ok\\x1b]52"),
+        "{written:?}"
+    );
+    assert_eq!(written.iter().filter(|b| **b == b'\n').count(), 1);
+    assert!(
+        !written[..written.len() - 1]
+            .iter()
+            .any(|b| b.is_ascii_control()),
+        "{written:?}"
+    );
+    assert!(!String::from_utf8_lossy(&written).contains('\u{9b}'));
 }

@@ -726,7 +726,14 @@ impl FhsExecutor {
     ) -> Result<Ingested, Error> {
         let names = &plan.action.outputs.names;
         let ingested = roots.rooted(
-            || ingest::ingest_outputs(&self.store, work.scratch(), names),
+            || {
+                let limits = &plan.action.limits;
+                let limits = ingest::OutputLimits {
+                    bytes: limits.output_bytes(),
+                    entries: limits.output_entries(),
+                };
+                ingest::ingest_outputs(&self.store, work.scratch(), names, limits)
+            },
             |i| i.outputs.values().copied().collect(),
         );
         match ingested {

@@ -20,11 +20,21 @@
 //! are the build user's, and whatever modes the build left (a file or a
 //! directory of mode 000) are opened up for reading first ([`open_up`]),
 //! without following a symlink.
+//!
+//! What a build leaves is an attacker's: its trees are walked by
+//! [`castore::fs_tree`] (no recursion, two descriptors at any depth),
+//! refused past [`castore::fs_tree::MAX_DEPTH`] and past `[limits] output`
+//! (bytes, at their apparent size) and `output_entries`, and any name of
+//! the build's is escaped before a message shows it.
 
 use std::collections::BTreeMap;
+use std::ffi::CStr;
 use std::fs;
-use std::os::unix::fs::FileTypeExt;
+use std::os::fd::BorrowedFd;
 use std::path::Path;
+
+use castore::fs_tree::{Step, TreePath};
+use rustix::fs::{FileType, Stat};
 
 use castore::store::{DirectoryStore, LocalStore};
 use castore::{Digest, Directory, Name, Node};
@@ -62,84 +72,245 @@ impl Ingested {
     }
 }
 
-/// Check and import each output `scratch/NAME`.
+/// What the outputs together may hold (`[limits] output` and
+/// `output_entries`).
+#[derive(Debug, Clone, Copy)]
+pub struct OutputLimits {
+    pub bytes: u64,
+    pub entries: u64,
+}
+
+/// Check every output `scratch/NAME`, then import each. Nothing reaches
+/// the store before all of them have been checked: an output refused (a
+/// special file, an escaping link, too deep, past a limit) leaves nothing
+/// of any output behind.
 pub fn ingest_outputs(
     store: &LocalStore,
     scratch: &Path,
     names: &[OutputName],
+    limits: OutputLimits,
 ) -> Result<Ingested, Error> {
-    let mut ingested = Ingested::default();
+    let mut checker = Checker {
+        outputs: names,
+        output: None,
+        notes: Vec::new(),
+        entries: 0,
+        bytes: 0,
+        limits,
+    };
     for name in names {
         let host = scratch.join(name.as_str());
-        let bad = |reason: String| Error::BadOutput {
-            path: format!("${name} ({})", name.build_path()),
-            reason,
-        };
         let meta = match fs::symlink_metadata(&host) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(bad(
+                return Err(bad_output(
+                    name,
                     "is declared in [outputs] names but the build did not create it (fhsx does not: `mkdir -p $NAME` or `make install DESTDIR=$NAME`)".into(),
                 ))
             }
             Err(e) => return Err(Error::io("stat", &host, e)),
         };
         if !meta.is_dir() {
-            return Err(bad(format!(
-                "is {}, not a directory: an output is an atom, a directory whose content composes at `/`",
-                kind_of(&meta.file_type())
-            )));
-        }
-        open_up(&host)?;
-        let mut rewrites = Vec::new();
-        check_tree(&host, name.as_str(), 0, names, &mut rewrites)?;
-        for (link, target, rewritten) in rewrites {
-            fs::remove_file(&link).map_err(|e| Error::io("remove", &link, e))?;
-            std::os::unix::fs::symlink(&rewritten, &link)
-                .map_err(|e| Error::io("create symlink", &link, e))?;
-            let rel = link.strip_prefix(scratch).unwrap_or(&link);
-            ingested.notes.push(format!(
-                "fhsx: output {}: symlink {} → {target} points into an output; rewritten to {rewritten}, where it will be once composed",
+            return Err(bad_output(
                 name,
-                rel.display()
+                format!(
+                    "is {}, not a directory: an output is an atom, a directory whose content composes at `/`",
+                    kind_of(&meta.file_type())
+                ),
             ));
         }
+        // The output's own directory, like everything below it, is opened
+        // up for reading (it is not a link: just seen).
+        let mode = std::os::unix::fs::PermissionsExt::mode(&meta.permissions()) & 0o7777;
+        if mode & 0o500 != 0o500 {
+            fs::set_permissions(
+                &host,
+                std::os::unix::fs::PermissionsExt::from_mode(mode | 0o500),
+            )
+            .map_err(|e| Error::io("chmod", &host, e))?;
+        }
+        checker.output = Some(name);
+        castore::fs_tree::walk(&host, castore::fs_tree::MAX_DEPTH, &mut checker).map_err(
+            |e| match e {
+                Error::Store(castore::Error::TooDeep { prefix, limit, .. }) => Error::BadOutput {
+                    path: format!("${name}/{prefix}"),
+                    reason: format!("nests directories more than {limit} deep below the output, deeper than the store takes: make the tree shallower"),
+                },
+                e => e,
+            },
+        )?;
+    }
+    let mut ingested = Ingested {
+        notes: checker.notes,
+        ..Ingested::default()
+    };
+    for name in names {
+        let host = scratch.join(name.as_str());
         let imported = castore::import::import_path(store, &host, &())?;
         ingested.outputs.insert(name.clone(), imported.root);
     }
     Ok(ingested)
 }
 
-/// Let ingest read every file and directory below `root`, whatever mode
-/// the build left them in (000, say): a directory gets `u+rx`, a file
-/// `u+r`, nothing else, and no symlink is followed. Root could read them
-/// anyway (as long as it has CAP_DAC_OVERRIDE), but an unprivileged caller,
-/// who owns what its build made, could not. castore keeps no mode bit but
-/// the exec bit, which this never changes.
-fn open_up(root: &Path) -> Result<(), Error> {
-    use std::os::unix::fs::PermissionsExt;
-    let mut stack = vec![root.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let meta = fs::symlink_metadata(&p).map_err(|e| Error::io("stat", &p, e))?;
-        let need = if meta.is_dir() {
-            0o500
-        } else if meta.is_file() {
-            0o400
-        } else {
-            continue;
+fn bad_output(name: &OutputName, reason: String) -> Error {
+    Error::BadOutput {
+        path: format!("${name} ({})", name.build_path()),
+        reason,
+    }
+}
+
+/// The checking walk over every output: kinds, links and totals; it also
+/// makes whatever the build left unreadable readable to ingest (`u+rx` on
+/// a directory, `u+r` on a file, nothing else, no symlink followed). Root
+/// could read them anyway, but an unprivileged caller, who owns what its
+/// build made, could not; castore keeps no mode bit but the exec bit,
+/// which this never changes.
+struct Checker<'a> {
+    outputs: &'a [OutputName],
+    /// The output being walked.
+    output: Option<&'a OutputName>,
+    /// The links into an output rewritten, one line each, for the log.
+    notes: Vec<String>,
+    entries: u64,
+    bytes: u64,
+    limits: OutputLimits,
+}
+
+impl castore::fs_tree::Visitor for Checker<'_> {
+    type Dir = ();
+    type Error = Error;
+
+    fn enter(&mut self, _: &TreePath<'_>, _: BorrowedFd<'_>) -> Result<(), Error> {
+        Ok(())
+    }
+
+    fn entry(
+        &mut self,
+        (): &mut (),
+        at: &TreePath<'_>,
+        parent: BorrowedFd<'_>,
+        name: &CStr,
+        stat: &Stat,
+    ) -> Result<Step, Error> {
+        let output = self.output.map(|o| o.as_str()).unwrap_or("out");
+        let rel = format!("${output}/{}", at.display());
+        let bad = |reason: &str| Error::BadOutput {
+            path: rel.clone(),
+            reason: reason.to_owned(),
         };
-        let mode = meta.permissions().mode() & 0o7777;
-        if mode & need != need {
-            fs::set_permissions(&p, fs::Permissions::from_mode(mode | need))
-                .map_err(|e| Error::io("chmod", &p, e))?;
+        self.entries += 1;
+        if self.entries > self.limits.entries {
+            return Err(bad(&format!(
+                "is past the outputs' limit of {} entries ([limits] output_entries): fewer files, or raise the limit",
+                self.limits.entries
+            )));
         }
-        if meta.is_dir() {
-            for e in fs::read_dir(&p).map_err(|e| Error::io("read directory", &p, e))? {
-                stack.push(e.map_err(|e| Error::io("read directory", &p, e))?.path());
+        let ft = FileType::from_raw_mode(stat.st_mode);
+        match ft {
+            FileType::Directory => {
+                castore::fs_tree::open_up(parent, name, stat, 0o500)?;
+                Ok(Step::Enter)
             }
+            FileType::RegularFile => {
+                // The apparent size: a sparse file is stored as it reads.
+                self.bytes = self.bytes.saturating_add(stat.st_size as u64);
+                if self.bytes > self.limits.bytes {
+                    return Err(bad(&format!(
+                        "takes the outputs past their limit of {} bytes ([limits] output, else disk; a sparse file counts at its apparent size): write less, or raise the limit",
+                        self.limits.bytes
+                    )));
+                }
+                castore::fs_tree::open_up(parent, name, stat, 0o400)?;
+                Ok(Step::Skip)
+            }
+            FileType::Symlink => {
+                let t = rustix::fs::readlinkat(parent, name, Vec::new())
+                    .map_err(|e| Error::io("readlink", Path::new(&rel), e.into()))?;
+                let t = String::from_utf8_lossy(t.as_bytes());
+                if let Some(fhs) = self.check_link(at, &t, &bad)? {
+                    self.rewrite(parent, name, &fhs, &rel)?;
+                    self.notes.push(format!(
+                        "fhsx: output {output}: symlink {} → {} points into an output; rewritten to {}, where it will be once composed",
+                        at.display(),
+                        castore::fs_tree::escaped(t.as_bytes()),
+                        castore::fs_tree::escaped(fhs.as_bytes()),
+                    ));
+                }
+                Ok(Step::Skip)
+            }
+            FileType::Socket => Err(bad(
+                "is a socket; outputs hold only files, directories and symlinks",
+            )),
+            FileType::Fifo => Err(bad(
+                "is a FIFO; outputs hold only files, directories and symlinks",
+            )),
+            _ => Err(bad(
+                "is a device node; outputs hold only files, directories and symlinks",
+            )),
         }
     }
-    Ok(())
+
+    fn leave(
+        &mut self,
+        (): (),
+        _: &TreePath<'_>,
+        _: Option<(&mut (), BorrowedFd<'_>)>,
+    ) -> Result<(), Error> {
+        Ok(())
+    }
+}
+
+impl Checker<'_> {
+    /// Refuse a link into the scratch or out of its output; for one into
+    /// an output, where it must point once composed.
+    fn check_link(
+        &self,
+        at: &TreePath<'_>,
+        t: &str,
+        bad: &dyn Fn(&str) -> Error,
+    ) -> Result<Option<String>, Error> {
+        if let Some(fhs) = into_output(t, self.outputs) {
+            return Ok(Some(fhs));
+        } else if t == SCRATCH || t.starts_with(&format!("{SCRATCH}/")) {
+            return Err(bad(&format!(
+                "is a symlink into the scratch directory ({}), which will not exist at runtime",
+                castore::fs_tree::escaped(t.as_bytes())
+            )));
+        } else if !t.starts_with('/') {
+            // The link's directory is its depth less one below the
+            // output's root (level 0); each `..` climbs one more.
+            let mut level = at.depth() as i64 - 1;
+            for c in t.split('/') {
+                match c {
+                    ".." => level -= 1,
+                    "" | "." => {}
+                    _ => level += 1,
+                }
+                if level < 0 {
+                    return Err(bad(&format!(
+                        "is a symlink ({}) that leaves the output",
+                        castore::fs_tree::escaped(t.as_bytes())
+                    )));
+                }
+            }
+        }
+        Ok(None)
+    }
+
+    /// Make the link `name` in `parent` point at `target` instead.
+    fn rewrite(
+        &self,
+        parent: BorrowedFd<'_>,
+        name: &CStr,
+        target: &str,
+        rel: &str,
+    ) -> Result<(), Error> {
+        let shown = Path::new(rel);
+        rustix::fs::unlinkat(parent, name, rustix::fs::AtFlags::empty())
+            .map_err(|e| Error::io("remove", shown, e.into()))?;
+        rustix::fs::symlinkat(target, parent, name)
+            .map_err(|e| Error::io("create symlink", shown, e.into()))
+    }
 }
 
 fn kind_of(ft: &fs::FileType) -> &'static str {
@@ -150,72 +321,6 @@ fn kind_of(ft: &fs::FileType) -> &'static str {
     } else {
         "a special file"
     }
-}
-
-/// Refuse special files and escaping symlinks anywhere below `p`, and
-/// collect `(link, old target, new target)` for absolute links into an
-/// output. `level` is how deep `p` is below its output's root.
-fn check_tree(
-    p: &Path,
-    rel: &str,
-    level: usize,
-    outputs: &[OutputName],
-    rewrites: &mut Vec<(std::path::PathBuf, String, String)>,
-) -> Result<(), Error> {
-    let meta = fs::symlink_metadata(p).map_err(|e| Error::io("stat", p, e))?;
-    let ft = meta.file_type();
-    let bad = |reason: &str| Error::BadOutput {
-        path: rel.to_owned(),
-        reason: reason.to_owned(),
-    };
-    if ft.is_socket() {
-        return Err(bad(
-            "is a socket; outputs hold only files, directories and symlinks",
-        ));
-    }
-    if ft.is_fifo() {
-        return Err(bad(
-            "is a FIFO; outputs hold only files, directories and symlinks",
-        ));
-    }
-    if ft.is_block_device() || ft.is_char_device() {
-        return Err(bad(
-            "is a device node; outputs hold only files, directories and symlinks",
-        ));
-    }
-    if ft.is_symlink() {
-        let t = fs::read_link(p).map_err(|e| Error::io("readlink", p, e))?;
-        let t = t.to_string_lossy().into_owned();
-        if let Some(fhs) = into_output(&t, outputs) {
-            rewrites.push((p.to_path_buf(), t, fhs));
-        } else if t == SCRATCH || t.starts_with(&format!("{SCRATCH}/")) {
-            return Err(bad(&format!(
-                "is a symlink into the scratch directory ({t}), which will not exist at runtime"
-            )));
-        } else if !t.starts_with('/') {
-            // The link's directory is one level above the link; each `..`
-            // climbs one more, and the output's root is level 0.
-            let mut at = level as i64 - 1;
-            for c in t.split('/') {
-                match c {
-                    ".." => at -= 1,
-                    "" | "." => {}
-                    _ => at += 1,
-                }
-                if at < 0 {
-                    return Err(bad(&format!("is a symlink ({t}) that leaves the output")));
-                }
-            }
-        }
-    }
-    if ft.is_dir() {
-        for e in fs::read_dir(p).map_err(|e| Error::io("read directory", p, e))? {
-            let e = e.map_err(|e| Error::io("read directory", p, e))?;
-            let child_rel = format!("{rel}/{}", e.file_name().to_string_lossy());
-            check_tree(&e.path(), &child_rel, level + 1, outputs, rewrites)?;
-        }
-    }
-    Ok(())
 }
 
 /// Where an absolute symlink target inside a declared output will be once

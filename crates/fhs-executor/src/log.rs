@@ -9,6 +9,10 @@
 //! never blocks on a full pipe while it is being stopped. fhsx's own lines
 //! (notes, violations) are not counted against the cap.
 //!
+//! The live sink (a terminal, a remote client's) gets the output with its
+//! control bytes escaped (`castore::shown::terminal_safe`); the log in the
+//! store keeps them as the build wrote them.
+//!
 //! fhsx's memory stays flat whatever the build prints: one 64 KiB buffer.
 
 use std::io::{Read, Write};
@@ -73,7 +77,7 @@ impl BuildLog {
             let room = self.cap.saturating_sub(self.kept) as usize;
             let take = n.min(room);
             if take > 0 {
-                let _ = live.write_all(&buf[..take]);
+                let _ = live.write_all(&castore::shown::terminal_safe(&buf[..take]));
                 self.keep(&buf[..take]);
                 self.kept += take as u64;
             }

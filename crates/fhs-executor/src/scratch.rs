@@ -556,48 +556,16 @@ fn remove_area(dir: &Path) -> bool {
     }
 }
 
-/// Remove every entry of `dir` but those `keep` names.
+/// Remove every entry of `dir` but those `keep` names (given their full
+/// path), whatever a build left there: any depth, any modes (see
+/// [`castore::fs_tree::empty_dir`]).
 pub(crate) fn empty(dir: &Path, keep: impl Fn(&Path) -> bool) -> bool {
-    let Ok(rd) = fs::read_dir(dir) else {
-        return false;
-    };
-    rd.into_iter().all(|e| {
-        let Ok(e) = e else { return false };
-        let p = e.path();
-        if keep(&p) {
-            return true;
-        }
-        match fs::symlink_metadata(&p) {
-            Ok(m) if m.is_dir() => remove_all(&p),
-            Ok(_) => fs::remove_file(&p).is_ok(),
-            Err(_) => false,
-        }
-    })
+    castore::fs_tree::empty_dir(dir, &|name| keep(&dir.join(name))).is_ok()
 }
 
-/// Remove `dir` and everything below it, also what the build made
-/// unreadable to its owner (a directory of mode 000 stops an unprivileged
-/// caller's `remove_dir_all`): on failure, every directory below gets
-/// `u+rwx` (no symlink followed) and the removal is tried once more.
+/// Remove `dir` and everything below it, whatever a build left there.
 pub(crate) fn remove_all(dir: &Path) -> bool {
-    if fs::remove_dir_all(dir).is_ok() {
-        return true;
-    }
-    let mut stack = vec![dir.to_path_buf()];
-    while let Some(p) = stack.pop() {
-        let Ok(meta) = fs::symlink_metadata(&p) else {
-            continue;
-        };
-        if !meta.is_dir() {
-            continue;
-        }
-        let mode = meta.permissions().mode() & 0o7777;
-        let _ = fs::set_permissions(&p, fs::Permissions::from_mode(mode | 0o700));
-        if let Ok(rd) = fs::read_dir(&p) {
-            stack.extend(rd.flatten().map(|e| e.path()));
-        }
-    }
-    fs::remove_dir_all(dir).is_ok()
+    castore::fs_tree::remove_tree(dir).is_ok()
 }
 
 /// The empty ext4 of `bytes` every scratch of that size starts as (~72
@@ -974,7 +942,7 @@ pub fn sweep_abandoned(tmp: &Path) -> Vec<PathBuf> {
                 .and_then(|t| t.elapsed().ok())
                 .is_some_and(|age| age.as_secs() > 600);
             if stale {
-                let _ = fs::remove_dir_all(e.path());
+                remove_all(&e.path());
             }
             continue;
         }
