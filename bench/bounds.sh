@@ -10,17 +10,12 @@
 #  5. 150 concurrent `fhsx build --rebuild` of the trivial action: wall
 #     time and failures.
 # Usage: bench/bounds.sh   (busybox-static via `fhsx toolchain apt`)
-set -euo pipefail
-cd "$(dirname "$0")/.."
-cargo build --release -q -p fhsx
-F=$PWD/target/release/fhsx
-work=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-bounds.XXXXXX")
-. bench/unmount.sh
-trap 'unmount_under "$work"; rm -rf "$work"' EXIT
-export FHSX_STORE=$work/store TMPDIR=$work
-"$F" toolchain apt busybox-static -o "$work/bb.toolchain" 2>/dev/null
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+export FHSX_STORE=$WORK/store TMPDIR=$WORK
+"$F" toolchain apt busybox-static -o "$WORK/bb.toolchain" 2>/dev/null
 act() { # name script [limits]
-  cat >"$work/$1.toml" <<A
+  cat >"$WORK/$1.toml" <<A
 [inputs]
 closure = ["bb.toolchain"]
 [run]
@@ -35,10 +30,10 @@ act flood "busybox dd if=/dev/zero bs=1M count=3000 2>/dev/null" "log = 42949672
 act capped "busybox dd if=/dev/zero bs=1M count=3000 2>/dev/null"
 act probe "i=0; while [ \$i -lt 2000000 ]; do [ -e /usr/absent-\$i ]; i=\$((i+1)); done"
 rss() { # action → "peak_kib wall_s exit"
-  /usr/bin/time -f '%M %e %x' -o "$work/t" "$F" build --rebuild "$work/$1.toml" >/dev/null 2>&1 || true
-  cat "$work/t" | tail -1
+  /usr/bin/time -f '%M %e %x' -o "$WORK/t" "$F" build --rebuild "$WORK/$1.toml" >/dev/null 2>&1 || true
+  tail -1 "$WORK/t"
 }
-read -r s_kib s_wall _ <<<"$(rss silent)"
+read -r s_kib _ _ <<<"$(rss silent)"
 read -r f_kib f_wall f_exit <<<"$(rss flood)"
 read -r c_kib c_wall c_exit <<<"$(rss capped)"
 read -r p_kib p_wall p_exit <<<"$(rss probe)"
@@ -52,7 +47,7 @@ printf '2M absent-path probes:   peak RSS %6.1f MiB (+%.1f MiB, %.0f bytes/entry
 t0=${EPOCHREALTIME/./}
 fails=0
 pids=()
-for i in $(seq 150); do "$F" build --rebuild "$work/silent.toml" >/dev/null 2>&1 & pids+=($!); done
+for _ in $(seq 150); do "$F" build --rebuild "$WORK/silent.toml" >/dev/null 2>&1 & pids+=($!); done
 for p in "${pids[@]}"; do wait "$p" || fails=$((fails + 1)); done
 t1=${EPOCHREALTIME/./}
 printf '150 concurrent builds:   %.2f s wall, %d failed\n' "$(echo "($t1 - $t0) / 1000000" | bc -l)" "$fails"

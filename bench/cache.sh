@@ -9,21 +9,17 @@
 #     written with digests, one `fhsx build` each (aim: no measurable
 #     difference, ratio ~1).
 # Usage: bench/cache.sh [N=30]   (runs examples/hello/run.sh first, on a bench store)
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 N=${1:-30}
-cargo build --release -q -p fhsx
-F=$PWD/target/release/fhsx
-work=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-cache.XXXXXX")
-trap 'rm -rf "$work"' EXIT
-export FHSX_STORE=$work/store
+export FHSX_STORE=$WORK/store
 FHSX=$F examples/hello/run.sh >/dev/null 2>&1 || { echo "examples/hello/run.sh failed" >&2; exit 1; }
 ex=examples/hello
 json() { "$F" --json build "$1" 2>/dev/null; }
 out=$(json $ex/build.toml | python3 -c 'import json,sys; print(json.load(sys.stdin)["outputs"]["out"])')
 
 # The same three actions, every input a digest (what the graph resolves to).
-python3 - "$ex" "$work" "$F" <<'PY'
+python3 - "$ex" "$WORK" "$F" <<'PY'
 import json, os, re, subprocess, sys
 ex, work, f = sys.argv[1:4]
 def atoms(tc):
@@ -46,21 +42,19 @@ for name, subst in [
     open(os.path.join(work, "d-" + name), "w").write(text)
 PY
 for a in fetch build run; do
-  v=$(json "$work/d-$a.toml"); echo "$v" | grep -q '"cached":true' || { echo "d-$a.toml is not a cache hit: $v" >&2; exit 1; }
+  v=$(json "$WORK/d-$a.toml"); echo "$v" | grep -q '"cached":true' || { echo "d-$a.toml is not a cache hit: $v" >&2; exit 1; }
 done
 
-median() { sort -n | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-: >"$work/hit"; : >"$work/ls"; : >"$work/chain"; : >"$work/digests"
+by_digest() { local a; for a in fetch build run; do "$F" build "$WORK/d-$a.toml" || return; done; }
+: >"$WORK/hit"; : >"$WORK/ls"; : >"$WORK/chain"; : >"$WORK/digests"
 for ((k = 0; k < N; k++)); do
-  t0=${EPOCHREALTIME/./}; "$F" build $ex/build.toml >/dev/null 2>&1; t1=${EPOCHREALTIME/./}
-  "$F" store ls "$out" >/dev/null; t2=${EPOCHREALTIME/./}
-  "$F" build $ex/run.toml >/dev/null 2>&1; t3=${EPOCHREALTIME/./}
-  for a in fetch build run; do "$F" build "$work/d-$a.toml" >/dev/null 2>&1; done; t4=${EPOCHREALTIME/./}
-  echo $((t1 - t0)) >>"$work/hit"; echo $((t2 - t1)) >>"$work/ls"
-  echo $((t3 - t2)) >>"$work/chain"; echo $((t4 - t3)) >>"$work/digests"
+  ms "$F" build "$ex/build.toml" >>"$WORK/hit"
+  ms "$F" store ls "$out" >>"$WORK/ls"
+  ms "$F" build "$ex/run.toml" >>"$WORK/chain"
+  ms by_digest >>"$WORK/digests"
 done
-hit=$(median <"$work/hit"); ls=$(median <"$work/ls"); chain=$(median <"$work/chain"); dig=$(median <"$work/digests")
+hit=$(median <"$WORK/hit"); ls=$(median <"$WORK/ls"); chain=$(median <"$WORK/chain"); dig=$(median <"$WORK/digests")
 printf 'cache hit of the hello build: %.2f ms; fhsx store ls of its output: %.2f ms; ratio %.2f (aim <= 2)\n' \
-  "$(echo "$hit / 1000" | bc -l)" "$(echo "$ls / 1000" | bc -l)" "$(echo "$hit / $ls" | bc -l)"
+  "$hit" "$ls" "$(echo "$hit / $ls" | bc -l)"
 printf 'graph by name (run.toml, 3 actions cached): %.2f ms; the same 3 actions by digest, one build each: %.2f ms; ratio %.2f (aim ~1)\n' \
-  "$(echo "$chain / 1000" | bc -l)" "$(echo "$dig / 1000" | bc -l)" "$(echo "$chain / $dig" | bc -l)"
+  "$chain" "$dig" "$(echo "$chain / $dig" | bc -l)"

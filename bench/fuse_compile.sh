@@ -12,7 +12,8 @@
 # first = first build on a fresh mount (every blob it touches verified);
 # warm = best of 5 afterwards on the same mount / the warm native tree.
 # Aim: view <= 1.2x native.
-source "$(dirname "$0")/fuse_common.sh"
+# shellcheck source=bench/fuse_common.sh
+. "$(dirname "$0")/fuse_common.sh"
 command -v gcc >/dev/null || { echo "needs gcc: apt-get install gcc" >&2; exit 2; }
 R=$WORK/rootfs
 mkdir -p "$R/usr/lib" "$R/tmp" "$R/src"
@@ -54,11 +55,11 @@ C
 echo "importing the toolchain view ($(du -sh "$R" | cut -f1))…"
 VIEW=$(import "$R")
 rm -rf "$R"
-"$FHSX" --store "$STORE" store export "$VIEW" "$WORK/native" >/dev/null 2>&1
+"$F" --store "$STORE" store export "$VIEW" "$WORK/native" >/dev/null 2>&1
 # One "build": $UNITS compiles of the file, each its own gcc process, in one chroot.
 UNITS=${UNITS:-10}
 cc_in() { unshare -m sh -c "mount -t tmpfs t '$1/tmp' && exec chroot '$1' /bin/sh -c 'i=0; while [ \$i -lt $UNITS ]; do /usr/bin/gcc -O2 -c /src/x.c -o /tmp/x\$i.o || exit 1; i=\$((i+1)); done'"; }
-best5() { local b=999 t i; for i in 1 2 3 4 5; do t=$(tm cc_in "$1"); b=$(awk -v a="$b" -v c="$t" 'BEGIN{print (c<a)?c:a}'); done; echo "$b"; }
+best5() { local b=999 t; for _ in 1 2 3 4 5; do t=$(tm cc_in "$1"); b=$(awk -v a="$b" -v c="$t" 'BEGIN{print (c<a)?c:a}'); done; echo "$b"; }
 cc_in "$WORK/native" || { echo "the compile fails in the native chroot" >&2; exit 1; }
 NW=$(best5 "$WORK/native")
 serve "$VIEW" "$WORK/mnt"

@@ -6,7 +6,8 @@
 #
 # warm = native dentry/page cache warm, view freshly mounted (store files cached);
 # cold = page cache dropped before each run on both sides. Aim: view <= 3x native.
-source "$(dirname "$0")/fuse_common.sh"
+# shellcheck source=bench/fuse_common.sh
+. "$(dirname "$0")/fuse_common.sh"
 FILES=${FILES:-20000}
 python3 - "$WORK/src" "$FILES" <<'PY'
 import os, sys
@@ -19,12 +20,12 @@ for i in range(n):
         f.write(("/* file %d */\n" % i) * (1 + i % 40))
 PY
 VIEW=$(import "$WORK/src")
-"$FHSX" --store "$STORE" store export "$VIEW" "$WORK/native" >/dev/null 2>&1
+"$F" --store "$STORE" store export "$VIEW" "$WORK/native" >/dev/null 2>&1
 echo "tree: $(find "$WORK/native" -type f | wc -l) files, $(find "$WORK/native" -type d | wc -l) directories"
 findstat() { (cd "$1" && find . -type f -print0 | xargs -0 stat -c '%s %a' >/dev/null); }
 openread() { (cd "$1" && find . -type f -print0 | xargs -0 cat >/dev/null); }
 # Warm everything the store and native side will need.
-"$FHSX" --store "$STORE" store verify >/dev/null 2>&1 || true
+"$F" --store "$STORE" store verify >/dev/null 2>&1 || true
 findstat "$WORK/native"; openread "$WORK/native"
 for work in findstat openread; do
   NW=$(tm $work "$WORK/native")

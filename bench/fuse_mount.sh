@@ -6,7 +6,8 @@
 #
 # The view is served lazily, so mount time does not grow with the tree.
 # Aim: total <= 20 ms.
-source "$(dirname "$0")/fuse_common.sh"
+# shellcheck source=bench/fuse_common.sh
+. "$(dirname "$0")/fuse_common.sh"
 SRC=${1:-/usr/include}
 if [ -z "${MOUNT_CYCLES:-}" ]; then
   cargo build --release -q -p castore-fuse --example mount_cycles

@@ -4,16 +4,12 @@
 #
 #   bench/import.sh [SRC_DIR…]     (default: /usr/lib/x86_64-linux-gnu /usr/include /usr/share/doc)
 #
-# Prints each time and the ratio the issue asks for. Needs: b3sum (apt-get install b3sum).
-set -euo pipefail
-cd "$(dirname "$0")/.."
+# Prints each time and each ratio against its aim. Needs: b3sum (apt-get install b3sum).
 command -v b3sum >/dev/null || { echo "b3sum missing: apt-get install b3sum" >&2; exit 2; }
-cargo build --release -q -p fhsx
-FHSX=$PWD/target/release/fhsx
 SRCS=("$@")
 [ ${#SRCS[@]} -gt 0 ] || SRCS=(/usr/lib/x86_64-linux-gnu /usr/include /usr/share/doc)
-WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-import.XXXXXX")
-trap 'rm -rf "$WORK"' EXIT
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 # One tree to import: copies of the sources side by side (also warms the page cache).
 mkdir -p "$WORK/src"
 for s in "${SRCS[@]}"; do cp -a "$s" "$WORK/src/$(echo "$s" | tr / _)"; done
@@ -24,9 +20,9 @@ now() { date +%s.%N; }
 t() { local a b; a=$(now); "$@" >/dev/null; b=$(now); echo "$b - $a" | bc -l; }
 sync
 CP=$(t cp -a "$WORK/src" "$WORK/cp"); sync
-IMP=$(t "$FHSX" --store "$WORK/store" store import "$WORK/src"); sync
-REIMP=$(t "$FHSX" --store "$WORK/store" store import "$WORK/src")
-VER=$(t "$FHSX" --store "$WORK/store" store verify)
+IMP=$(t "$F" --store "$WORK/store" store import "$WORK/src"); sync
+REIMP=$(t "$F" --store "$WORK/store" store import "$WORK/src")
+VER=$(t "$F" --store "$WORK/store" store verify)
 B3=$(t sh -c "find '$WORK/store/blobs' -type f -print0 | xargs -0 -P2 -n 256 b3sum --num-threads 1")
 printf 'cp -a            %8.3f s\n' "$CP"
 printf 'fhsx import      %8.3f s   ratio import/cp      = %.2f  (aim <= 1.5)\n' "$IMP" "$(echo "$IMP / $CP" | bc -l)"

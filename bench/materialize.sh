@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fast-tier materialization against `cp -a` of the same tree, on the same disk
-# in this one run (issue 9: aim >= 10x faster); each figure best of 3 but cold.
+# in this one run (aim: >= 10x faster); each figure best of 3 but cold.
 #
 #   bench/materialize.sh [SRC_DIR…]   (default: /usr/lib/x86_64-linux-gnu /usr/include /usr/share/doc /usr/bin)
 #
@@ -12,20 +12,18 @@
 #   fast (no-op)     the same view to the same DEST again
 #   cp -al           a hard-link farm of the exported tree by cp: this filesystem's
 #                    floor for one link per file, for reference
-set -euo pipefail
-cd "$(dirname "$0")/.."
-cargo build --release -q -p fhsx
-FHSX=$PWD/target/release/fhsx
 SRCS=("$@")
 [ ${#SRCS[@]} -gt 0 ] || SRCS=(/usr/lib/x86_64-linux-gnu /usr/include /usr/share/doc /usr/bin)
-WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-materialize.XXXXXX")
-[ -n "${KEEP:-}" ] || trap 'chmod -R u+w "$WORK" 2>/dev/null; rm -rf "$WORK"' EXIT
+# KEEP=1 keeps the work dir (as BENCH_KEEP=1 does for every bench).
+BENCH_KEEP=${BENCH_KEEP:-${KEEP:-}}
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 mkdir -p "$WORK/src"
 for s in "${SRCS[@]}"; do cp -a "$s" "$WORK/src/$(echo "$s" | tr / _)"; done
-F=("$FHSX" --store "$WORK/store")
-VIEW=$("${F[@]}" store import "$WORK/src" | cut -f1)
+FS=("$F" --store "$WORK/store")
+VIEW=$("${FS[@]}" store import "$WORK/src" | cut -f1)
 rm -rf "$WORK/src"
-"${F[@]}" store export "$VIEW" "$WORK/tree"
+"${FS[@]}" store export "$VIEW" "$WORK/tree"
 BYTES=$(du -sb "$WORK/tree" | cut -f1)
 FILES=$(find "$WORK/tree" -type f | wc -l)
 EXECS=$(find "$WORK/tree" -type f -perm -u+x | wc -l)
@@ -38,12 +36,12 @@ t() { local a b; sync; a=$(now); "$@" >/dev/null; b=$(now); echo "$b - $a" | bc 
 best() { local b=999999 x i; for i in 1 2 3; do x=$(t "$@" "$i"); b=$(echo "if ($x < $b) $x else $b" | bc -l); done; echo "$b"; }
 cpa() { cp -a "$WORK/tree" "$WORK/cp$1"; }
 cpl() { cp -al "$WORK/tree" "$WORK/cpl$1"; }
-warm() { "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast2-$1"; }
-noop() { "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast2-1"; }
-check() { "${F[@]}" materialize --check "$WORK/fast2-1"; }
+warm() { "${FS[@]}" materialize --tier fast "$VIEW" "$WORK/fast2-$1"; }
+noop() { "${FS[@]}" materialize --tier fast "$VIEW" "$WORK/fast2-1"; }
+check() { "${FS[@]}" materialize --check "$WORK/fast2-1"; }
 CP=$(best cpa)
 CPL=$(best cpl)
-COLD=$(t "${F[@]}" materialize --tier fast "$VIEW" "$WORK/fast1")
+COLD=$(t "${FS[@]}" materialize --tier fast "$VIEW" "$WORK/fast1")
 WARM=$(best warm)
 NOOP=$(best noop)
 CHECK=$(t check)

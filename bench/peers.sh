@@ -13,39 +13,33 @@
 #     the floor, the kernel work any sandbox must do.
 # Prints the medians and the ratios fhsx/bwrap and fhsx/nix for each.
 # Usage: bench/peers.sh [N=30]   (as root: installs nix-bin with apt)
-set -euo pipefail
-cd "$(dirname "$0")/.."
 N=${1:-30}
 if ! command -v nix-store >/dev/null; then
   echo "bench/peers.sh: installing Debian's nix-bin (for the Nix sandbox baseline)" >&2
   apt-get install -y -qq nix-bin >/dev/null
 fi
-cargo build --release -q -p fhsx
-F=$PWD/target/release/fhsx
-work=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-peers.XXXXXX")
-chmod o+x "$work"
-. bench/unmount.sh
-trap 'unmount_under "$work"; rm -rf "$work"' EXIT
-export FHSX_STORE=$work/store TMPDIR=$work
-"$F" toolchain apt busybox-static --deb-cache "${FHSX_DEB_CACHE:-$PWD/target/tmp/bench-debs}" -o "$work/bb.toolchain" 2>/dev/null
-cat >"$work/t.toml" <<A
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+export FHSX_STORE=$WORK/store TMPDIR=$WORK
+"$F" toolchain apt busybox-static --deb-cache "${FHSX_DEB_CACHE:-$PWD/target/tmp/bench-debs}" -o "$WORK/bb.toolchain" 2>/dev/null
+cat >"$WORK/t.toml" <<A
 [inputs]
 closure = ["bb.toolchain"]
 [run]
 command = ["/bin/busybox", "mkdir", "/build/out"]
 A
-"$F" build "$work/t.toml" >/dev/null 2>&1
-atom=$(sed -n 's/^atom = "\(.*\)"/\1/p' "$work/bb.toolchain" | head -1)
-"$F" store export "$atom" "$work/bb" >/dev/null
+"$F" build "$WORK/t.toml" >/dev/null 2>&1
+atom=$(sed -n 's/^atom = "\(.*\)"/\1/p' "$WORK/bb.toolchain" | head -1)
+"$F" store export "$atom" "$WORK/bb" >/dev/null
 
 # Nix: the same static busybox in the Nix store, a derivation using it.
 export NIX_CONFIG="sandbox = true
 substituters =
 experimental-features = nix-command"
-mkdir -p "$work/nixbb/bin"
-cp "$work/bb/bin/busybox" "$work/nixbb/bin/busybox"
-bbpath=$(nix-store --add "$work/nixbb")
-cat >"$work/t.nix" <<N
+mkdir -p "$WORK/nixbb/bin"
+cp "$WORK/bb/bin/busybox" "$WORK/nixbb/bin/busybox"
+bbpath=$(nix-store --add "$WORK/nixbb")
+cat >"$WORK/t.nix" <<N
 derivation {
   name = "fhsx-peer-trivial";
   system = builtins.currentSystem;
@@ -53,15 +47,16 @@ derivation {
   args = [ "mkdir" (builtins.placeholder "out") ];
 }
 N
-drv=$(nix-instantiate "$work/t.nix" 2>/dev/null)
+drv=$(nix-instantiate "$WORK/t.nix" 2>/dev/null)
 nix-store --realise "$drv" >/dev/null 2>&1
 nix-store --realise --check "$drv" >/dev/null 2>&1 || { echo "nix-store --check failed: is the Nix sandbox usable here?" >&2; nix-store --realise --check "$drv"; exit 1; }
 
 # The floor: fhsx's own bwrap flags, minus what only fhsx adds
 # (bench/run_argv.sh).
+# shellcheck source=bench/run_argv.sh
 . bench/run_argv.sh
-split_run_argv "$F" "$work" || exit 1
-(cd "$work" && "${bare[@]}") || { echo "the bare bwrap command failed" >&2; exit 1; }
+split_run_argv "$F" "$WORK" || exit 1
+(cd "$WORK" && "${bare[@]}") || { echo "the bare bwrap command failed" >&2; exit 1; }
 
 # Interleaved, the order rotated every round: a sandbox's teardown goes on
 # in the kernel after its process has exited (the network namespace is
@@ -69,23 +64,21 @@ split_run_argv "$F" "$work" || exit 1
 # the four follows each of the others equally often.
 run_one() {
   case $1 in
-    b) (cd "$work" && "${bare[@]}") ;;
-    f) "$F" build --rebuild "$work/t.toml" ;;
+    b) (cd "$WORK" && "${bare[@]}") ;;
+    f) "$F" build --rebuild "$WORK/t.toml" ;;
     n) nix-store --realise --check "$drv" ;;
-    m) "$F" build --rebuild --scratch memory --opens daemon "$work/t.toml" ;;
+    m) "$F" build --rebuild --scratch memory --opens daemon "$WORK/t.toml" ;;
   esac >/dev/null 2>&1
 }
 order=(b f n m)
-: >"$work/.f"; : >"$work/.m"; : >"$work/.n"; : >"$work/.b"
+: >"$WORK/.f"; : >"$WORK/.m"; : >"$WORK/.n"; : >"$WORK/.b"
 for ((k = 0; k < N; k++)); do
   for ((i = 0; i < 4; i++)); do
     c=${order[$(((i + k) % 4))]}
-    t0=${EPOCHREALTIME/./}; run_one "$c"; t1=${EPOCHREALTIME/./}
-    echo $((t1 - t0)) >>"$work/.$c"
+    ms run_one "$c" >>"$WORK/.$c"
   done
 done
-med() { sort -n "$1" | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
-b=$(med "$work/.b"); f=$(med "$work/.f"); m=$(med "$work/.m"); n=$(med "$work/.n")
+b=$(median %.1f <"$WORK/.b"); f=$(median %.1f <"$WORK/.f"); m=$(median %.1f <"$WORK/.m"); n=$(median %.1f <"$WORK/.n")
 echo "trivial action, medians of $N interleaved runs (order rotated): bare bwrap ${b} ms, fhsx build ${f} ms, fhsx build --scratch memory --opens daemon ${m} ms, Nix sandbox ${n} ms"
 awk -v f="$f" -v b="$b" -v n="$n" 'BEGIN { printf "defaults:                       fhsx/bwrap %.2fx (aim <= 2)   fhsx/nix %.2fx (aim ~0.5)\n", f/b, f/n }'
 awk -v f="$m" -v b="$b" -v n="$n" 'BEGIN { printf "--scratch memory --opens daemon: fhsx/bwrap %.2fx (aim <= 2)   fhsx/nix %.2fx (aim ~0.5)\n", f/b, f/n }'

@@ -14,37 +14,33 @@
 #     client's download of it (`bgd cas download-dir`), each vs `cp -r` of
 #     the same bytes.
 # Usage: bench/reapi.sh [N=10] [MiB=64]   (needs .ci/setup's /opt/fhsx-ci and root)
-set -euo pipefail
-cd "$(dirname "$0")/.."
 N=${1:-10}
 MIB=${2:-64}
 BG=${FHSX_BUILDGRID:-/opt/fhsx-ci/buildgrid}
 [ -x "$BG/bin/bgd" ] || { echo "no BuildGrid at $BG: run .ci/setup" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "run as root (PostgreSQL runs as its own user)" >&2; exit 2; }
-cargo build --release -q -p fhsx
-F=${CARGO_TARGET_DIR:-$PWD/target}/release/fhsx
-work=$(mktemp -d /tmp/bench-reapi.XXXXXX)
-chmod 755 "$work"
+# In /tmp, which PostgreSQL (its own user) can reach; BENCH_KEEP=1 keeps it.
+BENCH_DIR=/tmp
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+chmod 755 "$WORK"
 pids=()
-. bench/unmount.sh
-cleanup() {
+bench_cleanup() {
   for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done
-  runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$work/pg/data" -m immediate stop >/dev/null 2>&1 || true
-  if [ -n "${BENCH_KEEP:-}" ]; then echo "kept $work" >&2; else unmount_under "$work"; rm -rf "$work"; fi
+  runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$WORK/pg/data" -m immediate stop >/dev/null 2>&1 || true
 }
-trap cleanup EXIT
 port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 # PostgreSQL and BuildGrid.
-mkdir -p "$work/pg" && chown postgres "$work/pg"
-runuser -u postgres -- /usr/lib/postgresql/15/bin/initdb -D "$work/pg/data" -A trust -U bgd --no-sync >/dev/null
+mkdir -p "$WORK/pg" && chown postgres "$WORK/pg"
+runuser -u postgres -- /usr/lib/postgresql/15/bin/initdb -D "$WORK/pg/data" -A trust -U bgd --no-sync >/dev/null
 PGP=$(port)
-runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$work/pg/data" -l "$work/pg/log" -w start \
-  -o "-c listen_addresses=127.0.0.1 -p $PGP -k $work/pg -c fsync=off -c synchronous_commit=off" >/dev/null
+runuser -u postgres -- /usr/lib/postgresql/15/bin/pg_ctl -D "$WORK/pg/data" -l "$WORK/pg/log" -w start \
+  -o "-c listen_addresses=127.0.0.1 -p $PGP -k $WORK/pg -c fsync=off -c synchronous_commit=off" >/dev/null
 DB=postgresql+psycopg2://bgd@127.0.0.1:$PGP/postgres
 "$BG/bin/bgd" migrate apply "$DB" >/dev/null
 P=$(port)
-cat >"$work/bgd.yml" <<EOF
+cat >"$WORK/bgd.yml" <<EOF
 server:
   - !channel
     address: "127.0.0.1:$P"
@@ -83,36 +79,38 @@ instances:
       - !bytestream
         storage: *cas
 EOF
-"$BG/bin/bgd" server start "$work/bgd.yml" >"$work/bgd.log" 2>&1 &
+"$BG/bin/bgd" server start "$WORK/bgd.yml" >"$WORK/bgd.log" 2>&1 &
 pids+=($!)
-for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$P) 2>/dev/null && break; sleep 0.1; done
+for _ in $(seq 100); do (exec 3<>"/dev/tcp/127.0.0.1/$P") 2>/dev/null && break; sleep 0.1; done
 URL=http://127.0.0.1:$P
 
-export FHSX_STORE=$work/store
-"$F" toolchain apt --essential coreutils -o "$work/base.toolchain" 2>/dev/null
-TC=$("$F" toolchain id "$work/base.toolchain")
-mkdir -p "$work/empty"
-ms() { echo $(( ${EPOCHREALTIME/./} / 1000 )); }
-# Per action: N sequential `bgd execute`s of new trivial actions.
-per_action() { # tag
-  local t0 t1 k
-  t0=$(ms)
+export FHSX_STORE=$WORK/store
+"$F" toolchain apt --essential coreutils -o "$WORK/base.toolchain" 2>/dev/null
+TC=$("$F" toolchain id "$WORK/base.toolchain")
+mkdir -p "$WORK/empty"
+# Per action: N sequential `bgd execute`s of new trivial actions; the
+# milliseconds each took on average.
+executes() { # tag
+  local k
   for ((k = 0; k < N; k++)); do
-    "$BG/bin/bgd" execute --remote "$URL" command -p fhsx-toolchain "$TC" "$work/empty" -- /bin/sh -c "echo $1-$k-$RANDOM" >/dev/null 2>&1
+    "$BG/bin/bgd" execute --remote "$URL" command -p fhsx-toolchain "$TC" "$WORK/empty" -- /bin/sh -c "echo $1-$k-$RANDOM"
   done
-  t1=$(ms)
-  echo $(( (t1 - t0) / N ))
+}
+per_action() { # tag
+  local t
+  t=$(ms executes "$1" || true)
+  awk -v t="$t" -v n="$N" 'BEGIN { printf "%d\n", t / n }'
 }
 
 # 1a. On an fhsx worker.
-TMPDIR=$work "$F" worker --reapi "grpc://127.0.0.1:$P" --toolchain "$work/base.toolchain" --jobs 1 --bot-id bench >"$work/worker.out" 2>"$work/worker.log" &
-wpid=$!; pids+=($wpid)
-for _ in $(seq 100); do grep -q attached "$work/worker.out" 2>/dev/null && break; sleep 0.1; done
+TMPDIR=$WORK "$F" worker --reapi "grpc://127.0.0.1:$P" --toolchain "$WORK/base.toolchain" --jobs 1 --bot-id bench >"$WORK/worker.out" 2>"$WORK/worker.log" &
+wpid=$!; pids+=("$wpid")
+for _ in $(seq 100); do grep -q attached "$WORK/worker.out" 2>/dev/null && break; sleep 0.1; done
 per_action warm >/dev/null   # the first action composes nothing new, but warms the page cache
 fhsx_ms=$(per_action fhsx)
 
 # 2. Bytes through the CAS (the fhsx worker still attached).
-python3 - "$work/tree" "$MIB" <<'PY'
+python3 - "$WORK/tree" "$MIB" <<'PY'
 import os, sys
 root, mib = sys.argv[1], int(sys.argv[2])
 os.makedirs(root)
@@ -125,23 +123,26 @@ for i in range(small):
     os.makedirs(d, exist_ok=True)
     with open(f"{d}/s{i}", "wb") as f: f.write(os.urandom(4096))
 PY
-bytes=$(du -sb "$work/tree" | cut -f1)
+bytes=$(du -sb "$WORK/tree" | cut -f1)
 sync
-t0=$(ms); cp -r "$work/tree" "$work/tree-cp"; sync; t1=$(ms); cp_ms=$((t1 - t0)); rm -rf "$work/tree-cp"
-t0=$(ms); "$BG/bin/bgd" cas --remote "$URL" upload-dir "$work/tree" >"$work/up.out" 2>&1; t1=$(ms); up_ms=$((t1 - t0))
+copy_tree() { cp -r "$WORK/tree" "$WORK/tree-cp" && sync; }
+upload_tree() { "$BG/bin/bgd" cas --remote "$URL" upload-dir "$WORK/tree" >"$WORK/up.out" 2>&1; }
+download_tree() { "$BG/bin/bgd" cas --remote "$URL" download-dir "$root_digest" "$WORK/down" >"$WORK/down.out" 2>&1; }
+cp_ms=$(ms copy_tree); rm -rf "$WORK/tree-cp"
+up_ms=$(ms upload_tree)
 # The worker fetches the tree as an input root, then makes an output tree of the same size.
 # Fresh bytes (else the engine would have them all already), the same shape.
 gen="mkdir -p copy/s && head -c $((MIB * 3 / 4 << 20)) /dev/urandom | split -b 4194304 - copy/big && head -c $(((MIB - MIB * 3 / 4) << 20)) /dev/urandom | split -a 4 -b 4096 - copy/s/"
-"$BG/bin/bgd" execute --remote "$URL" command -c -p fhsx-toolchain "$TC" --output-file copy "$work/tree" -- /bin/sh -c "$gen" >"$work/ex.out" 2>&1
-action=$(python3 - "$work/ex.out" <<'PY'
+"$BG/bin/bgd" execute --remote "$URL" command -c -p fhsx-toolchain "$TC" --output-file copy "$WORK/tree" -- /bin/sh -c "$gen" >"$WORK/ex.out" 2>&1
+action=$(python3 - "$WORK/ex.out" <<'PY'
 import re, sys
 s = open(sys.argv[1]).read()
 m = re.search(r'Sent action=\[hash: "([0-9a-f]+)"\s+size_bytes: (\d+)', s)
 print(f"{m.group(1)}/{m.group(2)}")
 PY
 )
-"$BG/bin/bgd" actioncache --remote "$URL" get --json "$action" >"$work/ar.json" 2>/dev/null
-read -r fetch_ms upload_ms root_digest < <(python3 - "$work/ar.json" <<'PY'
+"$BG/bin/bgd" actioncache --remote "$URL" get --json "$action" >"$WORK/ar.json" 2>/dev/null
+read -r fetch_ms upload_ms root_digest < <(python3 - "$WORK/ar.json" <<'PY'
 import json, sys
 from datetime import datetime
 s = open(sys.argv[1]).read()
@@ -154,12 +155,12 @@ print(int((t("inputFetchCompletedTimestamp") - t("inputFetchStartTimestamp")) * 
       f'{d["hash"]}/{d["sizeBytes"]}')
 PY
 )
-t0=$(ms); "$BG/bin/bgd" cas --remote "$URL" download-dir "$root_digest" "$work/down" >"$work/down.out" 2>&1; t1=$(ms); down_ms=$((t1 - t0))
+down_ms=$(ms download_tree)
 kill "$wpid"; wait "$wpid" 2>/dev/null || true
 
 # 1b. The same on a plain bot: take the lease, exec the command, return its
 # exit code and stdout. No inputs, no sandbox, no record.
-cat >"$work/plain_bot.py" <<'PY'
+cat >"$WORK/plain_bot.py" <<'PY'
 import hashlib, subprocess, sys, grpc
 from buildgrid._protos.google.devtools.remoteworkers.v1test2 import bots_pb2 as b, bots_pb2_grpc as bg, worker_pb2 as w
 from buildgrid._protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as re, remote_execution_pb2_grpc as rg
@@ -181,32 +182,35 @@ while True:
             l.state = b.LeaseState.COMPLETED
     s = bots.UpdateBotSession(b.UpdateBotSessionRequest(name=s.name, bot_session=s), timeout=30)
 PY
-"$BG/bin/python" "$work/plain_bot.py" "127.0.0.1:$P" "$TC" >"$work/plain.out" 2>"$work/plain.log" &
-ppid=$!; pids+=($ppid)
-for _ in $(seq 100); do grep -q attached "$work/plain.out" 2>/dev/null && break; sleep 0.1; done
+"$BG/bin/python" "$WORK/plain_bot.py" "127.0.0.1:$P" "$TC" >"$WORK/plain.out" 2>"$WORK/plain.log" &
+ppid=$!; pids+=("$ppid")
+for _ in $(seq 100); do grep -q attached "$WORK/plain.out" 2>/dev/null && break; sleep 0.1; done
 per_action warm >/dev/null
 plain_ms=$(per_action plain)
 kill "$ppid"; wait "$ppid" 2>/dev/null || true
 
 # 1c. `fhsx build` locally, a new action each time.
-t0=$(ms)
-for ((k = 0; k < N; k++)); do
-  cat >"$work/a.toml" <<EOF
+local_builds() {
+  local k
+  for ((k = 0; k < N; k++)); do
+    cat >"$WORK/a.toml" <<EOF
 [inputs]
-toolchain = ["$work/base.toolchain"]
+toolchain = ["$WORK/base.toolchain"]
 [run]
 command = ["/bin/sh", "-c", "mkdir \$out; echo local-$k-$RANDOM"]
 EOF
-  TMPDIR=$work "$F" build "$work/a.toml" >/dev/null 2>&1
-done
-t1=$(ms); local_ms=$(( (t1 - t0) / N ))
+    TMPDIR=$WORK "$F" build "$WORK/a.toml" || return
+  done
+}
+t=$(ms local_builds)
+local_ms=$(awk -v t="$t" -v n="$N" 'BEGIN { printf "%d", t / n }')
 
 mbs() { python3 -c "print(f'{$bytes / 1048576 / max($1, 1) * 1000:.0f}')"; }
 ratio() { python3 -c "print(f'{$1 / max($2, 1):.2f}')"; }
 echo "trivial action, $N runs each (ms per action, bgd execute's own start-up included):"
 echo "  fhsx worker  $fhsx_ms   plain bot  $plain_ms   added $((fhsx_ms - plain_ms))   ratio $(ratio "$fhsx_ms" "$plain_ms")"
 echo "  fhsx build locally  $local_ms   (fhsx worker / local: $(ratio "$fhsx_ms" "$local_ms"))"
-echo "bytes through the engine's CAS: $((bytes / 1048576)) MiB, $(find "$work/tree" -type f | wc -l) files (MiB/s; ratio to cp -r, higher is slower):"
+echo "bytes through the engine's CAS: $((bytes / 1048576)) MiB, $(find "$WORK/tree" -type f | wc -l) files (MiB/s; ratio to cp -r, higher is slower):"
 echo "  cp -r                        $(mbs "$cp_ms")"
 echo "  client upload (bgd)          $(mbs "$up_ms")   $(ratio "$up_ms" "$cp_ms")"
 echo "  worker input fetch (fhsx)    $(mbs "$fetch_ms")   $(ratio "$fetch_ms" "$cp_ms")"

@@ -7,9 +7,10 @@
 #    place of the supervisor: the seccomp filter on fd 5 (from the file
 #    $seccomp_file, which the caller opens as `5<`), the RPC socket's
 #    bind (an empty file, DIR/.sock, in its place: the socket exists only
-#    during a run). "bare bwrap with the same flags" (issue 18);
+#    during a run). "bare bwrap with the same flags", the baseline of
+#    fhsx run's overhead target;
 #  - bare: minus what only fhsx adds — the RPC socket's bind, the seccomp
-#    filter — running /bin/true: the stricter floor earlier stops used;
+#    filter — running /bin/true: the stricter floor measured before;
 #  - inside: bare plus what goes inside (the socket's bind, the
 #    supervisor as PID 1), but no filter. bwrap execs the supervisor from
 #    fd 6 (`/proc/self/fd/6`): the caller opens $supervisor_file there
@@ -20,6 +21,7 @@ split_run_argv() {
   local fhsx=$1 dir=$2 full a target i=0
   seccomp_file=$dir/.seccomp
   mapfile -t full < <(cd "$dir" && "$fhsx" run --print-argv --save-seccomp "$seccomp_file" -- /bin/true)
+  # shellcheck disable=SC2012  # the newest by mtime; names are ours
   supervisor_file=$(ls -t "${TMPDIR:-/tmp}/fhsx-$(id -u)"/supervisor-* 2>/dev/null | head -1)
   : >"$dir/.sock"
   bare=() inside=() same=()

@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Overhead of `fhsx run -- /bin/true` against bwrap with the same flags
-# (issue 18: target <= 1.3). Prints the medians and means of each command
+# (target <= 1.3). Prints the medians and means of each command
 # and their ratios.
 #
 # The baseline, "same": bwrap with every flag fhsx passes it — its
 # namespaces, mounts, the RPC socket's bind and the seccomp filter —
 # running /bin/true where fhsx runs its supervisor: the kernel work the
 # sandbox itself must do. A stricter one, "bare", leaves out what only
-# fhsx adds (the socket's bind and the filter); earlier stops gave the
+# fhsx adds (the socket's bind and the filter); earlier runs gave the
 # ratio against that one, and it is printed too.
 #
 # A third command splits the gap: bwrap with what fhsx adds inside the
@@ -32,22 +32,15 @@
 # apt-get install linux-perf).
 #
 # Usage: bench/run_overhead.sh [ITERATIONS]   (default 200)
-# Env:   FHSX=path/to/fhsx (default: target/release/fhsx, built if missing)
-set -euo pipefail
-cd "$(dirname "$0")/.."
-repo=$PWD
-N=${1:-200}
-FHSX=${FHSX:-target/release/fhsx}
-if [[ ! -x $FHSX ]]; then
-  cargo build --release -p fhsx >&2
-fi
+# Env:   FHSX=path/to/fhsx (default: this tree's, built in release)
 command -v bwrap >/dev/null || { echo "bwrap missing: apt-get install bubblewrap" >&2; exit 1; }
 command -v cc >/dev/null || { echo "cc missing (for the wrap command): apt-get install gcc libc6-dev" >&2; exit 1; }
-FHSX=$(realpath "$FHSX")
-
-ws=$(mktemp -d)
-trap 'rm -rf "$ws"' EXIT
-cat >"$ws/wrap.c" <<'C'
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
+repo=$PWD
+N=${1:-200}
+F=$(realpath "$F")
+cat >"$WORK/wrap.c" <<'C'
 #include <spawn.h>
 #include <sys/wait.h>
 extern char **environ;
@@ -59,13 +52,14 @@ int main(int argc, char **argv) {
   return WIFEXITED(status) ? WEXITSTATUS(status) : 128;
 }
 C
-cc -O2 -static-pie -o "$ws/wrap" "$ws/wrap.c" || { echo "could not compile the wrap command: apt-get install gcc libc6-dev" >&2; exit 1; }
+cc -O2 -static-pie -o "$WORK/wrap" "$WORK/wrap.c" || { echo "could not compile the wrap command: apt-get install gcc libc6-dev" >&2; exit 1; }
 
 # The bare and inside commands from fhsx's own argv (bench/run_argv.sh);
 # the supervisor's control fd 3 is a pipe nobody writes (fd 9 below,
 # handed over as 3 to the commands that run it only).
+# shellcheck source=bench/run_argv.sh
 . bench/run_argv.sh
-split_run_argv "$FHSX" "$ws" || exit 1
+split_run_argv "$F" "$WORK" || exit 1
 "${bare[@]}" || { echo "the bare bwrap command failed: ${bare[*]}" >&2; exit 1; }
 "${same[@]}" 5<"$seccomp_file" || { echo "the bwrap command with fhsx's flags failed: ${same[*]}" >&2; exit 1; }
 exec 9> >(cat >/dev/null)
@@ -76,29 +70,29 @@ exec 9> >(cat >/dev/null)
 # namespace is freed by the kernel after it exits, and whatever runs next
 # pays). Timed with bash's $EPOCHREALTIME (no extra process per sample).
 # Reports the median and the mean of each.
-cd "$ws"
+cd "$WORK" || exit 1
 run_bare() { "${bare[@]}" >/dev/null 9>&-; }
 run_same() { "${same[@]}" >/dev/null 5<"$seccomp_file" 9>&-; }
 run_inside() { "${inside[@]}" >/dev/null 3>&9 6<"$supervisor_file" 9>&-; }
-run_wrap() { "$ws/wrap" "${inside[@]}" >/dev/null 3>&9 6<"$supervisor_file" 9>&-; }
-run_fhsx() { "$FHSX" run --workspace "$ws" -- /bin/true >/dev/null 9>&-; }
+run_wrap() { "$WORK/wrap" "${inside[@]}" >/dev/null 3>&9 6<"$supervisor_file" 9>&-; }
+run_fhsx() { "$F" run --workspace "$WORK" -- /bin/true >/dev/null 9>&-; }
 run_wrap || { echo "the wrap command failed" >&2; exit 1; }
 for _ in 1 2 3 4 5; do run_bare; run_same; run_inside; run_wrap; run_fhsx; done
 order=(same bare inside wrap fhsx)
-for which in "${order[@]}"; do : >"$ws/.$which"; done
+for which in "${order[@]}"; do : >"$WORK/.$which"; done
 for ((k = 0; k < N; k++)); do
   for ((j = 0; j < ${#order[@]}; j++)); do
     which=${order[$(((j + k) % ${#order[@]}))]}
     t0=${EPOCHREALTIME/./}; "run_$which"; t1=${EPOCHREALTIME/./}
-    echo $((t1 - t0)) >>"$ws/.$which"
+    echo $((t1 - t0)) >>"$WORK/.$which"
   done
 done
 stats() { sort -n "$1" | awk '{a[NR]=$1; s+=$1} END {printf "%.3f %.3f\n", a[int((NR+1)/2)]/1000, s/NR/1000}'; }
-read -r same_med same_mean < <(stats "$ws/.same")
-read -r bare_med bare_mean < <(stats "$ws/.bare")
-read -r inside_med inside_mean < <(stats "$ws/.inside")
-read -r wrap_med wrap_mean < <(stats "$ws/.wrap")
-read -r fhsx_med fhsx_mean < <(stats "$ws/.fhsx")
+read -r same_med same_mean < <(stats "$WORK/.same")
+read -r bare_med bare_mean < <(stats "$WORK/.bare")
+read -r inside_med inside_mean < <(stats "$WORK/.inside")
+read -r wrap_med wrap_mean < <(stats "$WORK/.wrap")
+read -r fhsx_med fhsx_mean < <(stats "$WORK/.fhsx")
 echo "bwrap, fhsx's flags:   median ${same_med} ms, mean ${same_mean} ms (n=$N; socket bind, seccomp filter)"
 echo "bare bwrap:            median ${bare_med} ms, mean ${bare_mean} ms (no socket bind, no filter)"
 echo "bwrap + inside:        median ${inside_med} ms, mean ${inside_mean} ms (supervisor, socket bind; no filter)"
@@ -113,18 +107,18 @@ echo "floor (median):        wrap/bare $(echo "scale=2; $wrap_med / $bare_med" |
 if [[ ${PHASES:-0} == 1 ]]; then
   command -v perf >/dev/null || { echo "PHASES=1 needs perf: apt-get install linux-perf" >&2; exit 1; }
   {
-    echo "cd $(printf '%q' "$ws")"
-    echo "echo \$\$ > $(printf '%q' "$ws/.shell")"
+    echo "cd $(printf '%q' "$WORK")"
+    echo "echo \$\$ > $(printf '%q' "$WORK/.shell")"
     echo "exec 9> >(cat >/dev/null)"
     echo "for ((k = 0; k < ${PHASE_RUNS:-40}; k++)); do"
     echo "  $(printf '%q ' "${bare[@]}") >/dev/null 9>&-"
-    echo "  $(printf '%q ' "$ws/wrap" "${inside[@]}") >/dev/null 3>&9 6<$(printf '%q' "$supervisor_file") 9>&-"
-    echo "  $(printf '%q ' "$FHSX" run --workspace "$ws" -- /bin/true) >/dev/null 9>&-"
+    echo "  $(printf '%q ' "$WORK/wrap" "${inside[@]}") >/dev/null 3>&9 6<$(printf '%q' "$supervisor_file") 9>&-"
+    echo "  $(printf '%q ' "$F" run --workspace "$WORK" -- /bin/true) >/dev/null 9>&-"
     echo "done"
-  } >"$ws/phases.sh"
-  perf record -q -a -o "$ws/perf.data" \
+  } >"$WORK/phases.sh"
+  perf record -q -a -o "$WORK/perf.data" \
     -e sched:sched_process_exec,sched:sched_process_fork,sched:sched_process_exit \
-    -- bash "$ws/phases.sh" 2>/dev/null
-  perf script -i "$ws/perf.data" -F comm,pid,tid,time,event,trace >"$ws/perf.txt" 2>/dev/null
-  python3 "$repo/bench/run_phases.py" "$ws/perf.txt" "$(cat "$ws/.shell")"
+    -- bash "$WORK/phases.sh" 2>/dev/null
+  perf script -i "$WORK/perf.data" -F comm,pid,tid,time,event,trace >"$WORK/perf.txt" 2>/dev/null
+  python3 "$repo/bench/run_phases.py" "$WORK/perf.txt" "$(cat "$WORK/.shell")"
 fi

@@ -7,27 +7,24 @@
 #  2. the same command again with every .deb already imported: it should
 #     cost the resolution and a store lookup per package.
 # Usage: bench/toolchain.sh   (needs apt and `apt-get update`)
-set -euo pipefail
-cd "$(dirname "$0")/.."
-cargo build --release -q -p fhsx
-F=$PWD/target/release/fhsx
-work=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-toolchain.XXXXXX")
-trap 'rm -rf "$work"' EXIT
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 pkgs=(--essential gcc make libc6-dev)
 # Warm apt's own caches and the network path, so both sides start alike.
-"$F" --store "$work/warm" toolchain apt "${pkgs[@]}" -o "$work/warm.toolchain" 2>/dev/null
-names=$(sed -n 's/^name = "\(.*\)"/\1/p' "$work/warm.toolchain")
+"$F" --store "$WORK/warm" toolchain apt "${pkgs[@]}" -o "$WORK/warm.toolchain" 2>/dev/null
+names=$(sed -n 's/^name = "\(.*\)"/\1/p' "$WORK/warm.toolchain")
 t0=${EPOCHREALTIME/./}
-"$F" --store "$work/s1" toolchain apt "${pkgs[@]}" -o "$work/t1.toolchain" 2>/dev/null
+"$F" --store "$WORK/s1" toolchain apt "${pkgs[@]}" -o "$WORK/t1.toolchain" 2>/dev/null
 t1=${EPOCHREALTIME/./}
-mkdir -p "$work/debs"
-(cd "$work/debs" && apt-get download -qq $names 2>/dev/null)
-for d in "$work"/debs/*.deb; do "$F" --store "$work/s2" store import "$d" >/dev/null; done
+mkdir -p "$WORK/debs"
+# shellcheck disable=SC2086  # one word per package
+(cd "$WORK/debs" && apt-get download -qq $names 2>/dev/null)
+for d in "$WORK"/debs/*.deb; do "$F" --store "$WORK/s2" store import "$d" >/dev/null; done
 t2=${EPOCHREALTIME/./}
-"$F" --store "$work/s1" toolchain apt "${pkgs[@]}" -o "$work/t3.toolchain" 2>/dev/null
+"$F" --store "$WORK/s1" toolchain apt "${pkgs[@]}" -o "$WORK/t3.toolchain" 2>/dev/null
 t3=${EPOCHREALTIME/./}
-cmp -s "$work/t1.toolchain" "$work/t3.toolchain" || { echo "the second toolchain file differs" >&2; exit 1; }
-n=$(grep -c '^\[\[package\]\]' "$work/t1.toolchain")
+cmp -s "$WORK/t1.toolchain" "$WORK/t3.toolchain" || { echo "the second toolchain file differs" >&2; exit 1; }
+n=$(grep -c '^\[\[package\]\]' "$WORK/t1.toolchain")
 printf 'toolchain of %d packages from nothing: %.2f s; apt-get download + %d imports: %.2f s; ratio %.2f\n' \
   "$n" "$(echo "($t1 - $t0) / 1000000" | bc -l)" "$n" "$(echo "($t2 - $t1) / 1000000" | bc -l)" "$(echo "($t1 - $t0) / ($t2 - $t1)" | bc -l)"
 printf 'again, every .deb imported: %.2f s (%.2f ms per package); ratio to from-nothing %.3f\n' \

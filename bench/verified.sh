@@ -9,35 +9,22 @@
 #     blob it opens at its first open: cc1, as, ld, libc, the headers).
 # Prints the medians and their ratio.
 # Env: FHSX=/path/to/fhsx (default: build this tree in release), RUNS=20.
-set -euo pipefail
-cd "$(dirname "$0")/.."
-if [ -z "${FHSX:-}" ]; then
-  cargo build --release -q -p fhsx
-  FHSX=$PWD/target/release/fhsx
-fi
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 RUNS=${RUNS:-20}
 DEBS=${FHSX_DEB_CACHE:-$PWD/target/tmp/bench-debs}
-WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-verified.XXXXXX")
-# As root builds run as build users, which must pass through $TMPDIR.
-chmod o+x "$WORK"
 export TMPDIR=$WORK
 PIDS=()
-. bench/unmount.sh
-cleanup() {
+bench_cleanup() {
   for p in "${PIDS[@]}"; do kill -TERM "$p" 2>/dev/null || true; wait "$p" 2>/dev/null || true; done
-  unmount_under "$WORK"
-  rm -rf "$WORK"
 }
-trap cleanup EXIT
-ms() { local a b; a=${EPOCHREALTIME/./}; "$@" >/dev/null 2>&1; b=${EPOCHREALTIME/./}; echo $((b - a)); }
-median() { sort -n | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
 # start_worker NAME FLAGS… → sets ADDR (its address); the worker joins PIDS
 start_worker() {
-  local name=$1 i
+  local name=$1
   shift
-  "$FHSX" --store "$WORK/w" worker --unix "$WORK/$name.sock" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
+  "$F" --store "$WORK/w" worker --unix "$WORK/$name.sock" "$@" >"$WORK/$name.out" 2>"$WORK/$name.err" &
   PIDS+=($!)
-  for i in $(seq 1 200); do
+  for _ in $(seq 1 200); do
     ADDR=$(sed -n 's/.*listening on \([^ ]*\) .*/\1/p' "$WORK/$name.out")
     if [ -n "$ADDR" ]; then return 0; fi
     sleep 0.05
@@ -46,7 +33,7 @@ start_worker() {
 }
 
 CS=$WORK/client
-"$FHSX" --store "$CS" toolchain apt --essential gcc libc6-dev --deb-cache "$DEBS" -o "$WORK/gcc.toolchain" 2>/dev/null
+"$F" --store "$CS" toolchain apt --essential gcc libc6-dev --deb-cache "$DEBS" -o "$WORK/gcc.toolchain" 2>/dev/null
 mkdir -p "$WORK/src"
 cat >"$WORK/src/unit.c" <<'C'
 #include <stdio.h>
@@ -78,13 +65,13 @@ A
 start_worker shared; shared=$ADDR
 start_worker every --hash-every-build; every=$ADDR
 # Upload once (both workers share the store), and warm the page cache.
-"$FHSX" --store "$CS" build --remote "$shared" "$WORK/cc.toml" >/dev/null
-"$FHSX" --store "$CS" build --rebuild --remote "$every" "$WORK/cc.toml" >/dev/null
+"$F" --store "$CS" build --remote "$shared" "$WORK/cc.toml" >/dev/null
+"$F" --store "$CS" build --rebuild --remote "$every" "$WORK/cc.toml" >/dev/null
 : >"$WORK/.shared"; : >"$WORK/.every"
 for _ in $(seq 1 "$RUNS"); do
-  ms "$FHSX" --store "$CS" build --rebuild --remote "$shared" "$WORK/cc.toml" >>"$WORK/.shared"
-  ms "$FHSX" --store "$CS" build --rebuild --remote "$every" "$WORK/cc.toml" >>"$WORK/.every"
+  ms "$F" --store "$CS" build --rebuild --remote "$shared" "$WORK/cc.toml" >>"$WORK/.shared"
+  ms "$F" --store "$CS" build --rebuild --remote "$every" "$WORK/cc.toml" >>"$WORK/.every"
 done
-s=$(median <"$WORK/.shared"); e=$(median <"$WORK/.every")
+s=$(median %.1f <"$WORK/.shared"); e=$(median %.1f <"$WORK/.every")
 echo "compile action through a worker, medians of $RUNS interleaved runs: hashed once per worker ${s} ms, hashed every build ${e} ms"
 awk -v a="$s" -v b="$e" 'BEGIN{printf "ratio %.2fx (saved %.1f ms a build)\n", a/b, b-a}'

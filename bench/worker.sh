@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Remote builds over loopback (issue 7's speed targets):
+# Remote builds over loopback, against their speed targets:
 #  1. a `true` action: `fhsx build --remote` round trip vs a local `fhsx build`
 #     (inputs already on the worker; aim ≤ 1.2×);
 #  2. upload throughput of the hello toolchain (~all its .debs) to a fresh
@@ -17,27 +17,16 @@
 # Env: FHSX=/path/to/fhsx (default: build this tree in release), RUNS=30
 # (round trips: remote and local interleaved, medians), ROUNDS=5 (upload
 # rounds, each an upload and its two cp's; medians), FILES_RUNS=10 (3.).
-set -euo pipefail
-cd "$(dirname "$0")/.."
-if [ -z "${FHSX:-}" ]; then
-  cargo build --release -q -p fhsx
-  FHSX=$PWD/target/release/fhsx
-fi
+# shellcheck source=bench/lib.sh
+. "$(dirname "$0")/lib.sh"
 RUNS=${RUNS:-30}
 ROUNDS=${ROUNDS:-5}
 DEBS=${FHSX_DEB_CACHE:-$PWD/target/tmp/bench-debs}
-WORK=$(mktemp -d "${BENCH_DIR:-$PWD/target}/bench-worker.XXXXXX")
-# As root builds run as build users, which must pass through $TMPDIR.
-chmod o+x "$WORK"
 export TMPDIR=$WORK
 WPID=
-. bench/unmount.sh
-cleanup() {
+bench_cleanup() {
   if [ -n "$WPID" ]; then kill -TERM "$WPID" 2>/dev/null || true; wait "$WPID" 2>/dev/null || true; fi
-  unmount_under "$WORK"
-  rm -rf "$WORK"
 }
-trap cleanup EXIT
 now() { date +%s%N; }
 secs() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.3f", (b-a)/1e9}'; }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN{printf "%.2f", a/b}'; }
@@ -46,13 +35,12 @@ start_worker() {
   local store=$1 how=${2:-tcp}
   shift; shift || true
   if [ "$how" = unix ]; then
-    "$FHSX" --store "$store" worker --unix "$store.sock" "$@" > "$WORK/worker.out" 2> "$WORK/worker.err" &
+    "$F" --store "$store" worker --unix "$store.sock" "$@" > "$WORK/worker.out" 2> "$WORK/worker.err" &
   else
-    "$FHSX" --store "$store" worker --listen 127.0.0.1:0 "$@" > "$WORK/worker.out" 2> "$WORK/worker.err" &
+    "$F" --store "$store" worker --listen 127.0.0.1:0 "$@" > "$WORK/worker.out" 2> "$WORK/worker.err" &
   fi
   WPID=$!
-  local i
-  for i in $(seq 1 200); do
+  for _ in $(seq 1 200); do
     ADDR=$(sed -n 's/.*listening on \([^ ]*\) .*/\1/p' "$WORK/worker.out")
     [ -n "$ADDR" ] && return 0
     sleep 0.05
@@ -60,17 +48,14 @@ start_worker() {
   cat "$WORK/worker.err" >&2; echo "worker did not come up" >&2; exit 1
 }
 stop_worker() { kill -TERM "$WPID"; wait "$WPID" || true; WPID=; }
-# milliseconds one run of CMD… takes
-ms() { local a b; a=${EPOCHREALTIME/./}; "$@" >/dev/null 2>&1; b=${EPOCHREALTIME/./}; echo $((b - a)); }
-median() { sort -n | awk '{a[NR]=$1} END {printf "%.1f", a[int((NR+1)/2)]/1000}'; }
 
 CS=$WORK/client
-"$FHSX" --store "$CS" toolchain apt busybox-static --deb-cache "$DEBS" -o "$WORK/bb.toolchain" 2>/dev/null
+"$F" --store "$CS" toolchain apt busybox-static --deb-cache "$DEBS" -o "$WORK/bb.toolchain" 2>/dev/null
 printf '[inputs]\nclosure = ["bb.toolchain"]\n[run]\ncommand = ["/bin/busybox", "mkdir", "/build/out"]\n' > "$WORK/true.toml"
 
 start_worker "$WORK/w1"
-"$FHSX" --store "$CS" build --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # upload once
-"$FHSX" --store "$CS" build "$WORK/true.toml" >/dev/null 2>&1                    # warm local
+"$F" --store "$CS" build --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # upload once
+"$F" --store "$CS" build "$WORK/true.toml" >/dev/null 2>&1                    # warm local
 # RUNS remote builds at $ADDR and local ones, alternating, which goes first
 # taking turns (a sandbox's teardown goes on in the kernel after it exits,
 # and the next command pays); --rebuild: each one really runs, else the
@@ -79,19 +64,19 @@ interleaved() {
   : >"$WORK/.remote"; : >"$WORK/.local"
   for k in $(seq 1 "$RUNS"); do
     if ((k % 2)); then
-      ms "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >>"$WORK/.remote"
-      ms "$FHSX" --store "$CS" build --rebuild "$WORK/true.toml" >>"$WORK/.local"
+      ms "$F" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >>"$WORK/.remote"
+      ms "$F" --store "$CS" build --rebuild "$WORK/true.toml" >>"$WORK/.local"
     else
-      ms "$FHSX" --store "$CS" build --rebuild "$WORK/true.toml" >>"$WORK/.local"
-      ms "$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >>"$WORK/.remote"
+      ms "$F" --store "$CS" build --rebuild "$WORK/true.toml" >>"$WORK/.local"
+      ms "$F" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >>"$WORK/.remote"
     fi
   done
-  REMOTE=$(median <"$WORK/.remote"); LOCAL=$(median <"$WORK/.local")
+  REMOTE=$(median %.1f <"$WORK/.remote"); LOCAL=$(median %.1f <"$WORK/.local")
 }
 # As both come: the worker keeps emptied scratch file systems mounted
 # between its builds (--scratch-pool, default --jobs), and `fhsx build`
 # parks its own in $TMPDIR for the next one.
-"$FHSX" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # park one
+"$F" --store "$CS" build --rebuild --remote "$ADDR" "$WORK/true.toml" >/dev/null 2>&1   # park one
 interleaved
 recycled=$(sed -n 's/.*scratch pool: \([0-9]*\) builds on a recycled scratch.*/\1/p' "$WORK/worker.err" | tail -1)
 stop_worker
@@ -114,21 +99,23 @@ FILES_RUNS=${FILES_RUNS:-10}
 sync
 start_worker "$WORK/w1"
 files_action() {
+  # shellcheck disable=SC2016  # a literal shell command for the action
   printf '[inputs]\nclosure = ["bb.toolchain"]\n[run]\ncommand = ["/bin/busybox", "sh", "-c", "mkdir -p /build/out/d; cd /build/out/d; for i in $(/bin/busybox seq 1 1500); do echo $i-%s > f$i; done"]\n' "$1" > "$WORK/files.toml"
 }
 : >"$WORK/.remote"; : >"$WORK/.local"
 for k in $(seq 1 "$FILES_RUNS"); do
   files_action "r$k-$RANDOM"
-  ms "$FHSX" --store "$CS" build --remote "$ADDR" "$WORK/files.toml" >>"$WORK/.remote"
+  ms "$F" --store "$CS" build --remote "$ADDR" "$WORK/files.toml" >>"$WORK/.remote"
   files_action "l$k-$RANDOM"
-  ms "$FHSX" --store "$CS" build "$WORK/files.toml" >>"$WORK/.local"
+  ms "$F" --store "$CS" build "$WORK/files.toml" >>"$WORK/.local"
 done
 stop_worker
-echo "1,500-file output, medians of $FILES_RUNS interleaved runs: remote $(median <"$WORK/.remote") ms  local $(median <"$WORK/.local") ms  ratio $(ratio "$(median <"$WORK/.remote")" "$(median <"$WORK/.local")")x"
+REMOTE=$(median %.1f <"$WORK/.remote"); LOCAL=$(median %.1f <"$WORK/.local")
+echo "1,500-file output, medians of $FILES_RUNS interleaved runs: remote ${REMOTE} ms  local ${LOCAL} ms  ratio $(ratio "$REMOTE" "$LOCAL")x"
 
 # Upload: the hello toolchain into a fresh worker store.
 TS=$WORK/tc-client
-"$FHSX" --store "$TS" toolchain apt --essential gcc make libc6-dev --deb-cache "$DEBS" -o "$WORK/gcc.toolchain" 2>/dev/null
+"$F" --store "$TS" toolchain apt --essential gcc make libc6-dev --deb-cache "$DEBS" -o "$WORK/gcc.toolchain" 2>/dev/null
 printf '[inputs]\ntoolchain = ["gcc.toolchain"]\n[run]\ncommand = ["/bin/mkdir", "/build/out"]\n' > "$WORK/tc.toml"
 # Every timed copy below (each upload, each cp) reads the client store
 # from the page cache: warm_client reads it just before. Read once at the
@@ -189,10 +176,10 @@ for round in $(seq 1 "$ROUNDS"); do
   sync
   start_worker "$WORK/w2-$round/store"
   warm_client
-  a=$(now); out=$("$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" 2>/dev/null); b=$(now)
+  a=$(now); out=$("$F" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" 2>/dev/null); b=$(now)
   cold=$(secs "$a" "$b")
   wait_synced "$WORK/w2-$round/store"
-  a=$(now); "$FHSX" --store "$TS" --json build --rebuild --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
+  a=$(now); "$F" --store "$TS" --json build --rebuild --remote "$ADDR" "$WORK/tc.toml" >/dev/null 2>&1; b=$(now)
   warm=$(secs "$a" "$b")
   stop_worker
   drop "$WORK/w2-$round"
@@ -207,6 +194,7 @@ for round in $(seq 1 "$ROUNDS"); do
   awk -v n="$cp_bytes" -v s="$(secs "$a" "$b")" 'BEGIN{printf "%.1f\n", n/s/1e6}' >>"$WORK/.cp"
   # The same round's upload against its cp, a minute apart at most: the
   # VM's phase moves both alike.
+  # shellcheck disable=SC2005  # ratio prints no newline
   echo "$(ratio "$(tail -n 1 "$WORK/.up")" "$(tail -n 1 "$WORK/.cp")")" >>"$WORK/.pair"
   drop "$WORK/cp-dest"
   dest "$WORK/cp-dest"
@@ -216,11 +204,10 @@ for round in $(seq 1 "$ROUNDS"); do
   awk -v n="$cp_bytes" -v s="$(secs "$a" "$b")" 'BEGIN{printf "%.1f\n", n/s/1e6}' >>"$WORK/.cps"
   drop "$WORK/cp-dest"
 done
-mid() { sort -n "$1" | awk '{a[NR]=$1} END {print a[int((NR+1)/2)]}'; }
-up_mbs=$(mid "$WORK/.up"); upb_mbs=$(mid "$WORK/.upb"); cp_mbs=$(mid "$WORK/.cp"); cps_mbs=$(mid "$WORK/.cps")
+up_mbs=$(median <"$WORK/.up"); upb_mbs=$(median <"$WORK/.upb"); cp_mbs=$(median <"$WORK/.cp"); cps_mbs=$(median <"$WORK/.cps")
 echo "upload: $files, $bytes bytes, $where; medians of $ROUNDS rounds: upload ${up_mbs} MB/s, cp -r ${cp_mbs} MB/s, cp -r + sync ${cps_mbs} MB/s"
 echo "upload/cp throughput ratio $(ratio "$up_mbs" "$cp_mbs")x (aim >= 0.9); upload/(cp + sync) $(ratio "$up_mbs" "$cps_mbs")x"
-echo "upload/cp within each round: $(sort -n "$WORK/.pair" | tr '\n' ' ')(median $(mid "$WORK/.pair")x)"
+echo "upload/cp within each round: $(sort -n "$WORK/.pair" | tr '\n' ' ')(median $(median <"$WORK/.pair")x)"
 echo "cold - warm remote build: ${upb_mbs} MB/s; /cp $(ratio "$upb_mbs" "$cp_mbs")x, /(cp + sync) $(ratio "$upb_mbs" "$cps_mbs")x (adds the first build's composition and the sync of the whole upload)"
 upload=$(awk -v n="$bytes" -v r="$up_mbs" 'BEGIN{printf "%.3f", n/r/1e6}')
 
@@ -229,7 +216,7 @@ dest "$WORK/w3"
 sync
 start_worker "$WORK/w3/store" unix
 warm_client
-uupload=$("$FHSX" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" 2>/dev/null |
+uupload=$("$F" --store "$TS" --json build --remote "$ADDR" "$WORK/tc.toml" 2>/dev/null |
   python3 -c 'import json,sys; print("%.3f" % json.load(sys.stdin)["remote"]["upload_seconds"])')
 stop_worker
 drop "$WORK/w3"
