@@ -154,7 +154,8 @@ fn body_cut_short_is_not_stored() {
 
 /// Stopping the proxy while a body is streaming (the build hit its
 /// timeout): shutdown returns only once the unfinished body is discarded,
-/// and nothing of it is in the store — the 2.94 GB leftover of issue 14.
+/// and nothing of it is in the store — a stopped proxy once committed such
+/// a partial body, a 2.94 GB leftover.
 #[test]
 fn stopping_mid_body_leaves_no_blob_and_no_staging() {
     // With a Content-Length, and chunked (where only the missing end of

@@ -1,5 +1,5 @@
 //! `fhsx materialize` (Fast and Export tiers) and `fhsx run --view`, end to
-//! end on the real filesystem: issue 9's "Must hold" list, one test each.
+//! end on the real filesystem: what the tiers must hold, one test each.
 //!
 //! Prerequisites fail the test with the Debian package to install, never
 //! skip it: `umoci` (OCI layout validation), `util-linux` (setpriv, to write
