@@ -756,9 +756,9 @@ impl FhsExecutor {
                 let tree = ingested.combined_tree(&self.store)?;
                 manifest::derive_and_store(&self.store, &tree)
             },
-            |(_, m)| vec![*m],
+            |m| vec![*m],
         )?;
-        Ok(Some(m.1))
+        Ok(Some(m))
     }
 
     /// Stage 8, sign: sign and store the record (and the action it names,
