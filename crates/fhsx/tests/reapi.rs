@@ -250,7 +250,6 @@ schedulers:
     storage: *cas
     property-set: !dynamic-property-set
       match-property-keys: [fhsx-toolchain]
-      wildcard-property-keys: [OSFamily]
     bot-session-keepalive-timeout: {keepalive}
 instances:
   - name: ''
@@ -649,8 +648,10 @@ fn wait_until(what: &str, limit: Duration, f: impl Fn() -> bool) {
 /// client downloads is the one `fhsx record verify` accepts with the
 /// worker's key, binding the toolchain the client asked for and an output
 /// holding the very bytes the client got. A failing command's exit code
-/// comes back too; an action naming no toolchain is refused with the
-/// reason, one naming a toolchain no worker holds stays queued, and a
+/// comes back too; the worker prints the properties it registers, among
+/// them `OSFamily` and `ISA`, which BuildGrid always matches and an action
+/// carrying them runs; an action naming no toolchain is refused with the
+/// reason, one naming a toolchain or an ISA no worker has stays queued, and a
 /// client speaking BLAKE3 is refused by the engine before any worker sees it.
 #[test]
 fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
@@ -668,10 +669,23 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
     let big: Vec<u8> = (0..5u32 << 20).map(|i| (i % 251) as u8).collect();
     fs::write(input.join("big.bin"), &big).unwrap();
     let got = t.path().join("got");
+    // The keys BuildGrid always matches, as BuildStream sends them: the
+    // worker advertises them by default, and says so.
+    for p in [
+        "OSFamily=linux",
+        "ISA=x86-64",
+        &format!("fhsx-toolchain={tc}"),
+    ] {
+        assert!(
+            w.log().contains(&format!("fhsx: worker: property {p}\n")),
+            "{p}: {}",
+            w.log()
+        );
+    }
     let o = run(e
         .execute(
             &input,
-            &[("fhsx-toolchain", &tc)],
+            &[("fhsx-toolchain", &tc), ("OSFamily", "linux"), ("ISA", "x86-64")],
             &["out/c.txt", "out/big.bin", "gen"],
             &got,
             &["/bin/sh", "-c", "mkdir gen && echo made > gen/x && cat a.txt sub/b.txt > out/c.txt && cp big.bin out/ && echo said-on-stdout"],
@@ -818,6 +832,20 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
         before + 1,
         "a worker took an action for a toolchain it does not hold"
     );
+    // Nor an ISA it does not run.
+    let mut c = e.execute(
+        &input,
+        &[("fhsx-toolchain", &tc), ("ISA", "sparc-v9")],
+        &[],
+        &got,
+        &["/bin/true"],
+    );
+    c.env("PYTHONUNBUFFERED", "1");
+    assert!(
+        run_for(c, Duration::from_secs(6)).is_none(),
+        "an action for another ISA completed"
+    );
+    assert_eq!(w.leases(), before + 1, "{}", w.log());
 
     // A BLAKE3 client: refused by the engine, which speaks SHA-256.
     let o = Command::new(buildgrid().join("bin/python"))

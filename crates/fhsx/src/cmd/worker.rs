@@ -82,7 +82,9 @@ pub struct WorkerArgs {
     #[arg(long, value_name = "FILE", requires = "reapi")]
     pub toolchain: Vec<PathBuf>,
     /// Another property of this worker for the engine to match actions on
-    /// (`KEY=VALUE`). Repeatable.
+    /// (`KEY=VALUE`). Repeatable. The worker also advertises
+    /// `OSFamily=linux` and the ISA it runs on (`ISA=x86-64`); a
+    /// `--property` for either key replaces that default.
     #[arg(long, value_name = "KEY=VALUE", requires = "reapi")]
     pub property: Vec<String>,
     /// This worker's id at the engine (session N is ID-N); default: the host name.
@@ -155,13 +157,15 @@ fn run_reapi(
         named.push((f.display().to_string(), id));
         toolchains.insert(id, atoms);
     }
-    let mut properties = Vec::new();
+    let mut extra = Vec::new();
     for p in &a.property {
-        let Some((k, v)) = p.split_once('=') else {
-            return Err(usage(format!("--property {p:?}: write KEY=VALUE")).into());
-        };
-        properties.push((k.to_owned(), v.to_owned()));
+        match p.split_once('=') {
+            Some((k, v)) if !k.is_empty() => extra.push((k.to_owned(), v.to_owned())),
+            _ => return Err(usage(format!("--property {p:?}: write KEY=VALUE")).into()),
+        }
     }
+    let properties =
+        ::worker::reapi::platform::advertised(&toolchains, &extra, std::env::consts::ARCH);
     let policy = ::worker::reapi::mapping::Policy {
         default_timeout: duration("--default-timeout", &a.default_timeout)?,
         max_timeout: duration("--max-timeout", &a.max_timeout)?,
@@ -175,13 +179,18 @@ fn run_reapi(
         instance: a.instance,
         jobs,
         bot_id: a.bot_id.unwrap_or_else(host_name),
-        properties,
+        properties: properties.clone(),
         policy,
         shutdown_grace: grace,
         builds,
     };
     let json = g.json;
     ::worker::reapi::run(config, |url| {
+        // What the engine matches actions on: an action asking for a key or
+        // value missing here is never handed to this worker.
+        for (k, v) in &properties {
+            eprintln!("fhsx: worker: property {k}={v}");
+        }
         if json {
             let t: Vec<_> = named
                 .iter()

@@ -23,7 +23,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::transport::Channel;
 
 use super::cas::{self, Cas, CasError, Upload};
-use super::mapping::{self, Found, Plan, Policy, Refusal, TOOLCHAIN_PROPERTY, WORKTREE_OUTPUT};
+use super::mapping::{self, Found, Plan, Policy, Refusal, WORKTREE_OUTPUT};
 use super::proto::{
     self, pack, re, Any, BotSession, BotStatus, BotsClient, Code, CreateBotSessionRequest, Device,
     KeyValue, Lease, LeaseState, Status, Timestamp, UpdateBotSessionRequest, Worker,
@@ -45,8 +45,8 @@ pub struct BotConfig {
     pub jobs: usize,
     /// This worker's id; session `i` is `ID-i`.
     pub bot_id: String,
-    /// Extra properties of the primary device, beside one
-    /// `fhsx-toolchain` per registered toolchain.
+    /// Every property of the primary device, as the engine registers them
+    /// ([`super::platform::advertised`]).
     pub properties: Vec<(String, String)>,
     pub policy: Policy,
     /// On SIGTERM/SIGINT, how long running builds may go on before they are
@@ -201,19 +201,14 @@ async fn run_async(config: BotConfig, ready: impl FnOnce(&str)) -> Result<(), Er
     });
     ready(&config.engine);
 
-    let mut properties: Vec<KeyValue> = config
-        .policy
-        .toolchains
-        .keys()
-        .map(|d| KeyValue {
-            key: TOOLCHAIN_PROPERTY.into(),
-            value: d.to_string(),
+    let properties: Vec<KeyValue> = config
+        .properties
+        .iter()
+        .map(|(k, v)| KeyValue {
+            key: k.clone(),
+            value: v.clone(),
         })
         .collect();
-    properties.extend(config.properties.iter().map(|(k, v)| KeyValue {
-        key: k.clone(),
-        value: v.clone(),
-    }));
     let (stop_tx, stop_rx) = watch::channel(false);
     let mut sessions = Vec::new();
     for i in 0..config.jobs.max(1) {

@@ -8,6 +8,7 @@
 //!
 //! - [`mapping`]: REAPI Action/Command ↔ fhsx action, outputs ↔
 //!   ActionResult; pure and unit-tested.
+//! - [`platform`]: the properties the worker advertises for matching.
 //! - `cas`: the engine's CAS as the store sees it: SHA-256 on the wire,
 //!   BLAKE3 in the store, a persistent index between them.
 //! - `bot`: the bot session loop, one per slot.
@@ -17,6 +18,7 @@
 mod bot;
 mod cas;
 pub mod mapping;
+pub mod platform;
 pub mod proto;
 
 pub use bot::{run, BotConfig};
