@@ -563,8 +563,8 @@ async fn execute_inner(
         lease.id, root.hash, root.size_bytes, xfer.blobs, xfer.bytes
     );
     let store = ctx.cas.store().clone();
-    let parents = plan.parents.clone();
-    let source = tokio::task::spawn_blocking(move || cas::with_dirs(&store, &tree, &parents))
+    let dirs = plan.dirs.clone();
+    let source = tokio::task::spawn_blocking(move || cas::with_dirs(&store, &tree, &dirs))
         .await
         .map_err(|e| Refusal::new(Code::Internal, e.to_string()))?
         .map_err(refusal)?;

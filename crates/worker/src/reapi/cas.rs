@@ -887,84 +887,133 @@ impl<R: BufRead> BufRead for HashingReader<R> {
     }
 }
 
-/// `root` with every directory in `paths` (relative, shallowest first)
-/// present, made empty where missing. A path through a file or symlink
-/// is refused: the action could not create its output there.
+/// `root` with every directory in `paths` (relative to it, `/`-separated)
+/// and every directory leading up to each present, made empty where
+/// missing. A path through a file or symlink is refused: the action could
+/// not create its output there.
+///
+/// The paths become a trie, one node per directory, held flat (an index
+/// per node, no recursion), so a path thousands of components deep costs
+/// its length: walked down once to load what the input root has, then
+/// written back up, children before parents.
 pub fn with_dirs(store: &LocalStore, root: &Digest, paths: &[String]) -> Result<Digest, CasError> {
     if paths.is_empty() {
         return Ok(*root);
     }
-    // A trie of the components.
-    #[derive(Default)]
-    struct Trie(BTreeMap<String, Trie>);
-    let mut trie = Trie::default();
+    struct Dir {
+        /// Its parent's index and its name there (the root: none).
+        up: Option<(usize, String)>,
+        children: BTreeMap<String, usize>,
+        /// What the input root has here (the root: the whole tree).
+        old: Option<Digest>,
+    }
+    let mut trie = vec![Dir {
+        up: None,
+        children: BTreeMap::new(),
+        old: Some(*root),
+    }];
     for p in paths {
-        let mut t = &mut trie;
+        let mut at = 0;
         for c in p.split('/') {
-            t = t.0.entry(c.to_owned()).or_default();
+            at = match trie[at].children.get(c) {
+                Some(&i) => i,
+                None => {
+                    let i = trie.len();
+                    trie.push(Dir {
+                        up: Some((at, c.to_owned())),
+                        children: BTreeMap::new(),
+                        old: None,
+                    });
+                    trie[at].children.insert(c.to_owned(), i);
+                    i
+                }
+            };
         }
     }
-    let txn = store.txn()?;
-    fn ensure(
-        store: &LocalStore,
-        txn: &castore::store::Txn<'_>,
-        dir: Option<&Digest>,
-        trie: &Trie,
-        at: &str,
-    ) -> Result<(Digest, u64), CasError> {
-        let old = match dir {
-            Some(d) => store.get_directory(d)?,
+    // Where a node is, for a refusal.
+    let path_of = |trie: &[Dir], mut i: usize| {
+        let mut parts = Vec::new();
+        while let Some((up, name)) = &trie[i].up {
+            parts.push(name.as_str());
+            i = *up;
+        }
+        parts.reverse();
+        parts.join("/")
+    };
+    // Down: each node in the order made (a parent before its children),
+    // its directory loaded and its children's found in it.
+    let mut loaded: Vec<Directory> = Vec::with_capacity(trie.len());
+    for i in 0..trie.len() {
+        let dir = match trie[i].old {
+            Some(d) => store.get_directory(&d)?,
             None => Directory::new(),
         };
-        let mut new = Directory::new();
-        let mut done = HashSet::new();
-        for (name, node) in old.entries() {
-            let key = String::from_utf8_lossy(name.as_bytes()).into_owned();
-            match (trie.0.get(&key), node) {
-                (Some(sub), Node::Directory { digest, .. }) => {
-                    let (d, size) = ensure(store, txn, Some(digest), sub, &format!("{at}{key}/"))?;
-                    new.insert(name.clone(), Node::Directory { digest: d, size })?;
-                    done.insert(key);
-                }
-                (Some(_), other) => {
-                    return Err(Refusal::new(
-                        Code::InvalidArgument,
-                        format!(
-                            "{at}{key} is {} in the input root, but an output lies below it",
-                            other.kind()
-                        ),
-                    )
-                    .into())
-                }
-                (None, n) => new.insert(name.clone(), n.clone())?,
-            }
+        let found: Vec<(usize, Option<Digest>)> = trie[i]
+            .children
+            .iter()
+            .map(|(name, &child)| match dir.get(name.as_bytes()) {
+                None => Ok((child, None)),
+                Some(Node::Directory { digest, .. }) => Ok((child, Some(*digest))),
+                Some(other) => Err(Refusal::new(
+                    Code::InvalidArgument,
+                    format!(
+                        "{} is {} in the input root, but an output or the working directory lies below it",
+                        path_of(&trie, child),
+                        other.kind()
+                    ),
+                )),
+            })
+            .collect::<Result<_, _>>()?;
+        for (child, old) in found {
+            trie[child].old = old;
         }
-        for (key, sub) in &trie.0 {
-            if done.contains(key) {
-                continue;
-            }
-            let (d, size) = ensure(store, txn, None, sub, &format!("{at}{key}/"))?;
-            new.insert(
-                Name::new(key.as_bytes())
-                    .map_err(|e| Refusal::new(Code::InvalidArgument, e.to_string()))?,
-                Node::Directory { digest: d, size },
-            )?;
-        }
-        let size = new.size();
-        Ok((txn.put_directory(&new)?, size))
+        loaded.push(dir);
     }
-    let (d, _) = ensure(store, &txn, Some(root), &trie, "")?;
+    // Up: children (made after their parents) first, each written into
+    // its parent's directory.
+    let txn = store.txn()?;
+    let mut made: Vec<Option<(Digest, u64)>> = vec![None; trie.len()];
+    for i in (0..trie.len()).rev() {
+        let old = std::mem::take(&mut loaded[i]);
+        let mut dir = Directory::new();
+        for (name, node) in old.entries() {
+            let replaced = std::str::from_utf8(name.as_bytes())
+                .is_ok_and(|n| trie[i].children.contains_key(n));
+            if !replaced {
+                dir.insert(name.clone(), node.clone())?;
+            }
+        }
+        for (name, &child) in &trie[i].children {
+            let Some((digest, size)) = made[child] else {
+                return Err(CasError::Other(format!(
+                    "directory {} was not made before its parent",
+                    path_of(&trie, child)
+                )));
+            };
+            let name = Name::new(name.as_bytes())
+                .map_err(|e| Refusal::new(Code::InvalidArgument, format!("{name:?}: {e}")))?;
+            dir.insert(name, Node::Directory { digest, size })?;
+        }
+        let size = dir.size();
+        made[i] = Some((txn.put_directory(&dir)?, size));
+    }
     txn.commit()?;
-    Ok(d)
+    match made[0] {
+        Some((d, _)) => Ok(d),
+        None => Err(CasError::Other("the input root was not made".into())),
+    }
 }
 
 /// What a path of the tree `root` is: a node, or nothing (a missing
-/// component, or one that is not a directory).
+/// component, or one that is not a directory). `""` is the root itself.
 pub fn find(store: &LocalStore, root: &Digest, path: &str) -> Result<Option<Node>, CasError> {
     let mut node = Node::Directory {
         digest: *root,
         size: 0,
     };
+    if path.is_empty() {
+        return Ok(Some(node));
+    }
     for c in path.split('/') {
         let Node::Directory { digest, .. } = &node else {
             return Ok(None);
@@ -1003,4 +1052,103 @@ pub fn subtree(
     blobs.sort();
     blobs.dedup();
     Ok((dirs, blobs))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use castore::SymlinkTarget;
+
+    fn name(n: &str) -> Name {
+        Name::new(n.as_bytes()).unwrap()
+    }
+
+    /// A real store holding `{a/{f}, f, l -> a}`.
+    fn input_root() -> (tempfile::TempDir, LocalStore, Digest) {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let blob = store.put_blob(b"x").unwrap();
+        let file = Node::File {
+            digest: blob,
+            size: 1,
+            executable: false,
+        };
+        let mut a = Directory::new();
+        a.insert(name("f"), file.clone()).unwrap();
+        let a_d = store.put_directory(&a).unwrap();
+        let mut root = Directory::new();
+        root.insert(
+            name("a"),
+            Node::Directory {
+                digest: a_d,
+                size: a.size(),
+            },
+        )
+        .unwrap();
+        root.insert(name("f"), file).unwrap();
+        root.insert(
+            name("l"),
+            Node::Symlink {
+                target: SymlinkTarget::new("a").unwrap(),
+            },
+        )
+        .unwrap();
+        let root_d = store.put_directory(&root).unwrap();
+        (t, store, root_d)
+    }
+
+    fn kind(store: &LocalStore, root: &Digest, path: &str) -> Option<&'static str> {
+        find(store, root, path).unwrap().map(|n| match n {
+            Node::File { .. } => "file",
+            Node::Directory { .. } => "directory",
+            Node::Symlink { .. } => "symlink",
+        })
+    }
+
+    #[test]
+    fn directories_are_made_where_missing_and_inputs_kept() {
+        let (_t, store, root) = input_root();
+        let dirs = ["a/b/c".to_owned(), "x/y".to_owned(), "a".to_owned()];
+        let made = with_dirs(&store, &root, &dirs).unwrap();
+        for (path, want) in [
+            ("", Some("directory")),
+            ("a", Some("directory")),
+            ("a/f", Some("file")),
+            ("a/b/c", Some("directory")),
+            ("x/y", Some("directory")),
+            ("f", Some("file")),
+            ("l", Some("symlink")),
+            // Not followed: a path through a symlink or a file is missing.
+            ("l/f", None),
+            ("f/g", None),
+            ("nothing", None),
+        ] {
+            assert_eq!(kind(&store, &made, path), want, "{path}");
+        }
+        // Nothing to make: the same tree; already there: the same digest.
+        assert_eq!(with_dirs(&store, &root, &[]).unwrap(), root);
+        assert_eq!(with_dirs(&store, &made, &dirs).unwrap(), made);
+        let sizes = store.get_directory(&made).unwrap().size();
+        assert_eq!(sizes, 8, "a, a/f, a/b, a/b/c, f, l, x and x/y");
+    }
+
+    #[test]
+    fn a_directory_through_a_file_or_symlink_is_refused_naming_it() {
+        let (_t, store, root) = input_root();
+        for (path, says) in [("f/out", "f is a file"), ("l/out", "l is a symlink")] {
+            let e = with_dirs(&store, &root, &[path.to_owned()]).unwrap_err();
+            assert_eq!(e.code(), Code::InvalidArgument, "{path}: {e}");
+            assert!(e.to_string().contains(says), "{path}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_deep_path_is_made_without_recursion() {
+        // Deeper than a recursive walk's stack would allow on a test thread.
+        let (_t, store, root) = input_root();
+        let deep = vec!["d"; 20_000].join("/");
+        let made = with_dirs(&store, &root, std::slice::from_ref(&deep)).unwrap();
+        assert_eq!(kind(&store, &made, &deep), Some("directory"));
+        assert_eq!(kind(&store, &made, "a/f"), Some("file"));
+    }
 }

@@ -18,7 +18,8 @@
 //!   when unset, refused above its maximum); `do_not_cache` skips fhsx's
 //!   action cache;
 //! - the output paths (`output_paths`, or the older `output_files` and
-//!   `output_directories`) are relative to the working directory; their
+//!   `output_directories`) are resolved against the working directory
+//!   ([`super::paths`], which says where fhsx differs from REAPI); their
 //!   parent directories are created in the input root before the build,
 //!   and afterwards they are looked up in output `out`.
 
@@ -36,6 +37,8 @@ use executor_core::{Action, ActionOf, OutputName};
 use prost::Message;
 use sha2::{Digest as _, Sha256};
 
+use super::paths;
+pub use super::paths::{OutputKind, OutputRequest};
 use super::proto::{re, Code};
 
 /// The platform property naming the toolchain an action runs on.
@@ -87,27 +90,6 @@ pub struct Policy {
     pub limits: Limits,
 }
 
-/// How the client asked for an output.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum OutputKind {
-    /// `output_paths` (REAPI ≥ 2.1): whatever is there.
-    Path,
-    /// `output_files`: a file (or a symlink, reported as one).
-    File,
-    /// `output_directories`: a directory (or a symlink).
-    Directory,
-}
-
-/// One requested output.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct OutputRequest {
-    /// As the client wrote it: relative to the working directory.
-    pub path: String,
-    /// Relative to the input root.
-    pub in_root: String,
-    pub kind: OutputKind,
-}
-
 /// An REAPI action, checked and ready to become an fhsx action.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Plan {
@@ -116,9 +98,9 @@ pub struct Plan {
     /// Relative to the input root, `""` for the root itself.
     pub working_directory: String,
     pub outputs: Vec<OutputRequest>,
-    /// Directories (relative to the input root) to create before the
-    /// build: every parent of every output, shallowest first.
-    pub parents: Vec<String>,
+    /// Directories (relative to the input root) that must exist before
+    /// the build ([`paths::Resolved::dirs`]).
+    pub dirs: Vec<String>,
     /// The `fhsx-toolchain` value, and its atoms.
     pub toolchain: Digest,
     pub toolchain_atoms: Vec<Digest>,
@@ -135,28 +117,6 @@ impl Plan {
             format!("{WORKTREE}/{}", self.working_directory)
         }
     }
-}
-
-/// Check a relative path: `/`-separated, no empty, `.` or `..`
-/// components, no leading or trailing `/`. `""` is allowed only if `empty_ok`.
-fn relative(what: &str, p: &str, empty_ok: bool) -> Result<Vec<String>, Refusal> {
-    if p.is_empty() {
-        return if empty_ok {
-            Ok(Vec::new())
-        } else {
-            Err(Refusal::invalid(format!("{what} is empty")))
-        };
-    }
-    let mut parts = Vec::new();
-    for c in p.split('/') {
-        if c.is_empty() || c == "." || c == ".." || c.contains('\0') {
-            return Err(Refusal::invalid(format!(
-                "{what} {p:?} is not a plain relative path (no leading or trailing `/`, no empty, `.` or `..` components)"
-            )));
-        }
-        parts.push(c.to_owned());
-    }
-    Ok(parts)
 }
 
 /// The action's platform properties: `Action.platform` (REAPI ≥ 2.2), else
@@ -252,58 +212,7 @@ pub fn plan(action: &re::Action, command: &re::Command, policy: &Policy) -> Resu
             )));
         }
     }
-    let wd = relative("working_directory", &command.working_directory, true)?;
-
-    let mut outputs = Vec::new();
-    let requested: Vec<(&String, OutputKind)> = if !command.output_paths.is_empty() {
-        command
-            .output_paths
-            .iter()
-            .map(|p| (p, OutputKind::Path))
-            .collect()
-    } else {
-        command
-            .output_files
-            .iter()
-            .map(|p| (p, OutputKind::File))
-            .chain(
-                command
-                    .output_directories
-                    .iter()
-                    .map(|p| (p, OutputKind::Directory)),
-            )
-            .collect()
-    };
-    let mut seen = BTreeSet::new();
-    let mut parents = BTreeSet::new();
-    for (p, kind) in requested {
-        let parts = relative("output path", p, false)?;
-        let full: Vec<&str> = wd.iter().chain(&parts).map(String::as_str).collect();
-        let in_root = full.join("/");
-        if !seen.insert(in_root.clone()) {
-            return Err(Refusal::invalid(format!(
-                "output path {p:?} is listed twice"
-            )));
-        }
-        for i in 1..full.len() {
-            parents.insert(full[..i].join("/"));
-        }
-        outputs.push(OutputRequest {
-            path: p.clone(),
-            in_root,
-            kind,
-        });
-    }
-    if !wd.is_empty() {
-        // The working directory must exist for the command to start in it.
-        for i in 1..=wd.len() {
-            parents.insert(wd[..i].join("/"));
-        }
-    }
-    // An output may itself be the parent of another (`a` and `a/b`): it is
-    // created as a directory then, as the client meant.
-    let mut parents: Vec<String> = parents.into_iter().collect();
-    parents.sort_by_key(|p| (p.matches('/').count(), p.clone()));
+    let resolved = paths::resolve_command(command)?;
 
     let timeout = match &action.timeout {
         None => policy.default_timeout,
@@ -326,9 +235,9 @@ pub fn plan(action: &re::Action, command: &re::Command, policy: &Policy) -> Resu
     Ok(Plan {
         argv: command.arguments.clone(),
         env,
-        working_directory: wd.join("/"),
-        outputs,
-        parents,
+        working_directory: resolved.working_directory,
+        outputs: resolved.outputs,
+        dirs: resolved.dirs,
         toolchain,
         toolchain_atoms: atoms.clone(),
         timeout,
@@ -336,7 +245,7 @@ pub fn plan(action: &re::Action, command: &re::Command, policy: &Policy) -> Resu
     })
 }
 
-/// The fhsx action for a plan whose input root (with [`Plan::parents`]
+/// The fhsx action for a plan whose input root (with [`Plan::dirs`]
 /// made) is the castore tree `source`.
 pub fn fhsx_action(plan: &Plan, source: Digest, limits: &Limits) -> Result<Action, Refusal> {
     let out: OutputName = WORKTREE_OUTPUT
@@ -813,7 +722,7 @@ mod tests {
         assert_eq!(p.workdir(), "/build/out/w/sub");
         assert_eq!(p.timeout, Duration::from_secs(31));
         assert!(p.do_not_cache);
-        assert_eq!(p.parents, ["w", "w/sub", "w/sub/out"]);
+        assert_eq!(p.dirs, ["w/sub", "w/sub/out"]);
         assert_eq!(
             p.outputs,
             [
@@ -857,7 +766,7 @@ mod tests {
         let p = plan(&a, &c, &policy()).unwrap();
         assert_eq!(p.outputs.len(), 1);
         assert_eq!(p.outputs[0].kind, OutputKind::Path);
-        assert_eq!(p.parents, ["x"]);
+        assert_eq!(p.dirs, ["x"]);
         assert_eq!(p.timeout, Duration::from_secs(600));
         assert_eq!(p.workdir(), "/build/out");
     }
@@ -1080,6 +989,27 @@ mod tests {
         let mut r = re::ActionResult::default();
         outputs(&p, &[Found::Symlink { target: "x".into() }], &mut r).unwrap();
         assert_eq!(r.output_symlinks[0].path, "s");
+
+        // BuildStream's shape: the working directory itself and a path
+        // beside it, named in the result as the client wrote them.
+        let mut c = command(&["true"]);
+        c.working_directory = "buildstream/p/e".into();
+        c.output_paths = vec![".".into(), "../../../install".into()];
+        let p = plan(&re::Action::default(), &c, &policy()).unwrap();
+        assert_eq!(p.outputs[0].in_root, "buildstream/p/e");
+        assert_eq!(p.outputs[1].in_root, "install");
+        let mut r = re::ActionResult::default();
+        let tree = Found::Directory {
+            tree: sha256_digest(b"t"),
+            root: sha256_digest(b"r"),
+        };
+        outputs(&p, &[tree.clone(), tree], &mut r).unwrap();
+        let got: Vec<&str> = r
+            .output_directories
+            .iter()
+            .map(|d| d.path.as_str())
+            .collect();
+        assert_eq!(got, [".", "../../../install"]);
 
         let mut c = command(&["true"]);
         c.output_files = vec!["d".into()];

@@ -8,6 +8,7 @@
 //!
 //! - [`mapping`]: REAPI Action/Command ↔ fhsx action, outputs ↔
 //!   ActionResult; pure and unit-tested.
+//! - [`paths`]: output paths resolved against the working directory.
 //! - [`platform`]: the properties the worker advertises for matching.
 //! - `cas`: the engine's CAS as the store sees it: SHA-256 on the wire,
 //!   BLAKE3 in the store, a persistent index between them.
@@ -18,6 +19,7 @@
 mod bot;
 mod cas;
 pub mod mapping;
+pub mod paths;
 pub mod platform;
 pub mod proto;
 
