@@ -163,7 +163,7 @@ fn elf_facts(f: &std::fs::File, head: &[u8]) -> Option<ElfFacts> {
     let interpreter = phdrs
         .iter()
         .find(|p| p.p_type == PT_INTERP)
-        .and_then(|p| segment(p))
+        .and_then(&segment)
         .map(|b| c_string(&b));
     // The dynamic section: (tag, value) words.
     let word = |b: &[u8]| -> u64 {
@@ -178,7 +178,7 @@ fn elf_facts(f: &std::fs::File, head: &[u8]) -> Option<ElfFacts> {
     let dynamic: Vec<(u64, u64)> = phdrs
         .iter()
         .find(|p| p.p_type == PT_DYNAMIC)
-        .and_then(|p| segment(p))
+        .and_then(&segment)
         .map(|b| {
             b.chunks_exact(2 * w)
                 .map(|d| (word(&d[..w]), word(&d[w..])))

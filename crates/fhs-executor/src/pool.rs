@@ -1,8 +1,11 @@
-//! Scratch file systems kept mounted between builds — of one long-lived
-//! process (a worker), or parked in `$TMPDIR` for the next process's
-//! (`fhsx build`, see `scratch/parked.rs`) — so that a build does not pay
-//! for a loop device and an ext4 mount, nor for their teardown (~6 of a
-//! trivial build's ~22 ms).
+//! Scratch file systems kept mounted between the builds of one process —
+//! a worker, or the actions of one graph build — so that a build does not
+//! pay for a loop device and an ext4 mount, nor for their teardown. A pool
+//! lives exactly as long as the process that owns it: what it holds is
+//! taken down when it is dropped, and a process that is killed leaves its
+//! areas to the next sweep of its `$TMPDIR`, as any killed build does.
+//! Nothing is parked for another process: a mount that outlives its owner
+//! outlives everyone's attention too.
 //!
 //! Reuse must not let one build see anything of another: a parked scratch
 //! must be indistinguishable, through every interface a build has, from a
@@ -13,7 +16,11 @@
 //! - the scratch's root is reset: owner root, mode 0755, no extended
 //!   attribute (so no ACL), the inode flags it was created with (a build
 //!   owning `/build` may set `noatime`, `sync`, `dirsync`… on it, which new
-//!   files inherit);
+//!   files inherit); its times are pinned when it is handed to the next
+//!   build, as a fresh one's are (`scratch::hand_over`);
+//! - the inodes the build freed are given out again as a fresh file system
+//!   gives them (its journal: see `scratch::make_ext4`), so a new file's
+//!   inode number tells nothing of how many the build before made;
 //! - and then the root's mode, owner, size and link count, the inode flags
 //!   and the file system's free blocks and free inodes are exactly what they
 //!   were right after the fresh mount. A build that grew `/build` past one
@@ -40,17 +47,10 @@ use crate::scratch::{empty, statvfs, still_mounted_below, WorkArea, LOCK, VIEW};
 /// (64 MiB) is removed rather than parked again.
 pub const MAX_WRITTEN_KIB: u64 = 64 << 10;
 
-/// Areas parked between builds, at most `max` at once (per disk size, for
-/// a shared pool).
+/// Areas parked between builds, at most `max` at once.
 #[derive(Debug)]
 pub struct ScratchPool {
     parked: Mutex<Vec<WorkArea>>,
-    /// Unsound parked areas being taken down meanwhile (shared pools),
-    /// joined when the pool goes.
-    retiring: Mutex<Vec<crate::background::Background>>,
-    /// Parked in `$TMPDIR` for the builds of any process (`scratch/parked.rs`)
-    /// rather than held by this one.
-    shared: bool,
     max: usize,
     reused: AtomicU64,
 }
@@ -61,21 +61,6 @@ impl ScratchPool {
     pub fn new(max: usize) -> Arc<ScratchPool> {
         Arc::new(ScratchPool {
             parked: Mutex::new(Vec::new()),
-            retiring: Mutex::new(Vec::new()),
-            shared: false,
-            max,
-            reused: AtomicU64::new(0),
-        })
-    }
-
-    /// A pool that parks areas in `$TMPDIR`, at most `max` of each disk
-    /// size, for the builds of later processes (`fhsx build`: one process
-    /// per build); each goes after [`crate::scratch::PARKED_TTL`] unused.
-    pub fn shared(max: usize) -> Arc<ScratchPool> {
-        Arc::new(ScratchPool {
-            parked: Mutex::new(Vec::new()),
-            retiring: Mutex::new(Vec::new()),
-            shared: true,
             max,
             reused: AtomicU64::new(0),
         })
@@ -92,10 +77,7 @@ impl ScratchPool {
     }
 
     pub(crate) fn take(&self, requested: u64) -> Option<WorkArea> {
-        let area = if self.shared {
-            let mut retiring = self.retiring.lock().unwrap_or_else(|p| p.into_inner());
-            crate::scratch::take_shared(requested, self.max, &mut retiring)?
-        } else {
+        let area = {
             let mut parked = self.lock();
             let i = parked.iter().position(|a| a.requested() == requested)?;
             parked.swap_remove(i)
@@ -106,9 +88,6 @@ impl ScratchPool {
 
     /// Park `area`, or remove it (dropped outside the lock) if the pool is full.
     pub(crate) fn park(&self, area: WorkArea) {
-        if self.shared {
-            return crate::scratch::park_shared(area, self.max);
-        }
         let mut parked = self.lock();
         if parked.len() < self.max {
             parked.push(area);
@@ -125,7 +104,7 @@ impl ScratchPool {
 }
 
 /// What a freshly mounted scratch looks like, as far as a build can tell.
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FreshScratch {
     mode: u32,
     uid: u32,
@@ -173,11 +152,6 @@ impl FreshScratch {
         })
     }
 
-    /// Its loop device, `/dev/loopN`.
-    pub(crate) fn device(&self) -> &Path {
-        &self.dev
-    }
-
     /// Everything a build could tell apart, the same as `other`'s, and no
     /// more than [`MAX_WRITTEN_KIB`] written since `other` was read.
     pub(crate) fn same_as_fresh(&self, other: &FreshScratch) -> bool {
@@ -222,13 +196,9 @@ pub(crate) fn reset(dir: &Path, scratch: &Path, fresh: &FreshScratch) -> bool {
         return false;
     }
     // The view's mount point stays if it is an empty directory (the host
-    // pays for a directory made and removed: see `runner.rs`), and so does
-    // a parked slot's record of its fresh state (`scratch/parked.rs`).
+    // pays for a directory made and removed: see `runner.rs`).
     let emptied = empty(dir, |p| {
-        p == scratch
-            || p.file_name() == Some(LOCK.as_ref())
-            || p.file_name() == Some(crate::scratch::FRESH.as_ref())
-            || is_empty_dir(p, VIEW)
+        p == scratch || p.file_name() == Some(LOCK.as_ref()) || is_empty_dir(p, VIEW)
     }) && empty(scratch, |_| false);
     emptied
         && reset_root(scratch, fresh)

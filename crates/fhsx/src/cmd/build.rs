@@ -60,12 +60,11 @@ pub struct BuildArgs {
     /// memory limit — a few ms faster per build, for small actions.
     #[arg(long, value_name = "MEDIUM", value_enum, default_value_t = ScratchArg::Disk)]
     pub scratch: ScratchArg,
-    /// Park up to N emptied disk scratch file systems of each size in
-    /// `$TMPDIR` (as root) for the next builds, so a build skips its loop
-    /// device and ext4 mount and their teardown. A scratch is parked only
-    /// once it is exactly as new (empty, its root reset, free blocks and
-    /// inodes as fresh), and taken down after 5 minutes unused (by the
-    /// next fhsx run). 0: none parked.
+    /// Keep up to N emptied disk scratch file systems (as root) for the
+    /// next actions of this graph, so an action skips its loop device and
+    /// ext4 mount and their teardown. A scratch is kept only once it is
+    /// exactly as new (empty, its root reset, free blocks and inodes as
+    /// fresh), and every one is taken down before fhsx exits. 0: none.
     #[arg(long, value_name = "N", env = "FHSX_SCRATCH_POOL", default_value_t = DEFAULT_SCRATCH_POOL)]
     pub scratch_pool: usize,
     /// How the sandbox opens the view's files: `kernel`, without a message
@@ -104,9 +103,8 @@ impl BuildArgs {
     }
 }
 
-/// Disk scratch file systems of one size parked for the next builds: two,
-/// for the graph builds and build loops of one user (more builds at once
-/// make their own).
+/// Disk scratch file systems kept for the next actions of one graph
+/// build (the pool goes with the process).
 const DEFAULT_SCRATCH_POOL: usize = 2;
 
 /// `--scratch`'s values.
@@ -203,7 +201,7 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     exec.cancel = Some(cancel);
     exec.keep_failed = a.keep_failed;
     exec.scratch_medium = a.scratch.into();
-    exec.scratch_pool = (a.scratch_pool > 0).then(|| ScratchPool::shared(a.scratch_pool));
+    exec.scratch_pool = (a.scratch_pool > 0).then(|| ScratchPool::new(a.scratch_pool));
     exec.zero_message_open = a.opens == OpensArg::Kernel;
     // The build's own output goes to stderr, so stdout stays the result.
     let mut sink = std::io::stderr();
@@ -217,7 +215,7 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     };
     // What the graph imports and builds stays in the store until it is done.
     let hold = Arc::new(store.temp_roots(&[])?);
-    graph.build_all(
+    let built = graph.build_all(
         |p| import(&store, &hold, p),
         |node, action, is_root| {
             let req = BuildRequest {
@@ -247,7 +245,16 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
                 },
             ))
         },
-    )
+    );
+    if let (Some(pool), Some(_)) = (&exec.scratch_pool, std::env::var_os("FHSX_TIMINGS")) {
+        eprintln!(
+            "fhsx: timings: {} of the graph's builds ran on a recycled scratch",
+            pool.reused()
+        );
+    }
+    // The pool and what it holds go now, before fhsx exits.
+    drop(exec);
+    built
 }
 
 /// `fhsx build --remote ADDR`: the same graph, each action built by a

@@ -52,6 +52,20 @@ static int litter(void) {
   say("flags", ioctl(fd, FS_IOC_SETFLAGS, &f));
   close(fd);
   say("mode", chmod("/build", 01777));
+  /* Times a build chooses, 64 bits of them for the next build to read. */
+  struct timespec t[2] = {{.tv_sec = 0x5eed, .tv_nsec = 12345}, {.tv_sec = 0xbeef, .tv_nsec = 678}};
+  say("times", utimensat(AT_FDCWD, "/build", t, 0));
+  /* Inodes used and freed, so the next file's number would move if the
+   * file system did not give the lowest free one back. */
+  char p[64];
+  for (int i = 0; i < 50; i++) {
+    snprintf(p, sizeof p, "/build/used-%02d", i);
+    close(creat(p, 0600));
+  }
+  for (int i = 0; i < 50; i += 2) {
+    snprintf(p, sizeof p, "/build/used-%02d", i);
+    unlink(p);
+  }
   return 0;
 }
 
@@ -71,6 +85,8 @@ static int probe(void) {
   printf("mode %o size %lld nlink %lld mine %d\n", st.st_mode, (long long)st.st_size,
          (long long)st.st_nlink, st.st_uid == getuid());
   printf("flags %x\n", flags_of("/build"));
+  printf("atime %lld.%09ld mtime %lld.%09ld\n", (long long)st.st_atim.tv_sec, st.st_atim.tv_nsec,
+         (long long)st.st_mtim.tv_sec, st.st_mtim.tv_nsec);
   char names[4096];
   printf("xattrs %zd\n", listxattr("/build", names, sizeof names));
   struct statvfs v;
@@ -84,10 +100,14 @@ static int probe(void) {
   while (d && (de = readdir(d)) && n < 256) e[n++] = strdup(de->d_name);
   qsort(e, n, sizeof *e, by_name);
   for (int i = 0; i < n; i++) printf("entry %s\n", e[i]);
-  /* What a new file inherits. */
+  /* What a new file inherits, and which inode it gets: a second later
+   * than anything freed before it (ext4 without a journal would skip
+   * inodes freed in an earlier second, which is what this would show). */
+  sleep(1);
   close(creat("/build/new", 0666));
   stat("/build/new", &st);
-  printf("new file mode %o flags %x\n", st.st_mode, flags_of("/build/new"));
+  printf("new file mode %o flags %x inode %llu\n", st.st_mode, flags_of("/build/new"),
+         (unsigned long long)st.st_ino);
   unlink("/build/new");
   return 0;
 }
