@@ -1061,6 +1061,147 @@ except grpc.RpcError as e:
     print("execute refused", e.code().name, e.details())
 "#;
 
+/// What a client of another family asks and reads back, sent by a Python
+/// gRPC client as BuildStream shapes it: `OSFamily`, `ISA` and the
+/// toolchain in `Action.platform`, `sh -c -e SCRIPT` run in
+/// `buildstream/p/e`, and `output_paths` the spec allows — `.` (the
+/// working directory, inputs included), `../../../buildstream-install`
+/// (beside it, within the input root), a symlink the command made (returned
+/// as one, not followed) and a path it never made (left out). The older
+/// fields resolve alike (`output_directories [""]`, `output_files
+/// ["a/../new2.txt"]`); a path out of the input root is `INVALID_ARGUMENT`
+/// naming it, and no build runs. Each result carries the nine timestamps in
+/// order, and the log (both streams, in the order written) as stdout.
+#[test]
+fn output_paths_as_buildstream_sends_them_and_what_a_client_reads_back() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Engine::start(t.path(), 10);
+    let w = Worker::new(t.path(), &e, "w1", 1);
+    let tc = toolchain_id(&seed().base);
+    let o = Command::new(buildgrid().join("bin/python"))
+        .arg("-c")
+        .arg(OUTPUTS_CLIENT)
+        .arg(format!("127.0.0.1:{}", e.port))
+        .arg(&tc)
+        .output()
+        .unwrap();
+    ok(&o, "the outputs client");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let r: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|err| panic!("{err}: {out}\n{}", w.log()));
+    let a = &r["buildstream"];
+    assert_eq!(
+        (&a["status"], &a["exit"]),
+        (&0.into(), &0.into()),
+        "{r}\n{}",
+        w.log()
+    );
+    assert_eq!(
+        a["dirs"],
+        serde_json::json!({
+            ".": {"files": ["in.txt", "new.txt"], "dirs": [], "symlinks": ["link"]},
+            "../../../buildstream-install": {"files": [], "dirs": ["bin"], "symlinks": []},
+        }),
+        "{r}"
+    );
+    assert_eq!(a["symlinks"], serde_json::json!({"link": "in.txt"}), "{r}");
+    assert_eq!(a["files"], serde_json::json!({}), "{r}");
+    let log = a["stdout"].as_str().unwrap_or_default();
+    assert!(
+        log.contains("to-stdout\n") && log.contains("to-stderr\n"),
+        "{r}"
+    );
+    assert_eq!(a["timestamps"], "ordered", "{r}");
+
+    let b = &r["older_fields"];
+    assert_eq!((&b["status"], &b["exit"]), (&0.into(), &0.into()), "{r}");
+    assert_eq!(
+        b["dirs"][""]["files"],
+        serde_json::json!(["in.txt", "new2.txt"]),
+        "{r}"
+    );
+    assert_eq!(
+        b["files"],
+        serde_json::json!({"a/../new2.txt": "two\n"}),
+        "{r}"
+    );
+    assert_eq!(b["timestamps"], "ordered", "{r}");
+
+    let c = &r["escape"];
+    assert_eq!(c["status"], 3, "{r}");
+    let m = c["message"].as_str().unwrap_or_default();
+    assert!(
+        m.contains(r#""../../../../etc""#) && m.contains("out of the input root"),
+        "{r}"
+    );
+    assert!(
+        w.log().matches(" started").count() <= 2,
+        "the escaping action ran: {}",
+        w.log()
+    );
+    assert!(w.mounts().is_empty(), "{:?}", w.mounts());
+}
+
+/// The client of the test above: `ADDR TOOLCHAIN`; prints one JSON object.
+const OUTPUTS_CLIENT: &str = r#"
+import hashlib, json, sys, grpc
+from buildgrid._protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as re, remote_execution_pb2_grpc as reg
+ch = grpc.insecure_channel(sys.argv[1]); tc = sys.argv[2]
+cas = reg.ContentAddressableStorageStub(ch)
+def digest(b): return re.Digest(hash=hashlib.sha256(b).hexdigest(), size_bytes=len(b))
+def put_bytes(b):
+    d = digest(b)
+    cas.BatchUpdateBlobs(re.BatchUpdateBlobsRequest(requests=[re.BatchUpdateBlobsRequest.Request(digest=d, data=b)]))
+    return d
+def put(m): return put_bytes(m.SerializeToString())
+def get(d):
+    if d.size_bytes == 0: return b""
+    return cas.BatchReadBlobs(re.BatchReadBlobsRequest(digests=[d])).responses[0].data
+def nest(path, leaf):
+    # The directory `leaf` at `path` below an otherwise empty root.
+    d = leaf
+    for name in reversed(path.split("/")):
+        d = re.Directory(directories=[re.DirectoryNode(name=name, digest=put(d))])
+    return d
+inputs = nest("buildstream/p/e", re.Directory(files=[re.FileNode(name="in.txt", digest=put_bytes(b"in\n"))]))
+platform = re.Platform(properties=[re.Platform.Property(name=k, value=v) for k, v in
+    sorted([("ISA", "x86-64"), ("OSFamily", "linux"), ("fhsx-toolchain", tc)])])
+def execute(script, **outputs):
+    c = re.Command(arguments=["sh", "-c", "-e", script], working_directory="buildstream/p/e", **outputs)
+    a = re.Action(command_digest=put(c), input_root_digest=put(inputs), platform=platform)
+    last = None
+    for op in reg.ExecutionStub(ch).Execute(re.ExecuteRequest(action_digest=put(a), skip_cache_lookup=True)):
+        last = op
+    resp = re.ExecuteResponse(); last.response.Unpack(resp)
+    r = resp.result
+    out = {"status": resp.status.code, "message": resp.status.message, "exit": r.exit_code}
+    def listing(tree_digest):
+        t = re.Tree(); t.ParseFromString(get(tree_digest))
+        return {"files": [f.name for f in t.root.files], "dirs": [d.name for d in t.root.directories],
+                "symlinks": [s.name for s in t.root.symlinks]}
+    out["dirs"] = {d.path: listing(d.tree_digest) for d in r.output_directories}
+    out["files"] = {f.path: get(f.digest).decode() for f in r.output_files}
+    out["symlinks"] = {s.path: s.target for s in list(r.output_symlinks) + list(r.output_file_symlinks)}
+    out["stdout"] = get(r.stdout_digest).decode(errors="replace") if r.HasField("stdout_digest") else None
+    m = r.execution_metadata
+    names = ["queued", "worker_start", "input_fetch_start", "input_fetch_completed", "execution_start",
+             "execution_completed", "output_upload_start", "output_upload_completed", "worker_completed"]
+    stamps = [(n, getattr(m, n + "_timestamp")) for n in names]
+    missing = [n for n, s in stamps if not m.HasField(n + "_timestamp")]
+    times = [s.ToNanoseconds() for _, s in stamps]
+    out["timestamps"] = ("missing " + " ".join(missing)) if missing else (
+        "ordered" if times == sorted(times) else "out of order: " + str(list(zip(names, times))))
+    return out
+print(json.dumps({
+    "buildstream": execute(
+        "mkdir -p ../../../buildstream-install/bin && echo made > ../../../buildstream-install/bin/prog && "
+        "echo new > new.txt && ln -s in.txt link && echo to-stdout && echo to-stderr >&2",
+        output_paths=[".", "../../../buildstream-install", "link", "missing"]),
+    "older_fields": execute("echo two > new2.txt", output_files=["a/../new2.txt"], output_directories=[""]),
+    "escape": execute("true", output_paths=["../../../../etc"]),
+}))
+"#;
+
 /// A Bazel workspace: a genrule feeding a C binary, Bazel's rules_cc and
 /// rules_java names served by local stubs over its built-in rules (Bazel
 /// 2.1 would download them; this machine reaches no such host).

@@ -478,6 +478,9 @@ async fn execute(
     lease: &Lease,
     cancel: Arc<AtomicBool>,
 ) -> (Status, Option<re::ActionResult>) {
+    // `queued_timestamp` is the engine's to set: a lease does not say when
+    // its action was queued. (BuildGrid sets it, and its own worker start
+    // and completion times over these.)
     let mut meta = re::ExecutedActionMetadata {
         worker: bot.to_owned(),
         worker_start_timestamp: Some(now()),
@@ -485,6 +488,9 @@ async fn execute(
     };
     match execute_inner(ctx, bot, lease, cancel, &mut meta).await {
         Ok((st, mut result)) => {
+            if st.code != Code::Ok as i32 {
+                eprintln!("fhsx worker: {bot}: lease {}: {}", lease.id, st.message);
+            }
             meta.worker_completed_timestamp = Some(now());
             result.execution_metadata = Some(meta);
             (st, Some(result))
@@ -642,7 +648,7 @@ async fn result(
     record: &SignedRecord,
 ) -> Result<(Status, re::ActionResult), Refusal> {
     let rec = &record.record;
-    let (exit_code, code) = mapping::exit(&rec.exit);
+    let (exit_code, _) = mapping::exit(&rec.exit);
     let mut uploads = vec![
         Upload::Stored(rec.log_digest),
         Upload::Stored(*record_digest),
@@ -735,31 +741,23 @@ async fn result(
         .sha_of_blobs(vec![rec.log_digest])
         .await
         .map_err(refusal)?;
+    // The executor runs the command with stdout and stderr on one pipe,
+    // so its log keeps the order they were written in, and that one log is
+    // what the signed record names (the same for a run and a cache hit). It
+    // is the action's stdout; stderr is left empty rather than guessed at.
+    // Apart, they would need the executor to keep two logs and the record
+    // to name both.
     res.stdout_digest = log.get(&rec.log_digest).cloned();
-    if let Some(f) = &rec.failure {
-        // The command succeeded but fhsx refused what it left.
-        return Err(Refusal::new(
-            Code::FailedPrecondition,
-            format!("{f} (record {record_digest})"),
-        ));
-    }
-    if !rec.violations.is_empty() {
-        return Err(Refusal::new(
-            Code::PermissionDenied,
-            format!("{} (record {record_digest})", rec.violations.join("; ")),
-        ));
-    }
-    let st = match code {
-        Code::DeadlineExceeded => status(
-            code,
-            format!(
-                "the action ran out of its {}s timeout",
-                plan.timeout.as_secs()
-            ),
-        ),
-        _ => status(Code::Ok, ""),
-    };
-    Ok((st, res))
+    // A run fhsx refused (outputs, containment) still returns its result:
+    // the exit code, the log and the proof are what tell the client why.
+    let (code, message) = mapping::verdict(
+        &rec.exit,
+        rec.failure.as_deref(),
+        &rec.violations,
+        record_digest,
+        plan.timeout,
+    );
+    Ok((status(code, message), res))
 }
 
 #[cfg(test)]

@@ -602,6 +602,41 @@ pub fn exit(status: &executor_core::ExitStatus) -> (i32, Code) {
     }
 }
 
+/// The status of an action that ran, beside its `ActionResult` (which a
+/// client gets either way: the exit code, the log and the proof of a run
+/// fhsx refused are what says why). `OK` for a command that ran to its end,
+/// whatever its exit code; the timeout is `DEADLINE_EXCEEDED`; outputs fhsx
+/// refused (`failure`: its ingest rules, a limit) `FAILED_PRECONDITION`; a
+/// containment violation `PERMISSION_DENIED` — each naming the record.
+pub fn verdict(
+    status: &executor_core::ExitStatus,
+    failure: Option<&str>,
+    violations: &[String],
+    record: &Digest,
+    timeout: Duration,
+) -> (Code, String) {
+    if !violations.is_empty() {
+        return (
+            Code::PermissionDenied,
+            format!("{} (record {record})", violations.join("; ")),
+        );
+    }
+    if let Some(f) = failure {
+        return (Code::FailedPrecondition, format!("{f} (record {record})"));
+    }
+    let code = exit(status).1;
+    let why = match status {
+        executor_core::ExitStatus::TimedOut => {
+            format!("the action ran out of its {}s timeout", timeout.as_secs())
+        }
+        executor_core::ExitStatus::LimitExceeded { limit } => {
+            format!("the action went past its {limit}")
+        }
+        _ => return (code, String::new()),
+    };
+    (code, format!("{why} (record {record})"))
+}
+
 /// What fhsx's own errors are on the wire. A refused or invalid action is
 /// the client's to fix; a containment violation is not retried
 /// elsewhere; anything else may be this worker's trouble, so the engine
@@ -1035,5 +1070,58 @@ mod tests {
         assert_eq!(error_code(ExitClass::Usage), Code::FailedPrecondition);
         assert_eq!(error_code(ExitClass::Integrity), Code::PermissionDenied);
         assert_eq!(error_code(ExitClass::BuildFailed), Code::Internal);
+    }
+
+    #[test]
+    fn a_run_s_status_says_why_and_names_the_record() {
+        use executor_core::ExitStatus;
+        let rec = Digest::of(b"record");
+        let t = Duration::from_secs(7);
+        let none: &[String] = &[];
+        let escaped = ["wrote outside /build".to_owned()];
+        for (exit, failure, violations, code, says) in [
+            // A command that failed ran to its end: OK, its exit code apart.
+            (ExitStatus::Exited { code: 0 }, None, none, Code::Ok, ""),
+            (ExitStatus::Exited { code: 2 }, None, none, Code::Ok, ""),
+            (ExitStatus::Signaled { signal: 9 }, None, none, Code::Ok, ""),
+            (
+                ExitStatus::TimedOut,
+                None,
+                none,
+                Code::DeadlineExceeded,
+                "7s timeout",
+            ),
+            (
+                ExitStatus::LimitExceeded {
+                    limit: "[limits] log".into(),
+                },
+                None,
+                none,
+                Code::ResourceExhausted,
+                "past its [limits] log",
+            ),
+            (
+                ExitStatus::Exited { code: 0 },
+                Some("fhsx: output out holds a device node"),
+                none,
+                Code::FailedPrecondition,
+                "device node",
+            ),
+            (
+                ExitStatus::Exited { code: 0 },
+                Some("refused"),
+                &escaped[..],
+                Code::PermissionDenied,
+                "outside /build",
+            ),
+        ] {
+            let (c, m) = verdict(&exit, failure, violations, &rec, t);
+            assert_eq!(c, code, "{exit:?}");
+            assert!(m.contains(says), "{m}");
+            assert_eq!(m.is_empty(), code == Code::Ok, "{m}");
+            if code != Code::Ok {
+                assert!(m.contains(&rec.to_string()), "{m}");
+            }
+        }
     }
 }
