@@ -84,6 +84,9 @@ pub enum Error {
         limit: usize,
     },
 
+    #[error("tree {root} nests directories more than {limit} deep; the store takes trees at most {limit} deep: make it shallower")]
+    TreeTooDeep { root: Digest, limit: usize },
+
     #[error("{op} {path}: {source}")]
     Io {
         op: &'static str,

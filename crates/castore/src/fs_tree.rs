@@ -477,6 +477,9 @@ mod tests {
     struct Count {
         entries: u64,
         deepest: usize,
+        /// The most descriptors open under `root` at any one entry.
+        most_open: usize,
+        root: PathBuf,
     }
 
     impl Visitor for Count {
@@ -484,6 +487,7 @@ mod tests {
         type Error = Error;
         fn enter(&mut self, at: &TreePath<'_>, _: BorrowedFd<'_>) -> Result<()> {
             self.deepest = self.deepest.max(at.depth());
+            self.most_open = self.most_open.max(open_under(&self.root));
             Ok(())
         }
         fn entry(
@@ -507,8 +511,14 @@ mod tests {
         }
     }
 
-    fn open_fds() -> usize {
-        std::fs::read_dir("/proc/self/fd").unwrap().count()
+    /// This process's descriptors open on anything under `dir` (other
+    /// tests' descriptors, elsewhere, do not count).
+    fn open_under(dir: &Path) -> usize {
+        std::fs::read_dir("/proc/self/fd")
+            .unwrap()
+            .flatten()
+            .filter(|e| std::fs::read_link(e.path()).is_ok_and(|t| t.starts_with(dir)))
+            .count()
     }
 
     #[test]
@@ -518,16 +528,18 @@ mod tests {
         let mut c = Count {
             entries: 0,
             deepest: 0,
+            most_open: 0,
+            root: t.path().to_path_buf(),
         };
         walk(t.path(), 3000, &mut c).unwrap();
         assert_eq!((c.entries, c.deepest), (3001, 3000));
+        assert!(c.most_open <= 2, "{} descriptors open at once", c.most_open);
         let err = walk(t.path(), 100, &mut c).unwrap_err().to_string();
         assert!(err.contains("more than 100"), "{err}");
         assert!(err.contains("d/d/d"), "{err}");
         // Nothing is left open by either walk.
-        let before = open_fds();
         walk(t.path(), 3000, &mut c).unwrap();
-        assert_eq!(open_fds(), before);
+        assert_eq!(open_under(t.path()), 0);
     }
 
     #[test]

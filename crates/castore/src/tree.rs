@@ -25,8 +25,9 @@ pub struct TreeBuilder {
 }
 
 /// Split an archive path into validated components. Leading `./` and empty
-/// components (`a//b`, a trailing `/`) are dropped; `..`, a leading `/` and
-/// invalid names are errors.
+/// components (`a//b`, a trailing `/`) are dropped; `..`, a leading `/`,
+/// invalid names and more than [`crate::fs_tree::MAX_DEPTH`] components
+/// are errors (so the builder's own recursion is bounded too).
 pub fn components(raw: &[u8]) -> std::result::Result<Vec<Name>, String> {
     if raw.contains(&0) {
         return Err("path contains a NUL byte".into());
@@ -45,6 +46,14 @@ pub fn components(raw: &[u8]) -> std::result::Result<Vec<Name>, String> {
                 ))
             }
             c => out.push(Name::new(c).map_err(|e| e.to_string())?),
+        }
+        if out.len() > crate::fs_tree::MAX_DEPTH {
+            return Err(format!(
+                "path {:?}… nests more than {} deep; the store takes trees at most {} deep",
+                crate::shown::escaped(&raw[..raw.len().min(200)]),
+                crate::fs_tree::MAX_DEPTH,
+                crate::fs_tree::MAX_DEPTH
+            ));
         }
     }
     Ok(out)

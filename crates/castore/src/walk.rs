@@ -1,7 +1,66 @@
-//! Looking up paths inside a stored tree.
+//! Looking up paths inside a stored tree, and bounding its depth.
+
+use std::collections::HashMap;
 
 use crate::store::DirectoryStore;
 use crate::{Digest, Error, Node, Result};
+
+/// Refuse the stored tree `root` if directories nest in it more than
+/// `limit` deep. Trees a remote client uploads are shaped by the client,
+/// and a stored tree is a DAG: this walks each distinct directory once,
+/// with its own stack, so neither a deep chain nor a wide DAG (k objects
+/// naming 2^k paths) costs more than the objects themselves. What passes
+/// can be walked by the store's recursive walkers (export, compose,
+/// verify, diff) on any thread's stack.
+pub fn check_depth(store: &dyn DirectoryStore, root: &Digest, limit: usize) -> Result<()> {
+    let too_deep = || Error::TreeTooDeep { root: *root, limit };
+    // Each directory's height once known: how many levels of directories
+    // nest below it.
+    let mut height: HashMap<Digest, usize> = HashMap::new();
+    // Directories to visit; with their subdirectories once those are
+    // pushed, when they are on the current path.
+    let mut stack: Vec<(Digest, Option<Vec<Digest>>)> = vec![(*root, None)];
+    let mut on_path = 0usize;
+    while let Some((d, expanded)) = stack.pop() {
+        if let Some(children) = expanded {
+            on_path -= 1;
+            let h = children
+                .iter()
+                .filter_map(|c| height.get(c).map(|h| h + 1))
+                .max()
+                .unwrap_or(0);
+            if h > limit {
+                return Err(too_deep());
+            }
+            height.insert(d, h);
+            continue;
+        }
+        if height.contains_key(&d) {
+            continue;
+        }
+        let children: Vec<Digest> = store
+            .get_directory(&d)?
+            .entries()
+            .filter_map(|(_, n)| match n {
+                Node::Directory { digest, .. } => Some(*digest),
+                _ => None,
+            })
+            .collect();
+        let todo: Vec<_> = children
+            .iter()
+            .filter(|c| !height.contains_key(*c))
+            .map(|c| (*c, None))
+            .collect();
+        stack.push((d, Some(children)));
+        on_path += 1;
+        // A chain deeper than the limit is refused before it is walked out.
+        if on_path > limit + 1 {
+            return Err(too_deep());
+        }
+        stack.extend(todo);
+    }
+    Ok(())
+}
 
 /// The root node of a tree named by a directory digest.
 pub fn root_node(store: &dyn DirectoryStore, root: &Digest) -> Result<Node> {
@@ -47,4 +106,59 @@ pub fn lookup_bytes(store: &dyn DirectoryStore, root: &Digest, path: &[u8]) -> R
         })?;
     }
     Ok(node)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::LocalStore;
+    use crate::{Directory, Name};
+
+    /// A directory holding `child` under each of `names`.
+    fn holding(s: &LocalStore, child: Option<Digest>, names: &[&str]) -> Digest {
+        let mut d = Directory::new();
+        if let Some(c) = child {
+            let size = s.get_directory(&c).unwrap().size();
+            for n in names {
+                d.insert(
+                    Name::new(n.as_bytes()).unwrap(),
+                    Node::Directory { digest: c, size },
+                )
+                .unwrap();
+            }
+        }
+        s.put_directory(&d).unwrap()
+    }
+
+    #[test]
+    fn a_chain_past_the_limit_is_refused_and_one_at_it_taken() {
+        let t = tempfile::tempdir().unwrap();
+        let s = LocalStore::open(t.path()).unwrap();
+        let mut top = holding(&s, None, &[]);
+        for _ in 0..100 {
+            top = holding(&s, Some(top), &["d"]);
+        }
+        check_depth(&s, &top, 100).unwrap();
+        let err = check_depth(&s, &top, 99).unwrap_err().to_string();
+        assert!(err.contains("more than 99 deep"), "{err}");
+        // Far past the limit, refused without walking it out.
+        for _ in 0..20_000 {
+            top = holding(&s, Some(top), &["d"]);
+        }
+        assert!(check_depth(&s, &top, 1024).is_err());
+    }
+
+    /// Sixty levels of two names each for the same child: 2^60 paths, 61
+    /// objects, each visited once.
+    #[test]
+    fn a_wide_dag_costs_its_objects_not_its_paths() {
+        let t = tempfile::tempdir().unwrap();
+        let s = LocalStore::open(t.path()).unwrap();
+        let mut top = holding(&s, None, &[]);
+        for _ in 0..60 {
+            top = holding(&s, Some(top), &["a", "b"]);
+        }
+        check_depth(&s, &top, 60).unwrap();
+        assert!(check_depth(&s, &top, 59).is_err());
+    }
 }

@@ -62,6 +62,11 @@ pub struct FhsExecutor {
     /// Where emptied scratch file systems wait for the next build (a
     /// worker's); `None`: each build mounts its own and unmounts it.
     pub scratch_pool: Option<Arc<crate::pool::ScratchPool>>,
+    /// Check every input tree's depth before a build uses it, remembering
+    /// the ones that passed: a worker's, whose inputs a remote client
+    /// uploaded, shaped as it liked (see [`InputDepths`]). `None`: inputs
+    /// were made on this host, by import or ingest, which bound it there.
+    pub input_depths: Option<Arc<InputDepths>>,
     /// What backs each build's scratch (default: disk). In memory, the
     /// scratch holds at most `[limits] disk` and `[limits] memory` bytes,
     /// and what it holds counts against the memory limit.
@@ -147,6 +152,7 @@ impl FhsExecutor {
             keep_failed: false,
             verified: castore_fuse::VerifiedBlobs::process(),
             scratch_pool: None,
+            input_depths: None,
             scratch_medium: ScratchMedium::Disk,
             zero_message_open: true,
         })
@@ -379,6 +385,9 @@ impl FhsExecutor {
                     what: list.name(),
                     digest: *d,
                 });
+            }
+            if let Some(depths) = &self.input_depths {
+                depths.check(&self.store, d)?;
             }
         }
         Ok(())
@@ -937,6 +946,37 @@ fn root_entries(
             )
         })
         .collect())
+}
+
+/// Input trees known to nest no deeper than the store takes
+/// ([`castore::fs_tree::MAX_DEPTH`]), so that the walks a build makes of
+/// them (compose, export, the view) stay within their stacks. Each tree is
+/// walked once ([`castore::walk::check_depth`]: every distinct directory
+/// once) and then remembered, up to [`InputDepths::REMEMBERED`] trees.
+#[derive(Debug, Default)]
+pub struct InputDepths {
+    passed: std::sync::Mutex<std::collections::HashSet<Digest>>,
+}
+
+impl InputDepths {
+    /// Trees remembered at most; past it the memory starts again.
+    pub const REMEMBERED: usize = 1 << 16;
+
+    fn check(&self, store: &LocalStore, root: &Digest) -> Result<(), Error> {
+        let known = |p: &std::sync::Mutex<std::collections::HashSet<Digest>>| {
+            p.lock().unwrap_or_else(|e| e.into_inner()).contains(root)
+        };
+        if known(&self.passed) {
+            return Ok(());
+        }
+        castore::walk::check_depth(store, root, castore::fs_tree::MAX_DEPTH)?;
+        let mut passed = self.passed.lock().unwrap_or_else(|e| e.into_inner());
+        if passed.len() >= Self::REMEMBERED {
+            passed.clear();
+        }
+        passed.insert(*root);
+        Ok(())
+    }
 }
 
 /// Where a build's time goes, stage by stage: said on the live log when

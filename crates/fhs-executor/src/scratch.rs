@@ -690,7 +690,7 @@ fn make_ext4(image: &Path, bytes: u64) -> Result<(), String> {
     f.set_len(bytes)
         .map_err(|e| format!("sizing {}: {e}", image.display()))?;
     drop(f);
-    // A small journal: not for crashes (the scratch never outlives one) but
+    // A small journal (see below): not for crashes (the scratch never outlives one) but
     // because ext4 without one, picking a new inode, skips those freed in
     // an earlier second whose inode-table block is cached — so on a
     // recycled scratch the next build's first file would get an inode
@@ -712,11 +712,16 @@ fn make_ext4(image: &Path, bytes: u64) -> Result<(), String> {
     // over groups, and a trivial build leaves the image 6 extents (each
     // one discarded when it is freed) instead of 17.
     let flex_groups = bytes.div_ceil(128 << 20).next_power_of_two().max(16);
+    // A MiB of journal per 64 MiB of scratch, at least 1 (1,024 of the
+    // small file system's 1 KiB blocks, mkfs's floor) and at most 16: the
+    // room it takes from `[limits] disk`, and the most a scratch writes to
+    // the host's disk for it, stay small.
+    let journal_mib = (bytes >> 26).clamp(1, 16);
     run(Command::new("mkfs.ext4")
         .args(["-q", "-F", "-m", "0"])
         .args(["-G", &flex_groups.to_string()])
         .args(["-O", "has_journal,^resize_inode,sparse_super2"])
-        .args(["-J", "size=16"])
+        .args(["-J", &format!("size={journal_mib}")])
         .args([
             "-E",
             "lazy_itable_init=1,lazy_journal_init=1,nodiscard,packed_meta_blocks=1,num_backup_sb=0",

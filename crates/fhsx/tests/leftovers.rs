@@ -340,3 +340,169 @@ fn a_bridge_log_flood_is_stopped_at_limits_log() {
     assert!(w.blob(&v["log"]).len() <= (1 << 20) + 4096);
     w.clean();
 }
+
+/// `fhsx worker` on loopback (TCP with its own TLS), killed when dropped.
+struct Worker {
+    child: std::process::Child,
+    addr: String,
+}
+
+impl Worker {
+    fn start(store: &Path, tmp: &Path, jobs: usize) -> Worker {
+        use std::io::BufRead;
+        support::passable(tmp);
+        let mut child = Command::new(support::fhsx_exe())
+            .arg("--store")
+            .arg(store)
+            .args(["worker", "--listen", "127.0.0.1:0", "--scratch-pool", "1"])
+            .args(["--jobs", &jobs.to_string()])
+            .env("TMPDIR", tmp)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let addr = line
+            .split_whitespace()
+            .nth(4)
+            .unwrap_or_else(|| panic!("the worker did not say where it listens: {line:?}"))
+            .to_owned();
+        Worker { child, addr }
+    }
+}
+
+impl Worker {
+    /// Stop it as an operator would (SIGTERM), and wait for it to go.
+    fn stop(mut self) -> std::process::ExitStatus {
+        // SAFETY: signalling our own child by its pid.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        self.child.wait().unwrap()
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A chain of `n` directories in `store`, made object by object as a
+/// client could upload it (no disk tree this deep is importable).
+fn stored_chain(store: &Path, n: usize) -> String {
+    use castore::store::DirectoryStore;
+    let s = castore::LocalStore::open(store).unwrap();
+    let mut top = s.put_directory(&castore::Directory::new()).unwrap();
+    let mut size = 0;
+    for _ in 0..n {
+        let mut d = castore::Directory::new();
+        d.insert(
+            castore::Name::new(b"d").unwrap(),
+            castore::Node::Directory { digest: top, size },
+        )
+        .unwrap();
+        size = d.size();
+        top = s.put_directory(&d).unwrap();
+    }
+    top.to_string()
+}
+
+/// Each thing a hostile build leaves, and a client's input tree deeper
+/// than the store takes, sent through `fhsx worker` while an honest
+/// client builds beside it: each is refused or taken as by `fhsx build`,
+/// the honest builds all succeed, and the worker serves on with nothing
+/// left mounted.
+#[test]
+fn a_worker_outlives_what_hostile_builds_leave() {
+    let w = World::new();
+    let honest_store = w.path().join("honest-store");
+    let honest_bb = busybox(&honest_store);
+    let honest = w.path().join("honest.toml");
+    fs::write(
+        &honest,
+        format!("[inputs]\nclosure = [\"{honest_bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out; busybox sleep 1; echo fine > $out/f\"]\n"),
+    )
+    .unwrap();
+    let deep_input = stored_chain(&w.store, 3000);
+    let uploaded = w.path().join("deep-input.toml");
+    fs::write(
+        &uploaded,
+        format!("[inputs]\nclosure = [{}, \"{deep_input}\"]\n[run]\ncommand = [\"/bin/busybox\", \"true\"]\n", w.closure),
+    )
+    .unwrap();
+    let cases = [
+        (
+            w.action("w-deep-scratch.toml", "busybox mkdir /build/junk && leave chain /build/junk 30000", ""),
+            0,
+            "",
+        ),
+        (
+            w.action("w-deep-out.toml", "leave chain $out 5000", ""),
+            1,
+            "more than 1024 deep",
+        ),
+        (
+            w.action("w-sparse.toml", "leave sparse $out/big 1073741824", "disk = 67108864\n"),
+            1,
+            "([limits] output",
+        ),
+        (
+            w.action("w-bridge.toml", "leave bridge 5000 info xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx", "log = 65536\n"),
+            1,
+            "[limits] log",
+        ),
+        (uploaded, 2, "more than 1024 deep"),
+    ];
+    let tmp = w.path().join("worker-tmp");
+    fs::create_dir(&tmp).unwrap();
+    let worker = Worker::start(&w.path().join("worker-store"), &tmp, 2);
+    for (action, code, why) in &cases {
+        let hostile = fhsx(&w.store)
+            .args(["--json", "build", "--rebuild", "--remote", &worker.addr])
+            .arg(action)
+            .output();
+        let fine = fhsx(&honest_store)
+            .args(["--json", "build", "--rebuild", "--remote", &worker.addr])
+            .arg(&honest)
+            .output()
+            .unwrap();
+        let hostile = hostile.unwrap();
+        assert!(
+            fine.status.success(),
+            "{}: the honest build failed: {}",
+            action.display(),
+            text(&fine)
+        );
+        assert_eq!(
+            hostile.status.code(),
+            Some(*code),
+            "{}: {}",
+            action.display(),
+            text(&hostile)
+        );
+        assert!(
+            text(&hostile).contains(why),
+            "{}: {}",
+            action.display(),
+            text(&hostile)
+        );
+        stderr_has_no_control_bytes(&hostile);
+    }
+    // Still serving, and nothing of the builds left mounted.
+    let again = fhsx(&honest_store)
+        .args(["build", "--rebuild", "--remote", &worker.addr])
+        .arg(&honest)
+        .output()
+        .unwrap();
+    assert!(
+        again.status.success(),
+        "the worker stopped serving: {}",
+        text(&again)
+    );
+    // Its pool goes with it.
+    assert!(worker.stop().success());
+    no_leftovers(&tmp);
+}

@@ -86,6 +86,8 @@ pub struct Runner {
     builds: BuildOptions,
     /// Emptied scratch file systems kept for the next builds, if asked for.
     scratch_pool: Option<Arc<fhs_executor::pool::ScratchPool>>,
+    /// Input trees (uploaded by clients) found shallow enough to build on.
+    input_depths: Arc<fhs_executor::build::InputDepths>,
     slots: Arc<Semaphore>,
     /// Cancel flags of builds whose sandbox is live (removed by the build
     /// thread itself once everything is torn down).
@@ -103,6 +105,7 @@ impl Runner {
             builds,
             scratch_pool: (builds.scratch_pool > 0)
                 .then(|| fhs_executor::pool::ScratchPool::new(builds.scratch_pool)),
+            input_depths: Arc::default(),
             slots: Arc::new(Semaphore::new(jobs)),
             running: Arc::new(Mutex::new(HashMap::new())),
             next: AtomicU64::new(0),
@@ -155,10 +158,11 @@ impl Runner {
         let jobs = self.jobs;
         let builds = self.builds;
         let pool = self.scratch_pool.clone();
+        let depths = self.input_depths.clone();
         let handle = tokio::task::spawn_blocking(move || {
             let now = running.lock().map(|m| m.len()).unwrap_or(0);
             eprintln!("fhsx worker: build {id} started ({now}/{jobs} slots busy)");
-            let r = run_build(store, job, cancel, log, builds, pool.clone());
+            let r = run_build(store, job, cancel, log, builds, pool.clone(), depths);
             // Totals, not this build's share: with several slots a counter
             // read around one build also counts its neighbours'.
             if let Some(p) = &pool {
@@ -243,6 +247,7 @@ fn run_build(
     log: mpsc::Sender<Vec<u8>>,
     builds: BuildOptions,
     scratch_pool: Option<Arc<fhs_executor::pool::ScratchPool>>,
+    input_depths: Arc<fhs_executor::build::InputDepths>,
 ) -> JobResult {
     let failed = |class, message: String| JobResult::Failed { class, message };
     let dir = match tempfile::Builder::new().prefix("fhsx-remote-").tempdir() {
@@ -275,6 +280,7 @@ fn run_build(
         exec.verified = Arc::default();
     }
     exec.scratch_pool = scratch_pool;
+    exec.input_depths = Some(input_depths);
     exec.scratch_medium = builds.scratch;
     exec.zero_message_open = builds.zero_message_open;
     let mut req = BuildRequest::new(job.action, lock_path);
