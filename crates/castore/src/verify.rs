@@ -131,6 +131,7 @@ fn verify_all(store: &LocalStore, progress: &dyn Progress) -> Result<Report> {
         problems.entry((*d, *k)).or_default();
     }
     let all_blobs: HashSet<Digest> = blobs.iter().map(|b| b.0).collect();
+    let mut visited = HashSet::new();
     for r in &roots {
         let mut ctx = Walk {
             decoded: &decoded,
@@ -138,8 +139,9 @@ fn verify_all(store: &LocalStore, progress: &dyn Progress) -> Result<Report> {
             corrupt: &corrupt,
             present_blobs: &all_blobs,
             problems: &mut problems,
+            visited: &mut visited,
         };
-        ctx.walk(r, &format!("{r}"));
+        ctx.walk(r);
     }
     report.problems = problems
         .into_iter()
@@ -158,38 +160,106 @@ struct Walk<'a> {
     corrupt: &'a HashSet<Digest>,
     present_blobs: &'a HashSet<Digest>,
     problems: &'a mut BTreeMap<(Digest, &'static str), Vec<String>>,
+    /// Directories already walked, from any root.
+    visited: &'a mut HashSet<Digest>,
 }
 
 impl Walk<'_> {
-    fn walk(&mut self, d: &Digest, at: &str) {
-        let Some(dir) = self.decoded.get(d) else {
-            let kind = self.bad_dirs.get(d).copied().unwrap_or("missing");
-            self.problems
-                .entry((*d, kind))
-                .or_default()
-                .push(at.to_owned());
-            return;
-        };
-        for (name, node) in dir.entries() {
-            let p = format!("{at}/{name}");
-            match node {
-                Node::Directory { digest, .. } => self.walk(digest, &p),
-                Node::File { digest, .. } => {
-                    if self.corrupt.contains(digest) {
-                        self.problems
-                            .entry((*digest, "corrupt"))
-                            .or_default()
-                            .push(p);
-                    } else if !self.present_blobs.contains(digest) {
-                        self.problems
-                            .entry((*digest, "missing"))
-                            .or_default()
-                            .push(p);
+    /// Walk the tree `root`, each distinct directory once (see [`Named`]),
+    /// noting where each bad object is used.
+    fn walk(&mut self, root: &Digest) {
+        let mut named = Named::new(root);
+        let mut stack = vec![(*root, 0)];
+        while let Some((d, at)) = stack.pop() {
+            if !self.visited.insert(d) {
+                continue;
+            }
+            let Some(dir) = self.decoded.get(&d) else {
+                let kind = self.bad_dirs.get(&d).copied().unwrap_or("missing");
+                self.problems
+                    .entry((d, kind))
+                    .or_default()
+                    .push(named.path(at, None));
+                continue;
+            };
+            for (name, node) in dir.entries() {
+                match node {
+                    Node::Directory { digest, .. } if !self.visited.contains(digest) => {
+                        stack.push((*digest, named.child(at, name)));
                     }
+                    Node::File { digest, .. } => {
+                        let kind = if self.corrupt.contains(digest) {
+                            "corrupt"
+                        } else if !self.present_blobs.contains(digest) {
+                            "missing"
+                        } else {
+                            continue;
+                        };
+                        self.problems
+                            .entry((*digest, kind))
+                            .or_default()
+                            .push(named.path(at, Some(name)));
+                    }
+                    _ => {}
                 }
-                Node::Symlink { .. } => {}
             }
         }
+    }
+}
+
+/// How each directory of a walk was first reached: its parent's place and
+/// its name, so a path is spelled only for what is reported. A tree's
+/// depth costs a name per directory, not a path per directory; and a
+/// directory reached by many paths (a stored tree is a DAG: k objects can
+/// spell 2^k paths) is walked, and named, once.
+struct Named {
+    /// `(parent, name)`; the root's entry holds its digest as its name.
+    reached: Vec<(usize, String)>,
+}
+
+impl Named {
+    /// The most of a path a report spells out.
+    const SHOWN: usize = 400;
+
+    fn new(root: &Digest) -> Named {
+        Named {
+            reached: vec![(usize::MAX, root.to_string())],
+        }
+    }
+
+    /// The place of `name` below the directory at `parent`.
+    fn child(&mut self, parent: usize, name: &crate::Name) -> usize {
+        self.reached.push((parent, name.to_string()));
+        self.reached.len() - 1
+    }
+
+    /// The path of the directory at `at` (and of `leaf` in it), from its
+    /// root, cut after [`Named::SHOWN`] bytes.
+    fn path(&self, at: usize, leaf: Option<&crate::Name>) -> String {
+        let mut names = Vec::new();
+        let mut i = at;
+        while let Some((parent, name)) = self.reached.get(i) {
+            names.push(name.as_str());
+            i = *parent;
+        }
+        let leaf = leaf.map(|l| l.to_string());
+        let mut path = String::new();
+        for n in names.into_iter().rev().chain(leaf.as_deref()) {
+            if !path.is_empty() {
+                path.push('/');
+            }
+            path.push_str(n);
+            if path.len() > Self::SHOWN {
+                let mut cut = Self::SHOWN;
+                while !path.is_char_boundary(cut) {
+                    cut -= 1;
+                }
+                path.truncate(cut);
+                path.push('…');
+                break;
+            }
+        }
+        path
     }
 }
 
@@ -198,20 +268,28 @@ fn verify_tree(store: &LocalStore, root: &Digest, progress: &dyn Progress) -> Re
     let mut dirs = Vec::new();
     let mut files: BTreeMap<Digest, Vec<String>> = BTreeMap::new();
     let mut problems = Vec::new();
-    let mut stack = vec![(*root, root.to_string())];
+    let mut named = Named::new(root);
+    let mut stack = vec![(*root, 0)];
     let mut seen = HashSet::new();
     while let Some((d, at)) = stack.pop() {
+        if !seen.insert(d) {
+            continue;
+        }
         match store.get_directory(&d) {
             Ok(dir) => {
-                if seen.insert(d) {
-                    dirs.push(d);
-                }
+                dirs.push(d);
                 for (name, node) in dir.entries() {
-                    let p = format!("{at}/{name}");
                     match node {
-                        Node::Directory { digest, .. } => stack.push((*digest, p)),
-                        Node::File { digest, .. } => files.entry(*digest).or_default().push(p),
-                        Node::Symlink { .. } => {}
+                        Node::Directory { digest, .. } if !seen.contains(digest) => {
+                            stack.push((*digest, named.child(at, name)));
+                        }
+                        Node::File { digest, .. } => {
+                            files
+                                .entry(*digest)
+                                .or_default()
+                                .push(named.path(at, Some(name)));
+                        }
+                        _ => {}
                     }
                 }
             }
@@ -222,7 +300,7 @@ fn verify_tree(store: &LocalStore, root: &Digest, progress: &dyn Progress) -> Re
                     _ => "invalid",
                 },
                 object: d,
-                used_at: vec![at],
+                used_at: vec![named.path(at, None)],
             }),
         }
         progress.advance(1, 0);
@@ -262,4 +340,68 @@ fn verify_tree(store: &LocalStore, root: &Digest, progress: &dyn Progress) -> Re
     }
     report.problems.sort_by(|a, b| a.used_at.cmp(&b.used_at));
     Ok(report)
+}
+
+#[cfg(test)]
+mod bounded {
+    use super::*;
+    use crate::Name;
+
+    /// A directory holding `child` under each of `names`, and `file` if any.
+    fn holding(
+        s: &LocalStore,
+        child: Option<Digest>,
+        names: &[&str],
+        file: Option<Digest>,
+    ) -> Digest {
+        let mut d = Directory::new();
+        if let Some(c) = child {
+            let size = s.get_directory(&c).unwrap().size();
+            for n in names {
+                d.insert(
+                    Name::new(n.as_bytes()).unwrap(),
+                    Node::Directory { digest: c, size },
+                )
+                .unwrap();
+            }
+        }
+        if let Some(f) = file {
+            d.insert(
+                Name::new(b"f").unwrap(),
+                Node::File {
+                    digest: f,
+                    size: 1,
+                    executable: false,
+                },
+            )
+            .unwrap();
+        }
+        crate::store::DirectoryStore::put_directory(s, &d).unwrap()
+    }
+
+    /// A chain 3,000 deep and a DAG of 2^60 paths, each with a missing
+    /// blob at the bottom: verified with the store's own stack, each
+    /// directory once, the blob reported at one shortened path.
+    #[test]
+    fn deep_chains_and_wide_dags_are_verified_by_their_objects() {
+        let t = tempfile::tempdir().unwrap();
+        let s = LocalStore::open(t.path()).unwrap();
+        let absent = Digest::of(b"never stored");
+        let mut chain = holding(&s, None, &[], Some(absent));
+        for _ in 0..3_000 {
+            chain = holding(&s, Some(chain), &["d"], None);
+        }
+        let r = verify(&s, Some(&chain), &()).unwrap();
+        assert_eq!(r.directories_checked, 3_001);
+        assert_eq!(r.problems.len(), 1, "{:?}", r.problems);
+        assert!(r.problems[0].used_at[0].len() < 500);
+        let mut dag = holding(&s, None, &[], Some(absent));
+        for _ in 0..60 {
+            dag = holding(&s, Some(dag), &["a", "b"], None);
+        }
+        let r = verify(&s, Some(&dag), &()).unwrap();
+        assert_eq!(r.directories_checked, 61);
+        let all = verify(&s, None, &()).unwrap();
+        assert_eq!(all.problems.len(), 1, "{:?}", all.problems);
+    }
 }
