@@ -90,6 +90,10 @@ pub fn diff(
     before: &Digest,
     after: &Digest,
 ) -> Result<Vec<Difference>> {
+    // The walk below recurses: only over depths it can take.
+    for root in [before, after] {
+        crate::walk::check_depth(store, root, crate::fs_tree::MAX_DEPTH)?;
+    }
     let mut out = Vec::new();
     diff_dirs(store, "", before, after, &mut out)?;
     Ok(out)

@@ -39,6 +39,8 @@ pub fn export(
     dest: &Path,
     progress: &dyn Progress,
 ) -> Result<()> {
+    // The walk below recurses: only over a depth it can take.
+    crate::walk::check_depth(store, root, crate::fs_tree::MAX_DEPTH)?;
     if let Ok(mut rd) = fs::read_dir(dest) {
         if rd.next().is_some() {
             return Err(Error::DestinationExists(dest.to_path_buf()));

@@ -506,3 +506,33 @@ fn a_worker_outlives_what_hostile_builds_leave() {
     assert!(worker.stop().success());
     no_leftovers(&tmp);
 }
+
+/// A stored tree deeper than the store takes (as a client could upload
+/// one to a worker's store) is refused by the commands whose walks
+/// recurse, naming the limit, and verified by `store verify`, whose walk
+/// does not: none of them crashes.
+#[test]
+fn store_commands_refuse_or_walk_a_stored_tree_of_any_depth() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let deep = stored_chain(&store, 3000);
+    for args in [
+        vec!["store", "export", &deep, "exported"],
+        vec!["materialize", &deep, "fast"],
+        vec!["materialize", "--tier", "export", &deep, "view.tar"],
+    ] {
+        let o = fhsx(&store)
+            .current_dir(t.path())
+            .args(&args)
+            .output()
+            .unwrap();
+        assert_eq!(o.status.code(), Some(2), "{args:?}: {}", text(&o));
+        assert!(
+            text(&o).contains("more than 1024 deep"),
+            "{args:?}: {}",
+            text(&o)
+        );
+    }
+    let o = fhsx(&store).args(["store", "verify"]).output().unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+}

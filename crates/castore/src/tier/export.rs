@@ -111,6 +111,8 @@ pub fn write_tar<W: Write>(
     mtime: u64,
     progress: &dyn Progress,
 ) -> Result<(W, u64)> {
+    // The walk below recurses: only over a depth it can take.
+    crate::walk::check_depth(store, root, crate::fs_tree::MAX_DEPTH)?;
     let mut b = tar::Builder::new(out);
     let mut n = 0u64;
     append_dir(

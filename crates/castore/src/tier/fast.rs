@@ -192,8 +192,11 @@ pub fn materialize(
         copied: 0,
         exec_twins_created: 0,
     };
-    // Also proves the root is present before anything is written.
+    // Also proves the root is present before anything is written; and
+    // that its depth is one the walks below can take (a tree a remote
+    // client uploaded can be of any depth).
     store.get_directory(root)?;
+    crate::walk::check_depth(store, root, crate::fs_tree::MAX_DEPTH)?;
     let previous = read_marker(dest);
     let dest_meta = fs::symlink_metadata(dest).ok();
     match (&previous, &dest_meta) {
