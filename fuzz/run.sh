@@ -12,7 +12,7 @@ secs=${1:-60}
 shift || true
 targets=("$@")
 if [ ${#targets[@]} -eq 0 ]; then
-  targets=(directory_decode archive_import action_parse lock_parse url_normalise rpc_frame)
+  targets=(directory_decode archive_import action_parse lock_parse url_normalise rpc_frame ingest_tree)
 fi
 if ! rustup toolchain list | grep -q '^nightly'; then
   echo "fuzz/run.sh: no nightly toolchain (rustup toolchain install nightly); run \`cd fuzz && cargo test --release\` instead" >&2

@@ -92,3 +92,119 @@ pub fn rpc_frame(data: &[u8]) {
         let _ = serde_json::from_slice::<executor_sandbox::rpc::Request>(&frame);
     }
 }
+
+/// Ingest of a build's output: the bytes drive the making of a tree in a
+/// scratch directory — directories entered and left, files dense and
+/// sparse, symlinks (into an output, the scratch, out of the output, to a
+/// host file), hard links, FIFOs, odd modes, chains hundreds to thousands
+/// of levels deep — which is then ingested as output `out` under small
+/// limits. Ingest never panics, and it imports or refuses: an import holds
+/// no more entries than the limit allows.
+pub fn ingest_tree(data: &[u8]) {
+    use std::os::unix::ffi::OsStrExt;
+    use std::os::unix::fs::PermissionsExt;
+    use std::sync::OnceLock;
+    static STORE: OnceLock<(tempfile::TempDir, castore::LocalStore)> = OnceLock::new();
+    let (dir, store) = STORE.get_or_init(|| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let store = castore::LocalStore::open(dir.path().join("store")).expect("open store");
+        (dir, store)
+    });
+    let scratch = tempfile::tempdir_in(dir.path()).expect("scratch");
+    let out = scratch.path().join("out");
+    std::fs::create_dir(&out).expect("out");
+    const TARGETS: [&str; 8] = [
+        "/build/out/usr/lib/x",
+        "/build/src/y",
+        "../../..",
+        "/etc/passwd",
+        "a/../b",
+        ".",
+        "",
+        "/build/out",
+    ];
+    let mut here = out.clone();
+    let mut depth = 0usize;
+    let mut last_file: Option<std::path::PathBuf> = None;
+    let mut bytes = data.iter().copied();
+    let mut next = move || bytes.next();
+    while let Some(op) = next() {
+        let arg = next().unwrap_or(0);
+        // A name of 1-8 bytes from the input, never `/`, NUL, `.` or `..`.
+        let name: Vec<u8> = (0..1 + arg % 8)
+            .map(|_| next().unwrap_or(b'n'))
+            .map(|b| if b == b'/' || b == 0 { b'_' } else { b })
+            .collect();
+        let name = if name == b"." || name == b".." { b"dots".to_vec() } else { name };
+        let p = here.join(std::ffi::OsStr::from_bytes(&name));
+        match op % 9 {
+            0 => {
+                if std::fs::create_dir(&p).is_ok() {
+                    here = p;
+                    depth += 1;
+                }
+            }
+            1 if depth > 0 => {
+                here.pop();
+                depth -= 1;
+            }
+            2 => {
+                let _ = std::fs::write(&p, vec![arg; usize::from(arg) * 3]);
+                last_file = Some(p);
+            }
+            3 => {
+                // Sparse: long as it reads, no blocks.
+                if let Ok(f) = std::fs::File::create(&p) {
+                    let _ = f.set_len(u64::from(arg) << 16);
+                }
+            }
+            4 => {
+                let _ = std::os::unix::fs::symlink(TARGETS[usize::from(arg) % TARGETS.len()], &p);
+            }
+            5 => {
+                if let Some(f) = &last_file {
+                    let _ = std::fs::hard_link(f, &p);
+                }
+            }
+            6 => {
+                let c = std::ffi::CString::new(p.as_os_str().as_bytes()).expect("no NUL");
+                // SAFETY: a NUL-terminated path.
+                unsafe { libc::mkfifo(c.as_ptr(), 0o600) };
+            }
+            7 => {
+                let _ = std::fs::set_permissions(&here, std::fs::Permissions::from_mode(u32::from(arg) << 1));
+            }
+            _ => {
+                // A chain from here, each level made relative to the last.
+                use rustix::fs::{Mode, OFlags};
+                let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::CLOEXEC;
+                let Ok(mut cur) = rustix::fs::open(&here, flags, Mode::empty()) else {
+                    continue;
+                };
+                for _ in 0..usize::from(arg) * 8 {
+                    let _ = rustix::fs::mkdirat(&cur, "c", Mode::from_raw_mode(0o755));
+                    match rustix::fs::openat(&cur, "c", flags | OFlags::NOFOLLOW, Mode::empty()) {
+                        Ok(next) => cur = next,
+                        Err(_) => break,
+                    }
+                }
+            }
+        }
+    }
+    let names = ["out".parse().expect("a valid output name")];
+    let limits = fhs_executor::ingest::OutputLimits {
+        bytes: 4 << 20,
+        entries: 2000,
+    };
+    match fhs_executor::ingest::ingest_outputs(store, scratch.path(), &names, limits) {
+        Ok(ingested) => {
+            let root = ingested.outputs.values().next().expect("one output");
+            let d = castore::store::DirectoryStore::get_directory(store, root).expect("stored");
+            assert!(d.size() <= 2000, "imported {} entries past the limit", d.size());
+        }
+        Err(_) => {}
+    }
+    // Whatever the build left, the scratch can be removed.
+    castore::fs_tree::remove_tree(scratch.path()).expect("the scratch is removable");
+    std::mem::forget(scratch);
+}

@@ -233,3 +233,21 @@ fn fuzz_regressions_replay() {
         }
     }
 }
+
+#[test]
+fn fuzz_ingest_tree() {
+    // Each input makes and removes a tree on disk: fewer of them.
+    let n = (iters() / 30).max(20);
+    let mut r = Rng::new(7);
+    // Into a directory, a file, a link into the output, a hard link, a
+    // sparse file, a deep chain, back up, a FIFO, a mode 000 directory.
+    let seed: Vec<u8> = vec![
+        0, 1, b'd', 2, 4, b'f', b'i', b'l', b'e', 4, 0, b'l', 5, 1, b'h', 3, 255, b's', 8, 200,
+        b'c', 1, 0, b'x', 6, 0, b'p', 0, 0, b'z', 7, 0, b'm',
+    ];
+    fhsx_fuzz::ingest_tree(&seed);
+    for _ in 0..n {
+        let input = r.mutate(&seed, &[&[8, 255], &[0, 0, b'a'], &[4, 2, b'l']]);
+        fhsx_fuzz::ingest_tree(&input);
+    }
+}

@@ -5,7 +5,7 @@
  *                          longer than one name), a file at the bottom;
  *                          stops early, saying where, when the file system
  *                          is full.
- *   leave links DIR N      N hard links to one file in DIR.
+ *   leave links DIR N      N hard links in DIR (to one file per 60,000).
  *   leave sparse PATH N    a sparse file of N bytes (one byte written).
  *   leave bridge N LEVEL MESSAGE
  *                          N log requests to the RPC bridge (/run/wf.sock);
@@ -46,14 +46,18 @@ static int chain(const char *dir, long n) {
 
 static int links(const char *dir, long n) {
     if (chdir(dir) != 0) { perror(dir); return 1; }
-    int fd = open("f", O_CREAT | O_WRONLY, 0644);
-    if (fd < 0) { perror("f"); return 1; }
-    close(fd);
-    char name[32];
+    /* A file per 60,000 links: ext4 allows 65,000 to one inode. */
+    char name[32], target[32];
     long i;
     for (i = 0; i < n; i++) {
+        snprintf(target, sizeof target, "f%ld", i / 60000);
+        if (i % 60000 == 0) {
+            int fd = open(target, O_CREAT | O_WRONLY, 0644);
+            if (fd < 0) break;
+            close(fd);
+        }
         snprintf(name, sizeof name, "l%ld", i);
-        if (link("f", name) != 0) break;
+        if (link(target, name) != 0) break;
     }
     printf("LINKS %ld\n", i);
     return 0;
