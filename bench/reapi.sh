@@ -12,10 +12,21 @@
 #     ActionResult's input-fetch timestamps), the worker's upload of an
 #     output tree of the same size (its output-upload timestamps) and the
 #     client's download of it (`bgd cas download-dir`), each vs `cp -r` of
-#     the same bytes.
-# Usage: bench/reapi.sh [N=10] [MiB=64]   (needs .ci/setup's /opt/fhsx-ci and root)
+#     the same bytes;
+#  3. a sysroot as the input root (SYSROOT MiB in ~10,000 files, an FHS
+#     shape: shared objects, headers, symlinks): its first action (the
+#     conversion), then N rounds of one trivial action on it and one on a
+#     one-file input root, the order alternating (bench/reapi_sysroot.py,
+#     one connection, `Execute` with a new command each time): the second
+#     and later actions on the sysroot against the one-file root, by the
+#     client's wall time and the worker's spans (execution_metadata). The
+#     aim: the sysroot's later actions within +50 ms of the one-file one.
+# Usage: bench/reapi.sh [N=10] [MiB=64] [SYSROOT=400]
+#   (needs .ci/setup's /opt/fhsx-ci and root; REAPI_ONLY=sysroot runs 3 alone)
 N=${1:-10}
 MIB=${2:-64}
+SYSROOT_MIB=${3:-400}
+ONLY=${REAPI_ONLY:-}
 BG=${FHSX_BUILDGRID:-/opt/fhsx-ci/buildgrid}
 [ -x "$BG/bin/bgd" ] || { echo "no BuildGrid at $BG: run .ci/setup" >&2; exit 2; }
 [ "$(id -u)" = 0 ] || { echo "run as root (PostgreSQL runs as its own user)" >&2; exit 2; }
@@ -102,10 +113,85 @@ per_action() { # tag
   awk -v t="$t" -v n="$N" 'BEGIN { printf "%d\n", t / n }'
 }
 
+# 3. A sysroot input root (the fhsx worker attached): made, then driven by
+# bench/reapi_sysroot.py; prints its lines.
+sysroot_section() {
+  python3 - "$WORK/sysroot" "$SYSROOT_MIB" <<'PY'
+import os, sys
+root, mib = sys.argv[1], int(sys.argv[2])
+# Three quarters in 120 shared objects (each with its .so link), the rest
+# in ~9,880 headers of 1-20 KiB over ~400 directories, a few tools.
+lib = f"{root}/usr/lib/x86_64-linux-gnu"
+os.makedirs(lib)
+big = (mib << 20) * 3 // 4 // 120
+for i in range(120):
+    with open(f"{lib}/lib{i}.so.1", "wb") as f: f.write(os.urandom(big))
+    os.symlink(f"lib{i}.so.1", f"{lib}/lib{i}.so")
+left, i = (mib << 20) - 120 * big, 0
+while left > 0:
+    d = f"{root}/usr/include/p{i % 400}/sub{i % 7}"
+    os.makedirs(d, exist_ok=True)
+    n = min(left, 1024 + (i * 7919) % (19 << 10))
+    with open(f"{d}/h{i}.h", "wb") as f: f.write(os.urandom(n))
+    left -= n; i += 1
+os.makedirs(f"{root}/usr/bin")
+for t in range(16):
+    with open(f"{root}/usr/bin/tool{t}", "wb") as f: f.write(os.urandom(4096))
+    os.chmod(f"{root}/usr/bin/tool{t}", 0o755)
+os.symlink("usr/bin", f"{root}/bin")
+os.symlink("usr/lib", f"{root}/lib")
+PY
+  mkdir -p "$WORK/onefile" && echo one >"$WORK/onefile/a.txt"
+  local files
+  files=$(find "$WORK/sysroot" -type f | wc -l)
+  "$BG/bin/python" bench/reapi_sysroot.py "127.0.0.1:$P" "$TC" "$WORK/sysroot" "$WORK/onefile" "$N" >"$WORK/sysroot.json"
+  python3 - "$WORK/sysroot.json" "$(du -sm "$WORK/sysroot" | cut -f1)" "$files" "$N" "$WORK/worker.log" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+mib, files, n = sys.argv[2], sys.argv[3], sys.argv[4]
+runs = r["runs"]
+def med(xs):
+    xs = sorted(xs); return xs[(len(xs) - 1) // 2]
+again = {root: [x for x in runs["again"] if x["root"] == root] for root in ("sysroot", "one-file")}
+keys = ["wall", "worker", "fetch", "exec", "upload"]
+m = {root: {k: med([x[k] for x in xs]) for k in keys} for root, xs in again.items()}
+f = runs["first"]
+print(f"sysroot input root: {mib} MiB, {files} files; {n} rounds (ms, medians; worker = input fetch start to output upload end):")
+print(f"  first action on it   wall {f['wall']:.0f}   worker {f['worker']:.0f}   fetch {f['fetch']:.0f}   exec {f['exec']:.0f}   upload {f['upload']:.0f}")
+for root in ("sysroot", "one-file"):
+    x = m[root]
+    print(f"  again, {root:9}     wall {x['wall']:.0f}   worker {x['worker']:.0f}   fetch {x['fetch']:.0f}   exec {x['exec']:.0f}   upload {x['upload']:.0f}")
+d = {k: m["sysroot"][k] - m["one-file"][k] for k in keys}
+print(f"  sysroot - one-file   wall {d['wall']:+.0f}   worker {d['worker']:+.0f}   fetch {d['fetch']:+.0f}   exec {d['exec']:+.0f}   upload {d['upload']:+.0f}")
+# Where the execution's time went, stage by stage (the worker runs under
+# FHSX_TIMINGS): the last N actions on each root, medians.
+import re
+roots, root_of, stages = {v: k for k, v in r["roots"].items()}, {}, {}
+for line in open(sys.argv[5], errors="replace"):
+    m1 = re.search(r"lease (\S+): input root (\S+): fetched", line)
+    if m1 and m1.group(2) in roots:
+        root_of[m1.group(1)] = roots[m1.group(2)]
+    m2 = re.search(r"lease (\S+): timings: (.*)", line)
+    if m2 and m2.group(1) in root_of:
+        st = dict((k, float(v)) for k, v in re.findall(r"([a-z_ ]+?) ([0-9.]+) ms", m2.group(2)))
+        stages.setdefault(root_of[m2.group(1)], []).append({k.strip(): v for k, v in st.items()})
+for root in ("sysroot", "one-file"):
+    runs_ = stages.get(root, [])[-int(n):]
+    if runs_:
+        names = list(runs_[-1])
+        print(f"  stages, {root:9}   " + ", ".join(f"{k} {med([x.get(k, 0) for x in runs_]):.1f}" for k in names))
+PY
+}
+
 # 1a. On an fhsx worker.
-TMPDIR=$WORK "$F" worker --reapi "grpc://127.0.0.1:$P" --toolchain "$WORK/base.toolchain" --jobs 1 --bot-id bench >"$WORK/worker.out" 2>"$WORK/worker.log" &
+TMPDIR=$WORK FHSX_TIMINGS=1 "$F" worker --reapi "grpc://127.0.0.1:$P" --toolchain "$WORK/base.toolchain" --jobs 1 --bot-id bench >"$WORK/worker.out" 2>"$WORK/worker.log" &
 wpid=$!; pids+=("$wpid")
 for _ in $(seq 100); do grep -q attached "$WORK/worker.out" 2>/dev/null && break; sleep 0.1; done
+if [ "$ONLY" = sysroot ]; then
+  sysroot_section
+  kill "$wpid"; wait "$wpid" 2>/dev/null || true
+  exit 0
+fi
 per_action warm >/dev/null   # the first action composes nothing new, but warms the page cache
 fhsx_ms=$(per_action fhsx)
 
@@ -156,6 +242,7 @@ print(int((t("inputFetchCompletedTimestamp") - t("inputFetchStartTimestamp")) * 
 PY
 )
 down_ms=$(ms download_tree)
+sysroot_out=$(sysroot_section)
 kill "$wpid"; wait "$wpid" 2>/dev/null || true
 
 # 1b. The same on a plain bot: take the lease, exec the command, return its
@@ -216,3 +303,4 @@ echo "  client upload (bgd)          $(mbs "$up_ms")   $(ratio "$up_ms" "$cp_ms"
 echo "  worker input fetch (fhsx)    $(mbs "$fetch_ms")   $(ratio "$fetch_ms" "$cp_ms")"
 echo "  worker output upload (fhsx)  $(mbs "$upload_ms")   $(ratio "$upload_ms" "$cp_ms")"
 echo "  client download (bgd)        $(mbs "$down_ms")   $(ratio "$down_ms" "$cp_ms")"
+echo "$sysroot_out"

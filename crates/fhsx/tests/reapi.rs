@@ -657,7 +657,7 @@ fn wait_until(what: &str, limit: Duration, f: impl Fn() -> bool) {
 fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
     let t = tempfile::tempdir().unwrap();
     let e = Engine::start(t.path(), 10);
-    let w = Worker::new(t.path(), &e, "w1", 1);
+    let mut w = Worker::new(t.path(), &e, "w1", 1);
     let tc = toolchain_id(&seed().base);
     let input = t.path().join("in");
     fs::create_dir_all(input.join("sub")).unwrap();
@@ -796,6 +796,33 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
     assert_eq!(r["exitCode"], 3, "{r}");
     assert!(
         w.log().contains("fetched 0 objects, 0 bytes"),
+        "{}",
+        w.log()
+    );
+
+    // A new input root over the same subtrees: only what is new crosses
+    // (its root Directory and the one new file); `sub` and every other
+    // blob are the worker's map's.
+    let again = |argv: &[&str]| {
+        let o = run(
+            e.execute(&input, &[("fhsx-toolchain", &tc)], &[], &got, argv),
+            "bgd execute",
+        );
+        ok(&o, "bgd execute (the same inputs)");
+    };
+    fs::write(input.join("new.txt"), "new\n").unwrap();
+    again(&["/bin/sh", "-c", "cat new.txt sub/b.txt"]);
+    assert!(w.log().contains(": fetched 2 objects, "), "{}", w.log());
+    // The map is the store's, not the process's: a worker started anew
+    // fetches nothing of a root it converted before.
+    const NOTHING: &str = "fetched 0 objects, 0 bytes";
+    let before_restart = w.log().matches(NOTHING).count();
+    w.kill9();
+    w.start();
+    again(&["/bin/sh", "-c", "cat new.txt a.txt"]);
+    assert_eq!(
+        w.log().matches(NOTHING).count(),
+        before_restart + 1,
         "{}",
         w.log()
     );

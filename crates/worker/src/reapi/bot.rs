@@ -593,8 +593,34 @@ async fn execute_inner(
     };
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
     // The live log is not streamed to the engine: the record's log blob,
-    // the same for a run and a cache hit, is the action's stdout.
-    let drain = async move { while rx.recv().await.is_some() {} };
+    // the same for a run and a cache hit, is the action's stdout. Under
+    // FHSX_TIMINGS (profiling) the build's stage timings, said on the live
+    // log only, go to the worker's stderr, named by lease.
+    let timings = std::env::var_os("FHSX_TIMINGS").is_some();
+    let drain = async move {
+        let mut line = Vec::new();
+        while let Some(chunk) = rx.recv().await {
+            if !timings {
+                continue;
+            }
+            for b in chunk {
+                if b != b'\n' {
+                    if line.len() < 4096 {
+                        line.push(b);
+                    }
+                    continue;
+                }
+                if line.starts_with(b"fhsx: timings: ") {
+                    eprintln!(
+                        "fhsx worker: {bot}: lease {}: {}",
+                        lease.id,
+                        String::from_utf8_lossy(&line[6..]).escape_debug()
+                    );
+                }
+                line.clear();
+            }
+        }
+    };
     meta.execution_start_timestamp = Some(now());
     let (r, ()) = futures::future::join(ctx.runner.run(job, cancel, tx), drain).await;
     meta.execution_completed_timestamp = Some(now());

@@ -1,11 +1,21 @@
 //! The engine's CAS as the local store sees it. The wire speaks SHA-256,
-//! the store BLAKE3; a persistent index between the two
+//! the store BLAKE3; a persistent map between the two
 //! (`ROOT/reapi/sha256/…` and `ROOT/reapi/b3/…`, one small file per
-//! object, only ever a hint: what it names must still be in the store) lets
-//! a blob cross the wire once per worker, in either direction.
+//! object) lets a blob cross the wire once per worker, in either
+//! direction, and an input directory be converted once: a REAPI directory
+//! digest names the castore tree it became, so a tree or subtree seen
+//! before is neither fetched nor hashed nor imported again.
+//!
+//! The map is a memo (see `castore::store::memo`): only ever a shortcut.
+//! An entry names its own key, so a torn or misplaced one is no entry; what
+//! it names must be in the store; and a directory entry is taken only for a
+//! tree found whole — every directory and blob below it present — once per
+//! process ([`Index::whole`]: a gc or a crash that lost part of a tree
+//! since makes it converted again, never built on with a hole). A lost
+//! entry costs the work again, never a wrong tree.
 //!
 //! Downloads: directories breadth-first in batches, skipping every subtree
-//! the index already knows; then the missing files — those that fit the
+//! the map already knows; then the missing files — those that fit the
 //! engine's batch limit in `BatchReadBlobs`, each batch committed to the
 //! store as it arrives, larger ones streamed through ByteStream `Read` into
 //! the store with the SHA-256 checked on the way, never whole in memory.
@@ -16,6 +26,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, Read};
 use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
 
 use castore::store::{BlobStore, DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Directory, Name, Node};
@@ -73,32 +84,47 @@ fn blocking_err(e: tokio::task::JoinError) -> CasError {
     CasError::Other(format!("a worker thread failed: {e}"))
 }
 
-/// The persistent SHA-256 ↔ BLAKE3 index.
+/// The persistent SHA-256 ↔ BLAKE3 map.
 #[derive(Clone)]
 pub struct Index {
     root: PathBuf,
+    /// Directories found whole in this process (every object below them
+    /// present when looked at): a tree is walked once per process, then
+    /// taken on its map entry alone.
+    whole: Arc<Mutex<HashSet<Digest>>>,
 }
+
+/// Directories [`Index::whole`] remembers at most; past that it forgets
+/// them all and walks again (a 10,000-file sysroot has ~1,000).
+const WHOLE_MAX: usize = 1 << 20;
 
 /// What a SHA-256 digest is in the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Known {
+pub enum Known {
     Blob(Digest),
-    /// A directory: its castore digest and entry count.
-    Dir(Digest, u64),
+    /// A directory: its castore digest.
+    Dir(Digest),
+}
+
+/// `HASH/SIZE`, how an entry names its key.
+fn key(d: &re::Digest) -> String {
+    format!("{}/{}", d.hash, d.size_bytes)
 }
 
 impl Index {
     pub fn open(store: &LocalStore) -> Index {
         Index {
             root: store.root().join("reapi"),
+            whole: Arc::default(),
         }
     }
 
     fn sha_path(&self, d: &re::Digest) -> PathBuf {
         let h = &d.hash;
+        // Checked digests only reach here; anything else shards apart.
         self.root
             .join("sha256")
-            .join(&h[..2])
+            .join(h.get(..2).unwrap_or("_"))
             .join(format!("{h}-{}", d.size_bytes))
     }
 
@@ -108,7 +134,7 @@ impl Index {
     }
 
     fn write(path: PathBuf, text: String) {
-        // An index entry is a hint: failing to write one costs a transfer later.
+        // An entry is a shortcut: failing to write one costs the work later.
         let Some(dir) = path.parent() else { return };
         if std::fs::create_dir_all(dir).is_err() {
             return;
@@ -123,46 +149,116 @@ impl Index {
         }
     }
 
-    /// What `d` is, if the index knows and the store still has it.
-    fn get(&self, store: &LocalStore, d: &re::Digest) -> Option<Known> {
-        let text = std::fs::read_to_string(self.sha_path(d)).ok()?;
-        let mut it = text.split_whitespace();
-        let known = match (it.next()?, it.next()?, it.next()) {
-            ("blob", b3, None) => Known::Blob(b3.parse().ok()?),
-            ("dir", b3, Some(size)) => Known::Dir(b3.parse().ok()?, size.parse().ok()?),
+    /// The entry for `d`, whole and its own (its last field is its key).
+    fn read(path: &std::path::Path, key: &str) -> Option<Vec<String>> {
+        let text = std::fs::read_to_string(path).ok()?;
+        let mut fields: Vec<String> = text
+            .strip_suffix('\n')?
+            .split(' ')
+            .map(str::to_owned)
+            .collect();
+        (fields.pop()? == key).then_some(fields)
+    }
+
+    /// What `d` is, if the map knows and the store still has it. A
+    /// directory's tree may be partly gone: see [`Index::known_whole`].
+    pub fn get(&self, store: &LocalStore, d: &re::Digest) -> Option<Known> {
+        let fields = Self::read(&self.sha_path(d), &key(d))?;
+        let known = match fields.as_slice() {
+            [kind, b3] if kind == "blob" => Known::Blob(b3.parse().ok()?),
+            [kind, b3] if kind == "dir" => Known::Dir(b3.parse().ok()?),
             _ => return None,
         };
         let present = match known {
             Known::Blob(b) => store.has(ObjectKind::Blob, &b),
-            Known::Dir(b, _) => store.has(ObjectKind::Directory, &b),
+            Known::Dir(b) => store.has(ObjectKind::Directory, &b),
         };
         present.then_some(known)
     }
 
-    fn put_blob(&self, sha: &re::Digest, b3: &Digest) {
-        Self::write(self.sha_path(sha), format!("blob {b3}\n"));
+    /// The castore tree the input directory `d` became (digest, entry
+    /// count), if the map knows it and the whole tree is in the store. The
+    /// count is the stored directory's own, read again: one small read.
+    pub fn known_whole(&self, store: &LocalStore, d: &re::Digest) -> Option<(Digest, u64)> {
+        match self.get(store, d)? {
+            Known::Dir(b3) if self.whole(store, &b3) => {
+                Some((b3, store.get_directory(&b3).ok()?.size()))
+            }
+            _ => None,
+        }
+    }
+
+    /// Whether every directory and blob of the tree `root` is in the store.
+    /// Directories found so are remembered for this process, so a tree is
+    /// walked once (a new tree over old subtrees walks only what is new).
+    pub fn whole(&self, store: &LocalStore, root: &Digest) -> bool {
+        let known = |d: &Digest| {
+            self.whole
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .contains(d)
+        };
+        if known(root) {
+            return true;
+        }
+        let mut seen = HashSet::new();
+        let mut stack = vec![*root];
+        while let Some(d) = stack.pop() {
+            if known(&d) || !seen.insert(d) {
+                continue;
+            }
+            let Ok(dir) = store.get_directory(&d) else {
+                return false;
+            };
+            for (_, node) in dir.entries() {
+                match node {
+                    Node::File { digest, .. } => {
+                        if !store.has(ObjectKind::Blob, digest) {
+                            return false;
+                        }
+                    }
+                    Node::Directory { digest, .. } => stack.push(*digest),
+                    Node::Symlink { .. } => {}
+                }
+            }
+        }
+        self.mark_whole(seen);
+        true
+    }
+
+    /// Remember trees as whole (their objects were just stored or found).
+    fn mark_whole(&self, dirs: impl IntoIterator<Item = Digest>) {
+        let dirs: Vec<Digest> = dirs.into_iter().collect();
+        let mut whole = self.whole.lock().unwrap_or_else(|p| p.into_inner());
+        if whole.len() + dirs.len() > WHOLE_MAX {
+            whole.clear();
+        }
+        whole.extend(dirs);
+    }
+
+    pub fn put_blob(&self, sha: &re::Digest, b3: &Digest) {
+        Self::write(self.sha_path(sha), format!("blob {b3} {}\n", key(sha)));
         Self::write(
             self.b3_path(b3),
-            format!("{} {}\n", sha.hash, sha.size_bytes),
+            format!("{} {} {b3}\n", sha.hash, sha.size_bytes),
         );
     }
 
-    fn put_dir(&self, sha: &re::Digest, b3: &Digest, size: u64) {
-        Self::write(self.sha_path(sha), format!("dir {b3} {size}\n"));
+    pub fn put_dir(&self, sha: &re::Digest, b3: &Digest) {
+        Self::write(self.sha_path(sha), format!("dir {b3} {}\n", key(sha)));
     }
 
-    /// The SHA-256 digest of blob `b3`, from the index or by hashing the
+    /// The SHA-256 digest of blob `b3`, from the map or by hashing the
     /// stored blob (streamed) and remembering it.
     fn sha_of_blob(&self, store: &LocalStore, b3: &Digest) -> Result<re::Digest, CasError> {
-        if let Ok(text) = std::fs::read_to_string(self.b3_path(b3)) {
-            let mut it = text.split_whitespace();
-            if let (Some(h), Some(s)) = (it.next(), it.next()) {
+        if let Some(fields) = Self::read(&self.b3_path(b3), &b3.to_string()) {
+            if let [h, s] = fields.as_slice() {
                 if let Ok(size_bytes) = s.parse() {
                     let d = re::Digest {
                         hash: h.to_owned(),
                         size_bytes,
                     };
-                    if mapping::check_digest("index entry", &d).is_ok() {
+                    if mapping::check_digest("map entry", &d).is_ok() {
                         return Ok(d);
                     }
                 }
@@ -422,26 +518,42 @@ impl Cas {
     pub async fn fetch_tree(&self, root: &re::Digest) -> Result<(Digest, Transfer), CasError> {
         mapping::check_digest("input root", root)?;
         let mut xfer = Transfer::default();
-        if let Some(Known::Dir(b3, _)) = self.index.get(&self.store, root) {
-            return Ok((b3, xfer));
-        }
-        // Directories, breadth-first, skipping what the index knows.
+        // Directories, breadth-first, skipping every tree the map knows
+        // whole: a root converted before is this one lookup.
         let mut dirs: HashMap<re::Digest, re::Directory> = HashMap::new();
         let mut known_dirs: HashMap<re::Digest, (Digest, u64)> = HashMap::new();
         let mut level = vec![root.clone()];
         while !level.is_empty() {
-            let mut want = Vec::new();
+            let mut ask = Vec::new();
             for d in level.drain(..) {
                 if dirs.contains_key(&d) || known_dirs.contains_key(&d) {
                     continue;
                 }
                 mapping::check_digest("input directory", &d)?;
-                match self.index.get(&self.store, &d) {
-                    Some(Known::Dir(b3, size)) => {
-                        known_dirs.insert(d, (b3, size));
+                ask.push(d);
+            }
+            let (index, store) = (self.index.clone(), self.store.clone());
+            let looked = tokio::task::spawn_blocking(move || {
+                ask.into_iter()
+                    .map(|d| {
+                        let known = index.known_whole(&store, &d);
+                        (d, known)
+                    })
+                    .collect::<Vec<_>>()
+            })
+            .await
+            .map_err(blocking_err)?;
+            let mut want = Vec::new();
+            for (d, known) in looked {
+                match known {
+                    Some(k) => {
+                        known_dirs.insert(d, k);
                     }
-                    _ => want.push(d),
+                    None => want.push(d),
                 }
+            }
+            if let Some((b3, _)) = known_dirs.get(root) {
+                return Ok((*b3, xfer));
             }
             want.sort_by(|a, b| a.hash.cmp(&b.hash));
             want.dedup();
@@ -532,12 +644,14 @@ impl Cas {
                 let cdir = mapping::castore_directory(dir, &done, &blobs)?;
                 let b3 = txn.put_directory(&cdir)?;
                 done.insert(d.clone(), (b3, cdir.size()));
-                new.push((d, b3, cdir.size()));
+                new.push((d, b3));
             }
             txn.commit()?;
-            for (d, b3, size) in &new {
-                index.put_dir(d, b3, *size);
+            for (d, b3) in &new {
+                index.put_dir(d, b3);
             }
+            // Every object below them was just stored or found present.
+            index.mark_whole(new.iter().map(|(_, b3)| *b3));
             done.get(&root)
                 .map(|(b3, _)| *b3)
                 .ok_or_else(|| CasError::Other("the input root did not convert".into()))
@@ -1140,6 +1254,75 @@ mod tests {
             assert_eq!(e.code(), Code::InvalidArgument, "{path}: {e}");
             assert!(e.to_string().contains(says), "{path}: {e}");
         }
+    }
+
+    #[test]
+    fn the_map_names_a_converted_tree_and_is_only_ever_a_shortcut() {
+        let (_t, store, root) = input_root();
+        let n = store.get_directory(&root).unwrap().size();
+        let sha = mapping::sha256_digest(b"the REAPI form of the input root");
+        let index = Index::open(&store);
+        assert_eq!(index.known_whole(&store, &sha), None, "nothing yet");
+        index.put_dir(&sha, &root);
+        assert_eq!(index.known_whole(&store, &sha), Some((root, n)));
+        // Another process (a new handle) finds it too, after one walk.
+        assert_eq!(
+            Index::open(&store).known_whole(&store, &sha),
+            Some((root, n))
+        );
+
+        // An entry torn (written without a sync), in the form before keys,
+        // or under another key is no entry: the work is done again.
+        let path = index.sha_path(&sha);
+        let entry = std::fs::read_to_string(&path).unwrap();
+        let other = mapping::sha256_digest(b"another directory");
+        for (what, at, text) in [
+            ("no newline", &path, entry.trim_end().to_owned()),
+            ("half", &path, entry[..entry.len() / 2].to_owned()),
+            ("empty", &path, String::new()),
+            ("keyless", &path, format!("dir {root}\n")),
+            ("another key", &path, entry.replace(&sha.hash, &other.hash)),
+            ("misplaced", &index.sha_path(&other), entry.clone()),
+        ] {
+            std::fs::create_dir_all(at.parent().unwrap()).unwrap();
+            std::fs::write(at, &text).unwrap();
+            let key = if what == "misplaced" { &other } else { &sha };
+            let got = Index::open(&store).known_whole(&store, key);
+            assert_eq!(got, None, "{what}: {text:?}");
+        }
+        std::fs::write(&path, &entry).unwrap();
+
+        // A tree with a hole (a blob lost since, as a gc killed between its
+        // sweeps of blobs and of directories would leave) is not taken.
+        let blob = store.put_blob(b"x").unwrap();
+        let at = store.object_path(ObjectKind::Blob, &blob);
+        let kept = std::fs::read(&at).unwrap();
+        std::fs::remove_file(&at).unwrap();
+        assert!(store.has(ObjectKind::Directory, &root));
+        assert_eq!(Index::open(&store).known_whole(&store, &sha), None);
+        // This handle found it whole before: it walks no more (once per
+        // process), and the tree it names is still the store's.
+        assert_eq!(index.known_whole(&store, &sha), Some((root, n)));
+        std::fs::write(&at, kept).unwrap();
+        assert_eq!(
+            Index::open(&store).known_whole(&store, &sha),
+            Some((root, n))
+        );
+        // The tree gone: no entry, whoever asks.
+        std::fs::remove_file(store.object_path(ObjectKind::Directory, &root)).unwrap();
+        assert_eq!(index.known_whole(&store, &sha), None);
+
+        // Blobs both ways, each entry naming its key.
+        let bsha = mapping::sha256_digest(b"x");
+        index.put_blob(&bsha, &blob);
+        assert_eq!(index.get(&store, &bsha), Some(Known::Blob(blob)));
+        assert_eq!(index.sha_of_blob(&store, &blob).unwrap(), bsha);
+        std::fs::write(index.b3_path(&blob), format!("{} 1\n", "0".repeat(64))).unwrap();
+        assert_eq!(
+            index.sha_of_blob(&store, &blob).unwrap(),
+            bsha,
+            "a keyless reverse entry is hashed again"
+        );
     }
 
     #[test]
