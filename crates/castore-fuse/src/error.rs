@@ -39,7 +39,7 @@ pub enum Error {
     BadMountpoint { path: PathBuf, reason: String },
 
     /// The kernel refused the mount or the session could not start.
-    #[error("mounting the view on {path} failed: {source}")]
+    #[error("mounting the view on {path} failed")]
     Mount {
         path: PathBuf,
         #[source]
@@ -47,7 +47,7 @@ pub enum Error {
     },
 
     /// Unmounting failed.
-    #[error("unmounting the view at {path} failed: {source}")]
+    #[error("unmounting the view at {path} failed")]
     Unmount {
         path: PathBuf,
         #[source]
@@ -55,7 +55,7 @@ pub enum Error {
     },
 
     /// The registry of live mounts could not be read or written.
-    #[error("mount registry {path}: {source}")]
+    #[error("mount registry {path}")]
     Registry {
         path: PathBuf,
         #[source]

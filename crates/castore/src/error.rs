@@ -87,7 +87,7 @@ pub enum Error {
     #[error("tree {root} nests directories more than {limit} deep; the store takes trees at most {limit} deep: make it shallower")]
     TreeTooDeep { root: Digest, limit: usize },
 
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         op: &'static str,
         path: PathBuf,
@@ -141,6 +141,30 @@ impl Error {
             },
             other => other,
         }
+    }
+}
+
+/// An error and its causes on one line, `what: why: why`, each cause
+/// once: for where an error is shown as a single string (a worker's
+/// answer, a lease's status, a log line). Every error type of fhsx's
+/// crates either names its cause in its own message or returns it from
+/// `source()`, never both; a cause whose text the line already holds is
+/// left out all the same.
+pub struct Chain<'a>(pub &'a (dyn std::error::Error + 'static));
+
+impl std::fmt::Display for Chain<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let mut line = self.0.to_string();
+        let mut cause = self.0.source();
+        while let Some(c) = cause {
+            let text = c.to_string();
+            if !line.contains(&text) {
+                line.push_str(": ");
+                line.push_str(&text);
+            }
+            cause = c.source();
+        }
+        f.write_str(&line)
     }
 }
 

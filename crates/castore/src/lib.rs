@@ -21,6 +21,11 @@
 //! [`BlobWriter`]: hashed as written, invisible until finished, gone if
 //! dropped; [`CappedWriter`] bounds how much of a stream reaches it.
 //!
+//! Its [`Error`] names what went wrong and where, and returns an operating
+//! system's reason from `source()` rather than repeating it; [`Chain`]
+//! shows an error with its causes on one line where it must travel as a
+//! string (a worker's answer, a lease's status).
+//!
 //! It does not own how a tree is served to a build (the FUSE view lives in
 //! `castore-fuse`) nor anything about sandboxes or build records.
 
@@ -46,7 +51,7 @@ pub mod walk;
 pub use compose::{compose, Composition, CompositionMap};
 pub use digest::{CheckedBlob, Digest};
 pub use directory::Directory;
-pub use error::{Clash, Error, ErrorKind, Result};
+pub use error::{Chain, Clash, Error, ErrorKind, Result};
 pub use nodes::{Name, Node, SymlinkTarget};
 pub use roots::{GcHold, Root, TempRoots};
 pub use store::{BlobStore, BlobWriter, CappedWriter, DirectoryStore, LocalStore};

@@ -8,7 +8,7 @@ pub enum Error {
     UnknownPackage(String),
     #[error("apt could not resolve the packages: {0}")]
     Unresolvable(String),
-    #[error("running `{command}` failed: {source}; is apt installed (Debian or a derivative)?")]
+    #[error("running `{command}` failed (is apt installed? fhsx toolchain apt needs Debian or a derivative)")]
     Spawn {
         command: String,
         #[source]
@@ -24,7 +24,7 @@ pub enum Error {
     },
     #[error("toolchain file {file}: {message}")]
     BadToolchain { file: PathBuf, message: String },
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         op: &'static str,
         path: PathBuf,

@@ -19,7 +19,7 @@ pub enum ActionError {
     Parse { file: PathBuf, message: String },
     #[error("{file}: {message}; fix the action file")]
     Invalid { file: PathBuf, message: String },
-    #[error("cannot read action file {file}: {source}")]
+    #[error("cannot read action file {file}")]
     Read {
         file: PathBuf,
         #[source]

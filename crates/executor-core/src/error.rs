@@ -40,7 +40,7 @@ impl ExitClass {
 pub enum SandboxError {
     #[error("bubblewrap (bwrap) was not found on PATH: install it (`apt-get install bubblewrap`)")]
     BwrapMissing,
-    #[error("could not read the host mount table {path}: {source}; is /proc mounted?")]
+    #[error("could not read the host mount table {path} (is /proc mounted?)")]
     MountProbe {
         path: PathBuf,
         #[source]
@@ -52,15 +52,15 @@ pub enum SandboxError {
         role: &'static str,
         reason: String,
     },
-    #[error("could not start the sandbox ({what}): {source}")]
+    #[error("could not start the sandbox ({what})")]
     Spawn {
         what: &'static str,
         #[source]
         source: std::io::Error,
     },
-    #[error("the command ran past its timeout of {0:?} and was stopped; raise the timeout if the work is legitimately slow")]
+    #[error("the command ran past its timeout of {} and was stopped; raise the timeout if the work is legitimately slow", seconds(*.0))]
     Timeout(Duration),
-    #[error("the command was killed by signal {0}")]
+    #[error("the command was {}", crate::ExitStatus::Signaled { signal: *.0 })]
     KilledBySignal(i32),
     #[error("the run was cancelled (interrupted, or its client went away) and stopped{}; nothing of it is kept — start it again to retry", if *.killed { " (it ignored SIGTERM and was killed after the grace period)" } else { "" })]
     Cancelled { killed: bool },
@@ -80,12 +80,21 @@ pub enum SandboxError {
     NoBuildUser { reason: String },
     #[error("what the sandbox binds was not made ready, so it was not started")]
     NotReady,
-    #[error("I/O error while {what}: {source}")]
+    #[error("I/O error while {what}")]
     Io {
         what: String,
         #[source]
         source: std::io::Error,
     },
+}
+
+/// `90s`, `1.5s`: a timeout as a user wrote it.
+fn seconds(d: Duration) -> String {
+    if d.subsec_millis() == 0 {
+        format!("{}s", d.as_secs())
+    } else {
+        format!("{}s", d.as_secs_f64())
+    }
 }
 
 impl SandboxError {

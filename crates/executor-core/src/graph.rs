@@ -26,14 +26,14 @@ use crate::action::{Action, ActionError, ActionFile, InputList, InputRef, Output
 pub enum GraphError {
     #[error("the actions refer to each other in a cycle: {}; break it (an action cannot need its own output)", chain.join(" → "))]
     Cycle { chain: Vec<String> },
-    #[error("{} refers to {}, which cannot be read: {source}; fix the path (it is relative to the referring file)", chain.join(" → "), file.display())]
+    #[error("{} refers to {}, which cannot be read (the path is relative to the referring file)", chain.join(" → "), file.display())]
     Missing {
         chain: Vec<String>,
         file: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("{} names output {output:?} of {}, which declares only {declared:?} in [outputs] names", chain.join(" → "), file.display())]
+    #[error("{} names output {output} of {}, which {}", chain.join(" → "), file.display(), declares(declared))]
     UnknownOutput {
         chain: Vec<String>,
         file: PathBuf,
@@ -46,7 +46,11 @@ pub enum GraphError {
         input: String,
         trees: usize,
     },
-    #[error("{}{source}", via(chain))]
+    /// The action file named on the command line (its error names it).
+    #[error(transparent)]
+    Root(ActionError),
+    /// An action file another one refers to.
+    #[error("{}: the action file this refers to cannot be used", chain.join(" → "))]
     Action {
         chain: Vec<String>,
         #[source]
@@ -54,13 +58,12 @@ pub enum GraphError {
     },
 }
 
-/// `a.toml → b.toml#out: ` for a chain of references; nothing for the
-/// root alone (its error already names its file).
-fn via(chain: &[String]) -> String {
-    if chain.len() < 2 {
-        String::new()
+/// What an action declares, for a reference to an output it lacks.
+fn declares(declared: &[String]) -> String {
+    if declared.is_empty() {
+        "does not declare it".into()
     } else {
-        format!("{}: ", chain.join(" → "))
+        format!("declares only {} in [outputs] names", declared.join(", "))
     }
 }
 
@@ -91,10 +94,11 @@ impl ActionGraph {
             path: Vec::new(),
         };
         let chain = vec![root.display().to_string()];
-        let canonical = std::fs::canonicalize(root).map_err(|source| GraphError::Missing {
-            chain: Vec::new(),
-            file: root.to_path_buf(),
-            source,
+        let canonical = std::fs::canonicalize(root).map_err(|source| {
+            GraphError::Root(ActionError::Read {
+                file: root.to_path_buf(),
+                source,
+            })
         })?;
         loader.visit(root, canonical, &chain)?;
         Ok(ActionGraph {
@@ -200,9 +204,15 @@ impl Loader {
                 chain: chain.to_vec(),
             });
         }
-        let action = ActionFile::read(&canonical).map_err(|source| GraphError::Action {
-            chain: chain.to_vec(),
-            source,
+        let action = ActionFile::read(&canonical).map_err(|source| {
+            if chain.len() < 2 {
+                GraphError::Root(source)
+            } else {
+                GraphError::Action {
+                    chain: chain.to_vec(),
+                    source,
+                }
+            }
         })?;
         self.path.push(canonical.clone());
         let dir = canonical.parent().unwrap_or(Path::new("/")).to_path_buf();
@@ -362,16 +372,26 @@ mod tests {
         let m = e.to_string();
         assert!(
             matches!(e, GraphError::UnknownOutput { .. })
-                && m.contains("\"dev\"")
-                && m.contains("[\"out\"]"),
+                && m.contains("output dev of")
+                && m.ends_with("declares only out in [outputs] names"),
             "{m}"
         );
 
         w("f.toml", "[inputs\n".into());
         w("g.toml", action("\"f.toml#out\"", "\"out\""));
         let e = ActionGraph::load(&t.path().join("g.toml")).unwrap_err();
+        let cause = std::error::Error::source(&e).map(|c| c.to_string());
         assert!(
-            e.to_string().contains("g.toml → ") && e.to_string().contains("line 1"),
+            e.to_string().contains("g.toml → ")
+                && cause.as_ref().is_some_and(|c| c.contains("line 1")),
+            "{e}: {cause:?}"
+        );
+
+        let e = ActionGraph::load(&t.path().join("nonexistent.toml")).unwrap_err();
+        assert!(
+            matches!(e, GraphError::Root(ActionError::Read { .. }))
+                && e.to_string().starts_with("cannot read action file ")
+                && e.to_string().ends_with("nonexistent.toml"),
             "{e}"
         );
     }

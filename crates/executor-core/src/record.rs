@@ -43,6 +43,63 @@ impl ExitStatus {
     }
 }
 
+/// How a user reads it: `exit code 2`, `killed by SIGKILL`, `timed out`,
+/// `stopped by fhsx at [limits] log`.
+impl std::fmt::Display for ExitStatus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ExitStatus::Exited { code } => write!(f, "exit code {code}"),
+            ExitStatus::Signaled { signal } => match signal_name(*signal) {
+                Some(name) => write!(f, "killed by {name}"),
+                None => write!(f, "killed by signal {signal}"),
+            },
+            ExitStatus::TimedOut => f.write_str("timed out"),
+            ExitStatus::LimitExceeded { limit } => write!(f, "stopped by fhsx at {limit}"),
+        }
+    }
+}
+
+/// The name of a Linux signal (x86-64 and aarch64 numbering), if it has one.
+pub fn signal_name(signal: i32) -> Option<&'static str> {
+    const NAMES: [&str; 31] = [
+        "SIGHUP",
+        "SIGINT",
+        "SIGQUIT",
+        "SIGILL",
+        "SIGTRAP",
+        "SIGABRT",
+        "SIGBUS",
+        "SIGFPE",
+        "SIGKILL",
+        "SIGUSR1",
+        "SIGSEGV",
+        "SIGUSR2",
+        "SIGPIPE",
+        "SIGALRM",
+        "SIGTERM",
+        "SIGSTKFLT",
+        "SIGCHLD",
+        "SIGCONT",
+        "SIGSTOP",
+        "SIGTSTP",
+        "SIGTTIN",
+        "SIGTTOU",
+        "SIGURG",
+        "SIGXCPU",
+        "SIGXFSZ",
+        "SIGVTALRM",
+        "SIGPROF",
+        "SIGWINCH",
+        "SIGIO",
+        "SIGPWR",
+        "SIGSYS",
+    ];
+    usize::try_from(signal)
+        .ok()
+        .and_then(|n| n.checked_sub(1))
+        .and_then(|i| NAMES.get(i).copied())
+}
+
 /// Resources the build used.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ResourceUse {
@@ -174,4 +231,30 @@ pub struct SignedRecord {
 /// Digest of a list of digests, as the record names closures and toolchains.
 pub fn list_digest(list: &[Digest]) -> Digest {
     Digest::of(&serde_json::to_vec(list).unwrap_or_default())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn exit_statuses_read_as_a_user_says_them() {
+        let shown = |e: ExitStatus| e.to_string();
+        assert_eq!(shown(ExitStatus::Exited { code: 2 }), "exit code 2");
+        assert_eq!(
+            shown(ExitStatus::Signaled { signal: 9 }),
+            "killed by SIGKILL"
+        );
+        assert_eq!(
+            shown(ExitStatus::Signaled { signal: 64 }),
+            "killed by signal 64"
+        );
+        assert_eq!(shown(ExitStatus::TimedOut), "timed out");
+        assert_eq!(
+            shown(ExitStatus::LimitExceeded {
+                limit: "[limits] log".into()
+            }),
+            "stopped by fhsx at [limits] log"
+        );
+    }
 }

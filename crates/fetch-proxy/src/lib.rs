@@ -110,7 +110,7 @@ pub fn client_env(proxy_url: &str, ca_bundle: &str) -> Vec<(&'static str, String
 /// Everything the proxy library can fail with.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         op: &'static str,
         path: PathBuf,
@@ -133,14 +133,14 @@ pub enum Error {
     #[error(transparent)]
     Store(#[from] castore::Error),
 
-    #[error("cannot listen on {addr}: {source}")]
+    #[error("cannot listen on {addr}")]
     Listen {
         addr: String,
         #[source]
         source: std::io::Error,
     },
 
-    #[error("cannot start the proxy runtime: {0}")]
+    #[error("cannot start the proxy runtime")]
     Runtime(#[source] std::io::Error),
 
     /// Recording stopped: the same request got a different answer.

@@ -435,6 +435,14 @@ impl FhsExecutor {
             }
             CachePolicy::Check => {
                 let found = cache.lookup(&plan.action_digest)?;
+                let failed = found.rejected.iter().find_map(|(d, why)| {
+                    let failure = why.strip_prefix(crate::cache::FAILED_BUILD)?;
+                    let failure = failure.strip_prefix('(')?.strip_suffix(')')?;
+                    Some(format!(
+                        "--check: action {} was built here and failed ({failure}; record {d}, which `fhsx record show` prints), so there are no outputs to compare a rebuild with: fix the build and run `fhsx build` until it succeeds, then --check it",
+                        plan.action_digest
+                    ))
+                });
                 match found.hit {
                     Some(hit) => {
                         let _ = writeln!(
@@ -446,12 +454,13 @@ impl FhsExecutor {
                             against: Some(Box::new(hit)),
                         })
                     }
-                    None => Err(Error::Usage(match found.rejected.first() {
-                        Some((d, why)) => format!(
+                    None => Err(Error::Usage(match (failed, found.rejected.first()) {
+                        (Some(m), _) => m,
+                        (None, Some((d, why))) => format!(
                             "--check: no record of action {} can be checked against: record {d} is not usable because {why}; build it first (`fhsx build` without --check)",
                             plan.action_digest
                         ),
-                        None => format!(
+                        (None, None) => format!(
                             "--check: action {} was never built here, so there is nothing to compare with; build it first (`fhsx build` without --check)",
                             plan.action_digest
                         ),
@@ -525,7 +534,7 @@ impl FhsExecutor {
     ) -> Result<Ran, Error> {
         let action = &plan.action;
         let mnt = work.path().join(crate::scratch::VIEW);
-        castore_fuse::preflight().map_err(|e| Error::Other(e.to_string()))?;
+        castore_fuse::preflight().map_err(|e| Error::Other(castore::Chain(&e).to_string()))?;
         std::thread::scope(|scope| {
             let viewing = scope.spawn(|| self.mount_view(plan, view, &mnt));
             let runtime = Runtime::new()?;
@@ -560,8 +569,9 @@ impl FhsExecutor {
                     .join()
                     .unwrap_or_else(|_| Err(Error::Other("mounting the view panicked".into())))
                     .and_then(|mut g| {
-                        g.root_listed()
-                            .map_err(|e| Error::Other(format!("listing the view's root: {e}")))?;
+                        g.root_listed().map_err(|e| {
+                            Error::Other(format!("listing the view's root: {}", castore::Chain(&e)))
+                        })?;
                         Ok(g)
                     });
                 match listed {
@@ -589,9 +599,9 @@ impl FhsExecutor {
             // Unmount before anything else can fail: the read set is wanted
             // either way. The superblock (its inodes and page cache) is freed
             // on a thread while the build goes on.
-            let (mounted, teardown) = guard
-                .finish_deferred(&self.store, roots)
-                .map_err(|e| Error::Other(format!("unmounting the view: {e}")))?;
+            let (mounted, teardown) = guard.finish_deferred(&self.store, roots).map_err(|e| {
+                Error::Other(format!("unmounting the view: {}", castore::Chain(&e)))
+            })?;
             let teardown = Background::start("fhsx-unmount", move || drop(teardown));
             let fetch = proxy.map(|p| p.finish()).transpose()?;
             let report = report?;
@@ -625,7 +635,7 @@ impl FhsExecutor {
             ..MountOptions::default()
         };
         let mut guard = castore_fuse::mount(&self.store, &view.root, mnt, &options)
-            .map_err(|e| Error::Other(format!("mounting the view: {e}")))?;
+            .map_err(|e| Error::Other(format!("mounting the view: {}", castore::Chain(&e))))?;
         let (store, root, cmd, path) = (
             self.store.clone(),
             view.root,
@@ -634,7 +644,9 @@ impl FhsExecutor {
         );
         guard
             .warm(move || ahead::first_opens(&store, &root, &cmd, &path))
-            .map_err(|e| Error::Other(format!("listing the view's root: {e}")))?;
+            .map_err(|e| {
+                Error::Other(format!("listing the view's root: {}", castore::Chain(&e)))
+            })?;
         Ok(guard)
     }
 
@@ -719,7 +731,10 @@ impl FhsExecutor {
             .read_set
             .check_within(&self.store, &view.root)
             .map_err(|e| {
-                Error::Containment(format!("the read set does not prove reads ⊆ declared: {e}"))
+                Error::Containment(format!(
+                    "the read set does not prove reads ⊆ declared: {}",
+                    castore::Chain(&e)
+                ))
             })
     }
 

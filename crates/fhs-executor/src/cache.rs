@@ -41,6 +41,10 @@ pub struct Found {
     pub record: SignedRecord,
 }
 
+/// How a rejection of a failed build's record starts: `that build failed
+/// (exit code 2)`.
+pub(crate) const FAILED_BUILD: &str = "that build failed ";
+
 /// What the index holds for an action, sorted out.
 #[derive(Debug, Default)]
 pub struct Lookup {
@@ -91,7 +95,7 @@ impl<'s> ActionCache<'s> {
                     self.store,
                     &record.record.observed_read_set_digest,
                 )
-                .map_err(|e| format!("its read set cannot be read: {e}"))?;
+                .map_err(|e| format!("its read set cannot be read: {}", castore::Chain(&e)))?;
                 crate::validate::read_set_holds(self.store, view, &rs)?;
                 Ok(record)
             });
@@ -156,7 +160,8 @@ impl<'s> ActionCache<'s> {
         if !self.store.has(ObjectKind::Blob, digest) {
             return Err("the record is no longer in the store".into());
         }
-        let rec = sign::load_record(self.store, digest).map_err(|e| e.to_string())?;
+        let rec =
+            sign::load_record(self.store, digest).map_err(|e| castore::Chain(&e).to_string())?;
         let r = &rec.record;
         if r.format != RECORD_FORMAT {
             return Err(format!(
@@ -183,11 +188,11 @@ impl<'s> ActionCache<'s> {
         }
         if !r.succeeded() {
             return Err(format!(
-                "that build failed ({})",
+                "{FAILED_BUILD}({})",
                 r.failure
                     .clone()
                     .or_else(|| r.violations.first().cloned())
-                    .unwrap_or_else(|| format!("{:?}", r.exit))
+                    .unwrap_or_else(|| r.exit.to_string())
             ));
         }
         if !sign::signed_with(&rec, key) {

@@ -28,7 +28,7 @@ pub enum Error {
     BadOutput { path: String, reason: String },
     #[error("containment violation: {0}")]
     Containment(String),
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         op: &'static str,
         path: PathBuf,

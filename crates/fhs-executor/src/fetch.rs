@@ -105,8 +105,9 @@ impl FetchSession {
         } else {
             (fetch_proxy::Mode::Replay, lock.to_path_buf(), None)
         };
-        let start_err =
-            |e: fetch_proxy::Error| Error::Other(format!("starting the fetch proxy: {e}"));
+        let start_err = |e: fetch_proxy::Error| {
+            Error::Other(format!("starting the fetch proxy: {}", castore::Chain(&e)))
+        };
         let mut cfg = fetch_proxy::ProxyConfig::new(mode, lock_path.clone(), store.clone())
             .map_err(start_err)?;
         cfg.upstream_ca_files = upstream_ca.to_vec();
@@ -162,9 +163,14 @@ impl FetchSession {
         let aborted = match (shut, aborted) {
             (Ok(_), a) => a,
             (Err(e), a) if e.is_violation() || e.is_integrity() => {
-                Some(a.unwrap_or_else(|| e.to_string()))
+                Some(a.unwrap_or_else(|| castore::Chain(&e).to_string()))
             }
-            (Err(e), _) => return Err(Error::Other(format!("stopping the fetch proxy: {e}"))),
+            (Err(e), _) => {
+                return Err(Error::Other(format!(
+                    "stopping the fetch proxy: {}",
+                    castore::Chain(&e)
+                )))
+            }
         };
         let bytes = fs::read(&self.lock_path).unwrap_or_default();
         let refusals =

@@ -91,6 +91,7 @@ pub fn ingest_outputs(
     limits: OutputLimits,
 ) -> Result<Ingested, Error> {
     let mut checker = Checker {
+        scratch,
         outputs: names,
         output: None,
         notes: Vec::new(),
@@ -103,10 +104,7 @@ pub fn ingest_outputs(
         let meta = match fs::symlink_metadata(&host) {
             Ok(m) => m,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(bad_output(
-                    name,
-                    "is declared in [outputs] names but the build did not create it (fhsx does not: `mkdir -p $NAME` or `make install DESTDIR=$NAME`)".into(),
-                ))
+                return Err(bad_output(name, not_made(name, names)))
             }
             Err(e) => return Err(Error::io("stat", &host, e)),
         };
@@ -152,6 +150,19 @@ pub fn ingest_outputs(
     Ok(ingested)
 }
 
+/// Why output `name` is missing: an action that names no output has
+/// `out` all the same, which it may not know.
+fn not_made(name: &OutputName, names: &[OutputName]) -> String {
+    let declared = if names.len() == 1 && name.as_str() == "out" {
+        "is the action's output (`out` is every action's only output unless [outputs] names says otherwise)"
+    } else {
+        "is declared in [outputs] names"
+    };
+    format!(
+        "{declared} but the build did not create it (fhsx does not: `mkdir -p ${name}` or `make install DESTDIR=${name}`)"
+    )
+}
+
 fn bad_output(name: &OutputName, reason: String) -> Error {
     Error::BadOutput {
         path: format!("${name} ({})", name.build_path()),
@@ -166,6 +177,8 @@ fn bad_output(name: &OutputName, reason: String) -> Error {
 /// build made, could not; castore keeps no mode bit but the exec bit,
 /// which this never changes.
 struct Checker<'a> {
+    /// Where the outputs are, `scratch/NAME` each.
+    scratch: &'a Path,
     outputs: &'a [OutputName],
     /// The output being walked.
     output: Option<&'a OutputName>,
@@ -229,8 +242,13 @@ impl castore::fs_tree::Visitor for Checker<'_> {
                 let t = String::from_utf8_lossy(t.as_bytes());
                 if let Some(fhs) = self.check_link(at, &t, &bad)? {
                     self.rewrite(parent, name, &fhs, &rel)?;
+                    let dangles = if self.holds(&fhs) {
+                        ""
+                    } else {
+                        "; warning: no output holds it, so the link dangles unless another atom composed with it does"
+                    };
                     self.notes.push(format!(
-                        "fhsx: output {output}: symlink {} → {} points into an output; rewritten to {}, where it will be once composed",
+                        "fhsx: output {output}: symlink {} → {} points into an output; rewritten to {}, where it will be once composed{dangles}",
                         at.display(),
                         castore::fs_tree::escaped(t.as_bytes()),
                         castore::fs_tree::escaped(fhs.as_bytes()),
@@ -295,6 +313,28 @@ impl Checker<'_> {
             }
         }
         Ok(None)
+    }
+
+    /// Whether some output holds `fhs` (`/usr/bin/x`: `scratch/NAME/usr/bin/x`
+    /// for an output NAME) as a link's target will find it once composed.
+    /// No link of the build's is followed: a path through one is taken to
+    /// be there (the warning is for links that surely dangle).
+    fn holds(&self, fhs: &str) -> bool {
+        self.outputs.iter().any(|o| {
+            let mut at = self.scratch.join(o.as_str());
+            for c in fhs.split('/').filter(|c| !c.is_empty() && *c != ".") {
+                match fs::symlink_metadata(&at) {
+                    Ok(m) if m.is_dir() => {}
+                    Ok(_) => return true,
+                    Err(_) => return false,
+                }
+                if c == ".." {
+                    return true;
+                }
+                at.push(c);
+            }
+            fs::symlink_metadata(&at).is_ok()
+        })
     }
 
     /// Make the link `name` in `parent` point at `target` instead.

@@ -80,8 +80,12 @@ pub fn prune(store: &LocalStore, from: &Digest, mode: PruneMode) -> Result<Prune
         )));
     }
     let mut action = recorded_action(store, &rec)?;
-    let rs = ReadSet::load(store, &rec.observed_read_set_digest)
-        .map_err(|e| Error::Other(format!("reading the read set of {from}: {e}")))?;
+    let rs = ReadSet::load(store, &rec.observed_read_set_digest).map_err(|e| {
+        Error::Other(format!(
+            "reading the read set of {from}: {}",
+            castore::Chain(&e)
+        ))
+    })?;
     let before = action.inputs.closure.len() + action.inputs.toolchain.len();
     match mode {
         PruneMode::Atoms => {

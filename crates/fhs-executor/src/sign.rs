@@ -172,7 +172,7 @@ pub fn verify(
     if let Some(reused) = rec.record.reused {
         // Nothing ran: the claim is that the reused read set holds here.
         let holds = castore_fuse::ReadSet::load(store, &rec.record.observed_read_set_digest)
-            .map_err(|e| e.to_string())
+            .map_err(|e| castore::Chain(&e).to_string())
             .and_then(|rs| crate::validate::read_set_holds(store, &rec.record.view_digest, &rs));
         if let Err(why) = holds {
             v.problems.push(format!(
@@ -244,7 +244,14 @@ fn check(
             castore::verify::verify(store, Some(d), &()).map(|r| {
                 r.problems
                     .iter()
-                    .map(|p| format!("{field}: {} object {} at {:?}", p.kind, p.object, p.used_at))
+                    .map(|p| {
+                        format!(
+                            "{field}: {} object {} at {}",
+                            p.kind,
+                            p.object,
+                            p.used_at.join(", ")
+                        )
+                    })
                     .collect::<Vec<_>>()
             })
         } else if store.has_directory(d).unwrap_or(false) {
@@ -254,7 +261,7 @@ fn check(
         };
         match check {
             Ok(p) => problems.extend(p),
-            Err(e) => problems.push(format!("{field} {d}: {e}")),
+            Err(e) => problems.push(format!("{field} {d}: {}", castore::Chain(&e))),
         }
     }
     Ok(Verification {

@@ -36,7 +36,7 @@ impl Resolver<'_> {
             let dir = self
                 .store
                 .get_directory(d)
-                .map_err(|e| format!("directory {d} cannot be read: {e}"))?;
+                .map_err(|e| format!("directory {d} cannot be read: {}", castore::Chain(&e)))?;
             self.dirs.insert(*d, dir);
         }
         self.dirs
@@ -100,7 +100,14 @@ pub fn read_set_holds(
     for e in &rs.entries {
         let path = e.raw_path();
         let found = new.lookup(&path)?;
-        let differs = |now: &str| Err(format!("{} was {:?} and is now {now}", e.path, e.kind));
+        let was = match e.kind {
+            EntryKind::Absent => "absent",
+            EntryKind::Dir => "a directory",
+            EntryKind::File => "a file",
+            EntryKind::Exe => "an executable file",
+            EntryKind::Symlink => "a symlink",
+        };
+        let differs = |now: &str| Err(format!("{} was {was} and is now {now}", e.path));
         match (e.kind, &found, e.digest) {
             (EntryKind::Absent, None, _) => {}
             (EntryKind::Absent, Some(n), _) => return differs(n.kind()),

@@ -221,8 +221,10 @@ pub fn check_read_set(store: &LocalStore, view: &Digest, rs: &ReadSet) -> Result
         };
         if !consistent {
             return Err(Error::Containment(format!(
-                "the build observed {} as {:?}, which the declared closure does not hold",
-                e.path, e.digest
+                "the build observed {} as {}, which the declared closure does not hold",
+                e.path,
+                e.digest
+                    .map_or_else(|| "absent".to_owned(), |d| d.to_string())
             )));
         }
     }

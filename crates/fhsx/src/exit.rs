@@ -1,15 +1,44 @@
-//! Mapping errors to the exit codes DESIGN.md fixes: 0 success, 1 build
-//! failed, 2 usage or input error, 3 containment or integrity violation.
+//! Reporting an error once, and mapping it to the exit codes DESIGN.md
+//! fixes: 0 success, 1 build (or I/O) failed, 2 usage or input error, 3
+//! containment or integrity violation, 4 a `--check` rebuild differs.
+//!
+//! The libraries' error types name their cause either in their message or
+//! as `source()`, never both; [`report`] prints the chain, each cause that
+//! says something new on a line of its own. `tests/errors.rs` keeps what
+//! the CLI says to bad inputs, golden.
 
 use executor_core::ExitClass;
 
 /// Print `err` with its causes and return the exit code its class calls for.
 pub fn report(err: &anyhow::Error) -> i32 {
-    eprintln!("fhsx: error: {err}");
-    for cause in err.chain().skip(1) {
-        eprintln!("  caused by: {cause}");
-    }
+    eprint!("{}", chain_lines(err));
     class_of(err).code()
+}
+
+/// `fhsx: error: WHAT`, then a `  caused by: WHY` line for each cause that
+/// says something new: a cause whose text is already printed is left out.
+/// The operating system's reason (an `io::Error` that ends the chain) ends
+/// the line it explains: `cannot read action file X: No such file or
+/// directory (os error 2)`.
+fn chain_lines(err: &anyhow::Error) -> String {
+    let mut lines = vec![format!("fhsx: error: {err}")];
+    for cause in err.chain().skip(1) {
+        let text = cause.to_string();
+        if text.is_empty() || lines.iter().any(|l| l.contains(&text)) {
+            continue;
+        }
+        let ends = cause.source().is_none() && cause.downcast_ref::<std::io::Error>().is_some();
+        match lines.last_mut() {
+            Some(last) if ends && !last.contains('\n') && !text.contains('\n') => {
+                last.push_str(": ");
+                last.push_str(&text);
+            }
+            _ => lines.push(format!("  caused by: {text}")),
+        }
+    }
+    let mut out = lines.join("\n");
+    out.push('\n');
+    out
 }
 
 /// Find the most specific class any error in the chain declares.
@@ -46,3 +75,28 @@ impl std::fmt::Display for Classified {
 }
 
 impl std::error::Error for Classified {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_cause_once_and_the_os_reason_on_its_line() {
+        let io = std::io::Error::from(std::io::ErrorKind::NotFound);
+        let e = anyhow::Error::from(io).context("cannot read action file /x.toml");
+        assert_eq!(
+            chain_lines(&e),
+            format!(
+                "fhsx: error: cannot read action file /x.toml: {}\n",
+                std::io::Error::from(std::io::ErrorKind::NotFound)
+            )
+        );
+        let e = anyhow::anyhow!("a.toml: TOML parse error\n  |\nbad")
+            .context("a.toml: TOML parse error\n  |\nbad")
+            .context("importing a.toml");
+        assert_eq!(
+            chain_lines(&e),
+            "fhsx: error: importing a.toml\n  caused by: a.toml: TOML parse error\n  |\nbad\n"
+        );
+    }
+}

@@ -10,13 +10,13 @@ pub enum Error {
     Executor(#[from] fhs_executor::Error),
     #[error(transparent)]
     Action(#[from] executor_core::ActionError),
-    #[error("talking to the worker at {endpoint}: {source}")]
+    #[error("talking to the worker at {endpoint}")]
     Rpc {
         endpoint: String,
         #[source]
         source: capnp::Error,
     },
-    #[error("{what} {endpoint}: {source}")]
+    #[error("{what} {endpoint}")]
     Io {
         what: &'static str,
         endpoint: String,

@@ -273,7 +273,7 @@ fn run_build(
     };
     let mut exec = match FhsExecutor::open(store.clone()) {
         Ok(e) => e,
-        Err(e) => return failed(e.exit_class(), e.to_string()),
+        Err(e) => return failed(e.exit_class(), castore::Chain(&e).to_string()),
     };
     exec.cancel = Some(cancel);
     if builds.hash_every_build {
@@ -293,7 +293,7 @@ fn run_build(
                 &out.record.record.action_digest,
                 &out.record_digest,
             ) {
-                return failed(e.exit_class(), e.to_string());
+                return failed(e.exit_class(), castore::Chain(&e).to_string());
             }
             match store.read_blob(&out.record_digest) {
                 Ok(bytes) => JobResult::Done {
@@ -303,7 +303,7 @@ fn run_build(
                     cached: false,
                     check: out.check,
                 },
-                Err(e) => failed(ExitClass::BuildFailed, e.to_string()),
+                Err(e) => failed(ExitClass::BuildFailed, castore::Chain(&e).to_string()),
             }
         }
         Ok(out) => match store.read_blob(&out.record_digest) {
@@ -314,8 +314,8 @@ fn run_build(
                 cached: out.cached,
                 check: out.check,
             },
-            Err(e) => failed(ExitClass::BuildFailed, e.to_string()),
+            Err(e) => failed(ExitClass::BuildFailed, castore::Chain(&e).to_string()),
         },
-        Err(e) => failed(e.exit_class(), e.to_string()),
+        Err(e) => failed(e.exit_class(), castore::Chain(&e).to_string()),
     }
 }

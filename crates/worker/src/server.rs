@@ -83,7 +83,7 @@ fn fail(msg: impl Into<String>) -> capnp::Error {
 }
 
 fn store_err(e: castore::Error) -> capnp::Error {
-    fail(e.to_string())
+    fail(castore::Chain(&e).to_string())
 }
 
 fn join_err(e: tokio::task::JoinError) -> capnp::Error {

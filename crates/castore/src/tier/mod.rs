@@ -37,7 +37,7 @@ pub enum Error {
     BadRequest(String),
 
     /// The operating system refused an operation.
-    #[error("{op} {path}: {source}")]
+    #[error("{op} {path}")]
     Io {
         op: &'static str,
         path: PathBuf,

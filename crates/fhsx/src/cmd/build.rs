@@ -265,15 +265,26 @@ fn build_remote(
     graph: &ActionGraph,
     addr: &str,
 ) -> anyhow::Result<Built> {
+    let endpoint = ::worker::Endpoint::parse(addr);
+    if let ::worker::Endpoint::Tcp(a) = &endpoint {
+        if a.rsplit_once(':').is_none_or(|(host, port)| {
+            host.is_empty() || port.parse::<u16>().map_or(true, |p| p == 0)
+        }) {
+            return Err(Classified(
+                ExitClass::Usage,
+                format!("--remote {a}: write the worker's address as HOST:PORT or unix:PATH"),
+            )
+            .into());
+        }
+    }
     let store = open_store(g)?;
-    let classify = |e: ::worker::Error| Classified(e.exit_class(), e.to_string());
+    let classify = |e: ::worker::Error| Classified(e.exit_class(), castore::Chain(&e).to_string());
     let token = match &a.token_file {
         Some(p) => ::worker::read_token_file(p).map_err(classify)?,
         None => Vec::new(),
     };
     let client =
-        ::worker::client::Client::connect(&::worker::Endpoint::parse(addr), &token, &a.trust)
-            .map_err(classify)?;
+        ::worker::client::Client::connect(&endpoint, &token, &a.trust).map_err(classify)?;
     let hold = store.temp_roots(&[])?;
     graph.build_all(
         |p| import(&store, &hold, p),
@@ -360,7 +371,7 @@ fn toolchain_atoms(
     path: &std::path::Path,
 ) -> anyhow::Result<Vec<castore::Digest>> {
     let usage = |m: String| anyhow::Error::from(Classified(ExitClass::Usage, m));
-    let t = debian::Toolchain::read(path).map_err(|e| usage(e.to_string()))?;
+    let t = debian::Toolchain::read(path).map_err(|e| usage(castore::Chain(&e).to_string()))?;
     for p in &t.packages {
         if !castore::DirectoryStore::has_directory(store, &p.atom)? {
             return Err(usage(format!(
@@ -388,6 +399,21 @@ fn building(node: &GraphNode, is_root: bool) -> String {
     }
 }
 
+/// Why a build that ran failed, for a message after its live log: its
+/// exit status, or, where fhsx stopped it or refused what it made, that
+/// the log's last line (already shown) says why.
+pub(crate) fn how_it_failed(rec: &BuildRecord) -> String {
+    if rec.failure.is_some() {
+        "fhsx's last line in its log, above, says why".into()
+    } else if !rec.exit.success() {
+        rec.exit.to_string()
+    } else if let Some(v) = rec.violations.first() {
+        format!("a containment violation: {v}")
+    } else {
+        "its read set is incomplete".into()
+    }
+}
+
 /// A dependency that failed stops the graph: what refers to it cannot run.
 fn dependency_ok(node: &GraphNode, is_root: bool, rec: &BuildRecord) -> anyhow::Result<()> {
     if is_root || rec.succeeded() {
@@ -398,9 +424,7 @@ fn dependency_ok(node: &GraphNode, is_root: bool, rec: &BuildRecord) -> anyhow::
         format!(
             "{} failed ({}), so what refers to it cannot be built; its log is blob {}",
             node.file.display(),
-            rec.failure
-                .clone()
-                .unwrap_or_else(|| format!("{:?}", rec.exit)),
+            how_it_failed(rec),
             rec.log_digest
         ),
     )
@@ -469,9 +493,7 @@ fn report(g: &Globals, built: &Built) -> anyhow::Result<i32> {
             ExitClass::BuildFailed,
             format!(
                 "the build failed ({}); its log is blob {}",
-                rec.failure
-                    .clone()
-                    .unwrap_or_else(|| format!("{:?}", rec.exit)),
+                how_it_failed(rec),
                 rec.log_digest
             ),
         )

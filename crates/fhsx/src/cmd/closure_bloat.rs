@@ -177,7 +177,7 @@ fn prune(
             ExitClass::CheckMismatch,
             format!(
                 "the pruned action failed ({}): the build needed something its read set does not name — a finding to investigate; its log is blob {}",
-                out.record.record.failure.clone().unwrap_or_else(|| format!("{:?}", out.record.record.exit)),
+                super::build::how_it_failed(&out.record.record),
                 out.record.record.log_digest
             ),
         )

@@ -23,7 +23,8 @@ pub fn run(g: &Globals, cmd: KeyCmd) -> anyhow::Result<i32> {
         KeyCmd::Generate => keys::generate(&path)?,
         KeyCmd::Show => keys::load(&path).map_err(|e| {
             anyhow::anyhow!(
-                "{e}; create one with `fhsx key generate` (a build also creates it on first use)"
+                "{}; create one with `fhsx key generate` (a build also creates it on first use)",
+                castore::Chain(&e)
             )
         })?,
     };

@@ -51,7 +51,7 @@ pub fn run(g: &Globals, cmd: RecordCmd) -> anyhow::Result<i32> {
                 println!("signed by   {}", r.public_key);
                 println!("action      {}", rec.action_digest);
                 println!("view        {}", rec.view_digest);
-                println!("exit        {:?}", rec.exit);
+                println!("exit        {}", rec.exit);
                 if let Some(f) = &rec.failure {
                     println!("failure     {f}");
                 }

@@ -233,7 +233,7 @@ fn root_target(g: &Globals, t: &str) -> anyhow::Result<Vec<Digest>> {
     }
     if t.ends_with(".toolchain") {
         let tc = debian::Toolchain::read(std::path::Path::new(t))
-            .map_err(|e| Classified(ExitClass::Usage, e.to_string()))?;
+            .map_err(|e| Classified(ExitClass::Usage, castore::Chain(&e).to_string()))?;
         return Ok(tc.atoms());
     }
     if let Some((file, output)) = t.rsplit_once('#') {

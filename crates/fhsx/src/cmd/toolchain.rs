@@ -57,7 +57,7 @@ pub fn run(g: &Globals, cmd: ToolchainCmd) -> anyhow::Result<i32> {
         } else {
             ExitClass::BuildFailed
         };
-        Classified(class, e.to_string())
+        Classified(class, castore::Chain(&e).to_string())
     };
     let a = match cmd {
         ToolchainCmd::Apt(a) => a,

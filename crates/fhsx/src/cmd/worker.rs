@@ -142,7 +142,7 @@ fn run_reapi(
     let mut toolchains = std::collections::BTreeMap::new();
     let mut named = Vec::new();
     for f in &a.toolchain {
-        let t = debian::Toolchain::read(f).map_err(|e| usage(e.to_string()))?;
+        let t = debian::Toolchain::read(f).map_err(|e| usage(castore::Chain(&e).to_string()))?;
         let atoms = t.atoms();
         for d in &atoms {
             if !store.has_directory(d)? {
@@ -205,7 +205,7 @@ fn run_reapi(
         }
         let _ = std::io::stdout().flush();
     })
-    .map_err(|e| Classified(e.exit_class(), e.to_string()))?;
+    .map_err(|e| Classified(e.exit_class(), castore::Chain(&e).to_string()))?;
     Ok(0)
 }
 
@@ -244,7 +244,7 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
         .as_deref()
         .map(::worker::read_token_file)
         .transpose()
-        .map_err(|e| Classified(e.exit_class(), e.to_string()))?;
+        .map_err(|e| Classified(e.exit_class(), castore::Chain(&e).to_string()))?;
     let stall_timeout: Duration = executor_core::action::parse_duration(&a.stall_timeout)
         .with_context(|| format!("--stall-timeout {:?}: use 30s, 5m or 1h", a.stall_timeout))?;
     if stall_timeout.is_zero() {
@@ -271,6 +271,6 @@ pub fn run(g: &Globals, a: WorkerArgs) -> anyhow::Result<i32> {
         }
         let _ = std::io::stdout().flush();
     })
-    .map_err(|e| Classified(e.exit_class(), e.to_string()))?;
+    .map_err(|e| Classified(e.exit_class(), castore::Chain(&e).to_string()))?;
     Ok(0)
 }

@@ -503,7 +503,7 @@ async fn execute(
 }
 
 fn refusal(e: CasError) -> Refusal {
-    Refusal::new(e.code(), e.to_string())
+    Refusal::new(e.code(), castore::Chain(&e).to_string())
 }
 
 async fn execute_inner(

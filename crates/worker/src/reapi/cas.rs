@@ -52,8 +52,10 @@ use crate::{ChannelReader, CHUNK};
 /// What can go wrong talking to the CAS.
 #[derive(Debug, thiserror::Error)]
 pub enum CasError {
+    /// Shown flat (a lease's status): the status is in the message, not
+    /// a `source()`.
     #[error("the engine's CAS: {0}")]
-    Rpc(#[from] tonic::Status),
+    Rpc(tonic::Status),
     #[error(transparent)]
     Store(#[from] castore::Error),
     #[error("{0}")]
@@ -71,6 +73,12 @@ impl CasError {
             CasError::Rpc(s) if s.code() == tonic::Code::NotFound => Code::FailedPrecondition,
             _ => Code::Unavailable,
         }
+    }
+}
+
+impl From<tonic::Status> for CasError {
+    fn from(s: tonic::Status) -> Self {
+        CasError::Rpc(s)
     }
 }
 
