@@ -22,17 +22,25 @@ pub fn escaped(bytes: &[u8]) -> String {
                 c if c.is_control() => {
                     let mut b = [0; 4];
                     for byte in c.encode_utf8(&mut b).bytes() {
-                        out.push_str(&format!("\\x{byte:02x}"));
+                        push_hex(&mut out, byte);
                     }
                 }
                 c => out.push(c),
             }
         }
-        for b in chunk.invalid() {
-            out.push_str(&format!("\\x{b:02x}"));
+        for &b in chunk.invalid() {
+            push_hex(&mut out, b);
         }
     }
     out
+}
+
+/// `\xNN` for the byte `b`.
+fn push_hex(out: &mut String, b: u8) {
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    out.push_str("\\x");
+    out.push(char::from(HEX[usize::from(b >> 4)]));
+    out.push(char::from(HEX[usize::from(b & 15)]));
 }
 
 /// The build's own output as it may reach a terminal live: every byte as
@@ -44,10 +52,18 @@ pub fn terminal_safe(bytes: &[u8]) -> Cow<'_, [u8]> {
     if !bytes.iter().copied().any(unsafe_byte) {
         return Cow::Borrowed(bytes);
     }
-    let mut out = Vec::with_capacity(bytes.len() + 16);
+    // Binary output (a build piping /dev/zero to stderr) is all controls:
+    // four bytes out for each, with no allocation per byte.
+    const HEX: &[u8; 16] = b"0123456789abcdef";
+    let mut out = Vec::with_capacity(bytes.len() + bytes.len() / 4);
     for &b in bytes {
         if unsafe_byte(b) {
-            out.extend_from_slice(format!("\\x{b:02x}").as_bytes());
+            out.extend_from_slice(&[
+                b'\\',
+                b'x',
+                HEX[usize::from(b >> 4)],
+                HEX[usize::from(b & 15)],
+            ]);
         } else {
             out.push(b);
         }
