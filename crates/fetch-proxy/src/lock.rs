@@ -295,7 +295,9 @@ impl Lock {
 }
 
 fn verify_entry(store: &LocalStore, e: &Entry) -> Result<(), String> {
-    let mut r = store.open_blob(&e.blake3).map_err(|err| err.to_string())?;
+    let mut r = store
+        .open_blob(&e.blake3)
+        .map_err(|err| castore::Chain(&err).to_string())?;
     let mut sha = sha2::Sha256::new();
     let mut size = 0u64;
     let mut buf = vec![0u8; 256 * 1024];

@@ -594,7 +594,7 @@ fn store_and_enter(
     let txn = s
         .store
         .txn()
-        .map_err(|e| StoreFail::Failed(e.to_string()))?;
+        .map_err(|e| StoreFail::Failed(castore::Chain(&e).to_string()))?;
     let mut tee = ShaTee {
         inner: &mut limited,
         sha: sha2::Sha256::new(),
@@ -655,7 +655,9 @@ fn store_and_enter(
         lock.insert(entry.clone());
         if let Err(e) = lock.save(&s.lock_path) {
             lock.remove(&key);
-            return Err(rejected(RecordError::Failed(e.to_string())));
+            return Err(rejected(RecordError::Failed(
+                castore::Chain(&e).to_string(),
+            )));
         }
     }
     let undo = |lock: &mut Lock| {
@@ -666,12 +668,15 @@ fn store_and_enter(
     };
     if let Err(e) = s.roots.as_ref().map_or(Ok(()), |r| r.add(&[digest])) {
         undo(&mut lock);
-        return Err(rejected(RecordError::Failed(e.to_string())));
+        return Err(rejected(RecordError::Failed(
+            castore::Chain(&e).to_string(),
+        )));
     }
     if let Err(e) = txn.commit() {
         undo(&mut lock);
         return Err(rejected(RecordError::Failed(format!(
-            "committing the body: {e}"
+            "committing the body: {}",
+            castore::Chain(&e)
         ))));
     }
     drop(lock);
@@ -1248,7 +1253,7 @@ async fn ensure_verified(shared: &Arc<Shared>, entry: &Entry) -> Result<PathBuf,
         // long as the roots are held.
         if let Some(r) = &s.roots {
             r.add(&[want])
-                .map_err(|e| format!("rooting blob {want}: {e}"))?;
+                .map_err(|e| format!("rooting blob {want}: {}", castore::Chain(&e)))?;
         }
         let md = std::fs::metadata(&p).map_err(|e| {
             format!("blob {want} is not in the store ({e}); re-record or import it")

@@ -214,7 +214,7 @@ pub(crate) fn send_blob(
     let mut f = match store.open_blob(digest) {
         Ok(f) => f,
         Err(e) => {
-            let _ = tx.blocking_send(Err(e.to_string()));
+            let _ = tx.blocking_send(Err(castore::Chain(&e).to_string()));
             return;
         }
     };
@@ -261,7 +261,11 @@ pub(crate) fn read_blobs(
     }
     digests
         .iter()
-        .map(|d| store.read_blob(d).map_err(|e| e.to_string()))
+        .map(|d| {
+            store
+                .read_blob(d)
+                .map_err(|e| castore::Chain(&e).to_string())
+        })
         .collect()
 }
 

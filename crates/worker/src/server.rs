@@ -925,7 +925,7 @@ fn check_children(
                 let have = match batch.get(d).filter(|(i, _)| *i < at) {
                     Some((_, s)) => Some(*s),
                     None if store.has(ObjectKind::Directory, d) => {
-                        Some(store.get_directory(d).map_err(|e| e.to_string())?.size())
+                        Some(store.get_directory(d).map_err(|e| castore::Chain(&e).to_string())?.size())
                     }
                     None => None,
                 };
@@ -1044,7 +1044,7 @@ impl CasImpl {
             // Answered before durable, as every upload (see `flush_uploads`).
             store
                 .put_directories_unsynced(&dirs)
-                .map_err(|e| e.to_string())
+                .map_err(|e| castore::Chain(&e).to_string())
         })
         .await
         .map_err(join_err)?
@@ -1110,9 +1110,9 @@ impl cas::Server for CasImpl {
             let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
             let store = self.shared.store.clone();
             let writer = tokio::task::spawn_blocking(move || -> Result<(), String> {
-                let txn = store.txn().map_err(|e| e.to_string())?;
+                let txn = store.txn().map_err(|e| castore::Chain(&e).to_string())?;
                 let mut r = ChannelReader::new(rx);
-                let (got, n) = txn.put_blob_buffered(&mut r).map_err(|e| e.to_string())?;
+                let (got, n) = txn.put_blob_buffered(&mut r).map_err(|e| castore::Chain(&e).to_string())?;
                 if n != size {
                     return Err(format!(
                         "blob {digest} refused: {n} bytes arrived, {size} were announced; nothing was stored"
@@ -1124,8 +1124,8 @@ impl cas::Server for CasImpl {
                     ));
                 }
                 // The transaction holds gc off until it commits.
-                roots.add(&[digest]).map_err(|e| e.to_string())?;
-                txn.commit_unsynced().map_err(|e| e.to_string())
+                roots.add(&[digest]).map_err(|e| castore::Chain(&e).to_string())?;
+                txn.commit_unsynced().map_err(|e| castore::Chain(&e).to_string())
             });
             let stream = Rc::new(UploadStream {
                 tx: RefCell::new(Some(tx)),

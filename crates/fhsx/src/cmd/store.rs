@@ -246,8 +246,12 @@ fn root_target(g: &Globals, t: &str) -> anyhow::Result<Vec<Digest>> {
                 Classified(
                     ExitClass::Usage,
                     format!(
-                        "{file} has no output {output:?} (it declares {:?})",
-                        outputs.keys().map(|k| k.as_str()).collect::<Vec<_>>()
+                        "{file} has no output {output:?} (it declares {})",
+                        outputs
+                            .keys()
+                            .map(|k| k.as_str())
+                            .collect::<Vec<_>>()
+                            .join(", ")
                     ),
                 )
                 .into()
