@@ -58,8 +58,9 @@ pub fn recorded_action(
 ) -> Result<Action, Error> {
     let bytes = store.read_blob(&record.action_digest).map_err(|e| {
         Error::Usage(format!(
-            "the action of record {} ({}) is not in the store ({e}); only records of this fhsx keep their action",
-            record.action_digest, record.action_digest
+            "the record's action {} is not in the store ({}); only records of this fhsx keep their action",
+            record.action_digest,
+            castore::Chain(&e)
         ))
     })?;
     let mut v: serde_json::Value = serde_json::from_slice(&bytes)

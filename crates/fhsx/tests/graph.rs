@@ -378,7 +378,12 @@ fn reference_errors_exit_2_naming_the_chain() {
         ("c.toml", vec!["c.toml → ", "gone.toml", "cannot be read"]),
         (
             "d.toml",
-            vec!["d.toml → ", "e.toml#dev", "\"dev\"", "[\"out\"]"],
+            vec![
+                "d.toml → ",
+                "e.toml#dev",
+                "names output dev of",
+                "declares only out in",
+            ],
         ),
         ("f.toml", vec!["f.toml → ", "missing.deb"]),
     ] {

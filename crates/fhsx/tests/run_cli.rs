@@ -43,7 +43,7 @@ fn run_reports_a_signal_as_128_plus_n() {
     let ws = tempfile::tempdir().unwrap();
     let o = fhsx_run(ws.path(), &["--", "/bin/sh", "-c", "kill -TERM $$"]);
     assert_eq!(o.status.code(), Some(128 + 15), "{o:?}");
-    assert!(String::from_utf8_lossy(&o.stderr).contains("signal 15"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("killed by SIGTERM"));
 }
 
 #[test]

@@ -448,7 +448,10 @@ async fn flush_uploads(shared: Rc<Shared>) {
 async fn flush_unsynced(store: &LocalStore, then: &str) {
     let store = store.clone();
     if let Ok(Err(e)) = tokio::task::spawn_blocking(move || store.flush_unsynced()).await {
-        eprintln!("fhsx worker: could not make uploads durable: {e}; {then}");
+        eprintln!(
+            "fhsx worker: could not make uploads durable: {}; {then}",
+            castore::Chain(&e)
+        );
     }
 }
 

@@ -888,7 +888,9 @@ impl Walker<'_> {
                                     );
                                 }
                             }
-                            Err(e) => self.problem(&tp, format!("cannot read: {e}")),
+                            Err(e) => {
+                                self.problem(&tp, format!("cannot read: {}", crate::Chain(&e)))
+                            }
                         }
                     }
                     Ok(())
