@@ -1426,8 +1426,9 @@ fn scratch_mounts(dir: &Path) -> Vec<String> {
 /// 000, a FIFO, a symlink, an xattr and a default ACL on `/build`, inode
 /// flags new files inherit, mode 1777): the probe run after it on the
 /// recycled scratch sees exactly what it saw on a fresh one (same output
-/// digest: mode, size, links, flags, xattrs, free blocks and inodes,
-/// entries, what a new file inherits). One that grows `/build` past a
+/// digest: mode, size, links, flags, `/build`'s times, xattrs, free blocks
+/// and inodes, entries, what a new file inherits and its inode number; the
+/// probe looks before anything changes `/build`). One that grows `/build` past a
 /// block cannot be made as new: its scratch is removed, not parked.
 #[test]
 fn a_recycled_scratch_shows_nothing_of_the_build_before() {
@@ -1447,7 +1448,7 @@ fn a_recycled_scratch_shows_nothing_of_the_build_before() {
         fs::write(
             &p,
             format!(
-                "[inputs]\nclosure = [\"{bb}\", \"{probe}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out && /usr/bin/scratch-probe {mode} > $out/state\"]\n"
+                "[inputs]\nclosure = [\"{bb}\", \"{probe}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"/usr/bin/scratch-probe {mode} > /build/home/state && busybox mkdir $out && busybox mv /build/home/state $out/state\"]\n"
             ),
         )
         .unwrap();
