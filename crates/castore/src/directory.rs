@@ -93,6 +93,12 @@ impl Directory {
         self.entries.iter()
     }
 
+    /// The entries, by name, owned: for a walk that keeps its place in a
+    /// directory without holding a borrow of it.
+    pub fn into_entries(self) -> impl ExactSizeIterator<Item = (Name, Node)> {
+        self.entries.into_iter()
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
     }

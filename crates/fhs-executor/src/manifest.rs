@@ -52,14 +52,13 @@ pub fn derive_and_store(store: &LocalStore, root: &Digest) -> Result<Digest, Err
     let write = |e: std::io::Error| Error::Other(format!("writing the interface manifest: {e}"));
     write!(out, "{{\"format\":{FORMAT},\"files\":[").map_err(write)?;
     let mut first = true;
-    // Each directory being listed: its entries, how far along, its path.
-    let mut stack = vec![(store.get_directory(root)?, 0usize, String::new())];
-    while let Some((dir, next, at)) = stack.last_mut() {
-        let Some((name, node)) = dir.entries().nth(*next) else {
+    // Each directory being listed: its entries still to come, its path.
+    let mut stack = vec![(store.get_directory(root)?.into_entries(), String::new())];
+    while let Some((entries, at)) = stack.last_mut() {
+        let Some((name, node)) = entries.next() else {
             stack.pop();
             continue;
         };
-        *next += 1;
         let path = if at.is_empty() {
             name.to_string()
         } else {
@@ -67,14 +66,14 @@ pub fn derive_and_store(store: &LocalStore, root: &Digest) -> Result<Digest, Err
         };
         match node {
             Node::Directory { digest, .. } => {
-                let d = store.get_directory(digest).map_err(|e| e.at_path(&path))?;
-                stack.push((d, 0, path));
+                let d = store.get_directory(&digest).map_err(|e| e.at_path(&path))?;
+                stack.push((d.into_entries(), path));
             }
             Node::File { digest, .. } => {
                 let blob = store
-                    .blob_path(digest)
+                    .blob_path(&digest)
                     .ok_or_else(|| castore::Error::Missing {
-                        digest: *digest,
+                        digest,
                         path: Some(path.clone()),
                     })?;
                 let f = std::fs::File::open(&blob).map_err(|e| Error::io("open", &blob, e))?;
