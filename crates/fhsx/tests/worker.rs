@@ -654,7 +654,7 @@ fn closed(s: &mut impl Read, what: &str) {
 fn err<T>(r: Result<T, worker::Error>) -> String {
     match r {
         Ok(_) => panic!("accepted"),
-        Err(e) => e.to_string(),
+        Err(e) => castore::Chain(&e).to_string(),
     }
 }
 
@@ -855,7 +855,7 @@ fn malformed_input_is_refused_and_the_worker_keeps_serving() {
 
     // Builds: an old client (protocol 0), a malformed action, record mode,
     // a missing input.
-    let e = c.build_raw(0, "", b"").unwrap_err().to_string();
+    let e = err(c.build_raw(0, "", b""));
     assert!(e.contains("protocol"), "{e}");
     let (class, msg) = c
         .build_raw(worker::PROTOCOL_VERSION, "[inputs\n", b"")
