@@ -125,29 +125,56 @@ impl Directory {
     /// over — entries, wire types, bytes — where it is now held twice).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(self.encoded_len());
+        self.encode_each(&mut |bytes| {
+            out.extend_from_slice(bytes);
+            true
+        });
+        out
+    }
+
+    /// Hand the canonical encoding to `sink` an entry at a time, until it
+    /// answers false; whether it took every entry.
+    fn encode_each(&self, sink: &mut dyn FnMut(&[u8]) -> bool) -> bool {
+        let mut entry = Vec::new();
         for (list, kind) in [(1u8, Kind::Directory), (2, Kind::File), (3, Kind::Symlink)] {
             for (name, node) in self.entries.iter().filter(|(_, n)| Kind::of(n) == kind) {
-                put_bytes_header(&mut out, list, message_len(name, node));
-                put_bytes(&mut out, 1, name.as_bytes());
+                entry.clear();
+                let out = &mut entry;
+                put_bytes_header(out, list, message_len(name, node));
+                put_bytes(out, 1, name.as_bytes());
                 match node {
                     Node::Directory { digest, size } => {
-                        put_bytes(&mut out, 2, digest.as_bytes());
-                        put_varint_field(&mut out, 3, *size);
+                        put_bytes(out, 2, digest.as_bytes());
+                        put_varint_field(out, 3, *size);
                     }
                     Node::File {
                         digest,
                         size,
                         executable,
                     } => {
-                        put_bytes(&mut out, 2, digest.as_bytes());
-                        put_varint_field(&mut out, 3, *size);
-                        put_varint_field(&mut out, 4, u64::from(*executable));
+                        put_bytes(out, 2, digest.as_bytes());
+                        put_varint_field(out, 3, *size);
+                        put_varint_field(out, 4, u64::from(*executable));
                     }
-                    Node::Symlink { target } => put_bytes(&mut out, 2, target.as_bytes()),
+                    Node::Symlink { target } => put_bytes(out, 2, target.as_bytes()),
+                }
+                if !sink(&entry) {
+                    return false;
                 }
             }
         }
-        out
+        true
+    }
+
+    /// Whether `bytes` are exactly this directory's canonical encoding,
+    /// compared an entry at a time (no second copy of a big directory).
+    fn encodes_to(&self, bytes: &[u8]) -> bool {
+        let mut at = 0;
+        self.encode_each(&mut |chunk| {
+            let same = bytes.get(at..at + chunk.len()) == Some(chunk);
+            at += chunk.len();
+            same
+        }) && at == bytes.len()
     }
 
     /// The length of [`Directory::encode`]'s bytes.
@@ -205,7 +232,7 @@ impl Directory {
         }
         // Order, duplicate defaults, unknown fields, field order: any of them
         // makes the re-encoding differ. One comparison covers them all.
-        if out.encode() != bytes {
+        if !out.encodes_to(bytes) {
             return Err(bad(
                 "encoding is not canonical (unsorted lists, explicit defaults, unknown or reordered fields)".into(),
             ));

@@ -49,6 +49,9 @@ pub const SCRATCH: &str = "/build";
 #[derive(Debug, Clone, Default)]
 pub struct Ingested {
     pub outputs: BTreeMap<OutputName, Digest>,
+    /// Each output's entry count (its root's `size`), as import found it:
+    /// so that naming the outputs together decodes none of them again.
+    pub sizes: BTreeMap<OutputName, u64>,
     /// Symlinks that were rewritten, one line each, for the log.
     pub notes: Vec<String>,
 }
@@ -59,7 +62,10 @@ impl Ingested {
     pub fn combined_tree(&self, store: &LocalStore) -> Result<Digest, Error> {
         let mut dir = Directory::new();
         for (name, digest) in &self.outputs {
-            let size = store.get_directory(digest)?.size();
+            let size = match self.sizes.get(name) {
+                Some(size) => *size,
+                None => store.get_directory(digest)?.size(),
+            };
             dir.insert(
                 Name::new(name.as_str())?,
                 Node::Directory {
@@ -146,6 +152,7 @@ pub fn ingest_outputs(
         let host = scratch.join(name.as_str());
         let imported = castore::import::import_path(store, &host, &())?;
         ingested.outputs.insert(name.clone(), imported.root);
+        ingested.sizes.insert(name.clone(), imported.size);
     }
     Ok(ingested)
 }
