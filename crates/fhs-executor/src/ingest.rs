@@ -324,23 +324,25 @@ impl Checker<'_> {
 
     /// Whether some output holds `fhs` (`/usr/bin/x`: `scratch/NAME/usr/bin/x`
     /// for an output NAME) as a link's target will find it once composed.
-    /// No link of the build's is followed: a path through one is taken to
-    /// be there (the warning is for links that surely dangle).
+    /// No link of the build's is followed: a path through one, or one that
+    /// cannot be looked at, is taken to be there (the warning is for links
+    /// that surely dangle).
     fn holds(&self, fhs: &str) -> bool {
         self.outputs.iter().any(|o| {
             let mut at = self.scratch.join(o.as_str());
             for c in fhs.split('/').filter(|c| !c.is_empty() && *c != ".") {
                 match fs::symlink_metadata(&at) {
                     Ok(m) if m.is_dir() => {}
-                    Ok(_) => return true,
-                    Err(_) => return false,
+                    Ok(m) => return m.file_type().is_symlink(),
+                    Err(e) => return e.kind() != std::io::ErrorKind::NotFound,
                 }
                 if c == ".." {
                     return true;
                 }
                 at.push(c);
             }
-            fs::symlink_metadata(&at).is_ok()
+            fs::symlink_metadata(&at)
+                .map_or_else(|e| e.kind() != std::io::ErrorKind::NotFound, |_| true)
         })
     }
 
