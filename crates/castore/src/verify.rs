@@ -345,39 +345,7 @@ fn verify_tree(store: &LocalStore, root: &Digest, progress: &dyn Progress) -> Re
 #[cfg(test)]
 mod bounded {
     use super::*;
-    use crate::Name;
-
-    /// A directory holding `child` under each of `names`, and `file` if any.
-    fn holding(
-        s: &LocalStore,
-        child: Option<Digest>,
-        names: &[&str],
-        file: Option<Digest>,
-    ) -> Digest {
-        let mut d = Directory::new();
-        if let Some(c) = child {
-            let size = s.get_directory(&c).unwrap().size();
-            for n in names {
-                d.insert(
-                    Name::new(n.as_bytes()).unwrap(),
-                    Node::Directory { digest: c, size },
-                )
-                .unwrap();
-            }
-        }
-        if let Some(f) = file {
-            d.insert(
-                Name::new(b"f").unwrap(),
-                Node::File {
-                    digest: f,
-                    size: 1,
-                    executable: false,
-                },
-            )
-            .unwrap();
-        }
-        crate::store::DirectoryStore::put_directory(s, &d).unwrap()
-    }
+    use crate::walk::test_trees::holding;
 
     /// A chain 3,000 deep and a DAG of 2^60 paths, each with a missing
     /// blob at the bottom: verified with the store's own stack, each

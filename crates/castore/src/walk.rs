@@ -108,14 +108,20 @@ pub fn lookup_bytes(store: &dyn DirectoryStore, root: &Digest, path: &[u8]) -> R
     Ok(node)
 }
 
+/// Stored trees made object by object, for tests.
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::store::LocalStore;
-    use crate::{Directory, Name};
+pub(crate) mod test_trees {
+    use crate::store::{DirectoryStore, LocalStore};
+    use crate::{Digest, Directory, Name, Node};
 
-    /// A directory holding `child` under each of `names`.
-    fn holding(s: &LocalStore, child: Option<Digest>, names: &[&str]) -> Digest {
+    /// A directory holding `child` under each of `names`, and the blob
+    /// `file` (1 byte, whether stored or not) as `f` if given.
+    pub(crate) fn holding(
+        s: &LocalStore,
+        child: Option<Digest>,
+        names: &[&str],
+        file: Option<Digest>,
+    ) -> Digest {
         let mut d = Directory::new();
         if let Some(c) = child {
             let size = s.get_directory(&c).unwrap().size();
@@ -127,23 +133,41 @@ mod tests {
                 .unwrap();
             }
         }
+        if let Some(f) = file {
+            d.insert(
+                Name::new(b"f").unwrap(),
+                Node::File {
+                    digest: f,
+                    size: 1,
+                    executable: false,
+                },
+            )
+            .unwrap();
+        }
         s.put_directory(&d).unwrap()
     }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::store::LocalStore;
+    use test_trees::holding;
 
     #[test]
     fn a_chain_past_the_limit_is_refused_and_one_at_it_taken() {
         let t = tempfile::tempdir().unwrap();
         let s = LocalStore::open(t.path()).unwrap();
-        let mut top = holding(&s, None, &[]);
+        let mut top = holding(&s, None, &[], None);
         for _ in 0..100 {
-            top = holding(&s, Some(top), &["d"]);
+            top = holding(&s, Some(top), &["d"], None);
         }
         check_depth(&s, &top, 100).unwrap();
         let err = check_depth(&s, &top, 99).unwrap_err().to_string();
         assert!(err.contains("more than 99 deep"), "{err}");
         // Far past the limit, refused without walking it out.
         for _ in 0..2_000 {
-            top = holding(&s, Some(top), &["d"]);
+            top = holding(&s, Some(top), &["d"], None);
         }
         assert!(check_depth(&s, &top, 1024).is_err());
     }
@@ -154,9 +178,9 @@ mod tests {
     fn a_wide_dag_costs_its_objects_not_its_paths() {
         let t = tempfile::tempdir().unwrap();
         let s = LocalStore::open(t.path()).unwrap();
-        let mut top = holding(&s, None, &[]);
+        let mut top = holding(&s, None, &[], None);
         for _ in 0..60 {
-            top = holding(&s, Some(top), &["a", "b"]);
+            top = holding(&s, Some(top), &["a", "b"], None);
         }
         check_depth(&s, &top, 60).unwrap();
         assert!(check_depth(&s, &top, 59).is_err());

@@ -121,6 +121,23 @@ impl World {
         assert_no_process_of(self.path());
     }
 
+    /// Build `action`, which fhsx must refuse for what it left: exit 1,
+    /// an error naming each of `why`, a signed record, the store grown by
+    /// the record and the log alone, nothing left behind. The result.
+    fn refused(&self, action: &Path, nofile: Option<u64>, why: &[&str]) -> serde_json::Value {
+        let before = self.store_bytes();
+        let (o, v) = self.build(action, nofile);
+        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+        let err = v["error"].as_str().unwrap_or_default();
+        for w in why {
+            assert!(err.contains(w), "{w:?} not in {v}");
+        }
+        assert!(v["record"].is_string(), "no signed record: {v}");
+        assert!(self.store_bytes() - before < 1 << 20, "the store grew");
+        self.clean();
+        v
+    }
+
     /// Bytes the store's objects take, at their apparent size.
     fn store_bytes(&self) -> u64 {
         let mut total = 0;
@@ -195,20 +212,9 @@ fn the_deepest_chain_in_an_output_is_refused_naming_the_limit() {
     let w = World::new();
     let a = w.action("deep-out.toml", "leave chain $out 20000", "");
     for nofile in [Some(1024), None] {
-        let before = w.store_bytes();
-        let (o, v) = w.build(&a, nofile);
-        assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-        let err = v["error"].as_str().unwrap_or_default();
-        assert!(
-            err.contains("more than 1024 deep") && err.contains("$out/d/d/d"),
-            "{v}"
-        );
-        assert!(v["record"].is_string(), "no signed record: {v}");
+        let v = w.refused(&a, nofile, &["more than 1024 deep", "$out/d/d/d"]);
         let log = String::from_utf8_lossy(&w.blob(&v["log"])).into_owned();
         assert!(log.contains("CHAIN 20000"), "{log}");
-        // The record and the log, not the tree.
-        assert!(w.store_bytes() - before < 1 << 20);
-        w.clean();
     }
 }
 
@@ -223,33 +229,14 @@ fn a_sparse_gibibyte_cannot_grow_the_store_past_the_output_limit() {
         "leave sparse $out/big 1073741824",
         "disk = 67108864\n",
     );
-    let before = w.store_bytes();
-    let (o, v) = w.build(&a, None);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    let err = v["error"].as_str().unwrap_or_default();
-    assert!(
-        err.contains("$out/big") && err.contains("67108864 bytes ([limits] output"),
-        "{v}"
-    );
-    assert!(v["record"].is_string(), "no signed record: {v}");
-    assert!(w.store_bytes() - before < 1 << 20);
-    w.clean();
+    w.refused(&a, None, &["$out/big", "67108864 bytes ([limits] output"]);
     // Set explicitly, the limit is the output's own.
     let a = w.action(
         "sparse-ok.toml",
         "leave sparse $out/big 1048576",
         "disk = 67108864\noutput = 1000000\n",
     );
-    let (o, v) = w.build(&a, None);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        v["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("1000000 bytes"),
-        "{v}"
-    );
-    w.clean();
+    w.refused(&a, None, &["1000000 bytes"]);
 }
 
 /// Past `[limits] output_entries` the outputs are refused; hard links
@@ -262,16 +249,11 @@ fn outputs_past_their_entry_limit_are_refused() {
         "leave links $out 1500",
         "output_entries = 1000\n",
     );
-    let (o, v) = w.build(&a, None);
-    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
-    assert!(
-        v["error"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("limit of 1000 entries ([limits] output_entries)"),
-        "{v}"
+    w.refused(
+        &a,
+        None,
+        &["limit of 1000 entries ([limits] output_entries)"],
     );
-    w.clean();
     let a = w.action(
         "wide-ok.toml",
         "leave links $out 900",
