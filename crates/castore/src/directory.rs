@@ -10,12 +10,12 @@
 
 use std::collections::BTreeMap;
 
-use prost::Message;
-
 use crate::{Digest, Error, Name, Node, SymlinkTarget};
 
+#[cfg(test)]
 mod pb {
-    //! Wire types, written with prost's derive so no protoc is needed.
+    //! The wire types, as prost's derive writes them (no protoc needed):
+    //! the reference the direct encoder and decoder are held to.
 
     #[derive(Clone, PartialEq, prost::Message)]
     pub struct Directory {
@@ -195,40 +195,27 @@ impl Directory {
 
     /// Decode and validate. Rejects anything that is not exactly the canonical
     /// encoding of a valid directory.
+    ///
+    /// Read straight into entries (no wire types in between: a directory
+    /// of a million entries is held as its bytes and its entries, not also
+    /// as a third copy), field by field; whatever the reading accepts is
+    /// then held to the canonical encoding below, so the reader need only
+    /// be right about valid input.
     pub fn decode(bytes: &[u8]) -> Result<Self, Error> {
         let bad = |why: String| Error::InvalidDirectory(why);
-        let d = pb::Directory::decode(bytes)
-            .map_err(|e| bad(format!("not a Directory protobuf: {e}")))?;
         let mut out = Directory::new();
-        let digest = |b: &[u8]| {
-            Digest::from_slice(b).ok_or_else(|| bad(format!("digest is {} bytes, not 32", b.len())))
-        };
-        for n in d.directories {
-            out.insert(
-                Name::new(n.name)?,
-                Node::Directory {
-                    digest: digest(&n.digest)?,
-                    size: n.size,
-                },
-            )?;
-        }
-        for n in d.files {
-            out.insert(
-                Name::new(n.name)?,
-                Node::File {
-                    digest: digest(&n.digest)?,
-                    size: n.size,
-                    executable: n.executable,
-                },
-            )?;
-        }
-        for n in d.symlinks {
-            out.insert(
-                Name::new(n.name)?,
-                Node::Symlink {
-                    target: SymlinkTarget::new(n.target)?,
-                },
-            )?;
+        let mut rest = bytes;
+        while !rest.is_empty() {
+            let key = take_varint(&mut rest)?;
+            let (list, wire) = (key >> 3, key & 7);
+            if wire != 2 || !(1..=3).contains(&list) {
+                return Err(bad(format!(
+                    "not a Directory protobuf: field {list} of wire type {wire}"
+                )));
+            }
+            let message = take_bytes(&mut rest)?;
+            let (name, node) = decode_entry(list, message)?;
+            out.insert(Name::new(name.to_vec())?, node)?;
         }
         // Order, duplicate defaults, unknown fields, field order: any of them
         // makes the re-encoding differ. One comparison covers them all.
@@ -286,6 +273,66 @@ fn message_len(name: &Name, node: &Node) -> usize {
         }
 }
 
+/// A varint, taken off the front of `rest`.
+fn take_varint(rest: &mut &[u8]) -> Result<u64, Error> {
+    prost::encoding::decode_varint(rest)
+        .map_err(|e| Error::InvalidDirectory(format!("not a Directory protobuf: {e}")))
+}
+
+/// A length-delimited field's bytes, taken off the front of `rest`.
+fn take_bytes<'a>(rest: &mut &'a [u8]) -> Result<&'a [u8], Error> {
+    let len = take_varint(rest)?;
+    let len = usize::try_from(len)
+        .ok()
+        .filter(|l| *l <= rest.len())
+        .ok_or_else(|| {
+            Error::InvalidDirectory("not a Directory protobuf: a field runs past its end".into())
+        })?;
+    let (field, after) = rest.split_at(len);
+    *rest = after;
+    Ok(field)
+}
+
+/// One entry of list `list` (1 directories, 2 files, 3 symlinks): its name
+/// and node. Absent fields are proto3's defaults, as prost reads them.
+fn decode_entry(list: u64, mut m: &[u8]) -> Result<(&[u8], Node), Error> {
+    let bad = |why: String| Error::InvalidDirectory(why);
+    let (mut name, mut second, mut size, mut executable): (&[u8], &[u8], u64, u64) =
+        (&[], &[], 0, 0);
+    while !m.is_empty() {
+        let key = take_varint(&mut m)?;
+        match (key >> 3, key & 7) {
+            (1, 2) => name = take_bytes(&mut m)?,
+            (2, 2) => second = take_bytes(&mut m)?,
+            (3, 0) if list != 3 => size = take_varint(&mut m)?,
+            (4, 0) if list == 2 => executable = take_varint(&mut m)?,
+            (field, wire) => {
+                return Err(bad(format!(
+                    "not a Directory protobuf: entry field {field} of wire type {wire}"
+                )))
+            }
+        }
+    }
+    let digest = |b: &[u8]| {
+        Digest::from_slice(b).ok_or_else(|| bad(format!("digest is {} bytes, not 32", b.len())))
+    };
+    let node = match list {
+        1 => Node::Directory {
+            digest: digest(second)?,
+            size,
+        },
+        2 => Node::File {
+            digest: digest(second)?,
+            size,
+            executable: executable != 0,
+        },
+        _ => Node::Symlink {
+            target: SymlinkTarget::new(second.to_vec())?,
+        },
+    };
+    Ok((name, node))
+}
+
 /// A length-delimited field's key and length.
 fn put_bytes_header(out: &mut Vec<u8>, field: u8, len: usize) {
     out.push(field << 3 | 2);
@@ -311,6 +358,7 @@ fn put_varint_field(out: &mut Vec<u8>, field: u8, v: u64) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use prost::Message;
 
     /// What prost writes for the wire types: the reference the direct
     /// encoder must match byte for byte.
