@@ -21,6 +21,9 @@
 //! files up to [`MAX_FILE`], at most [`QUEUE`] files waiting (each holds
 //! its open store file), one [`CHUNK`] buffer; when the queue is full a file
 //! is not stored and its pages come by `READ` as before.
+//!
+//! The stored pages are clean cache charged to fhsx's cgroup, not the
+//! build's: up to [`MAX_FILE`] resident per file read, reclaimable.
 
 use std::fs::File;
 use std::os::unix::fs::FileExt;

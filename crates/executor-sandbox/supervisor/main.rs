@@ -48,6 +48,11 @@
 //! host -> supervisor: `TERM`; supervisor -> host: `START` once running,
 //! `LANDLOCK <abi>` (0: none) when asked for Landlock, then `EXIT <code>` or `SIGNAL <n>` or `NOEXEC <errno>`, then
 //! `LINGER <count>`.
+//!
+//! Its aarch64 system calls (`sys.rs`) are written, not built here. The
+//! forwarder's connect to the proxy waits at most
+//! `CONNECT_TIMEOUT_S` (2 s, `SO_SNDTIMEO`) when the proxy's accept backlog
+//! (128) is full, since the whole loop waits with it.
 
 #![no_std]
 #![no_main]

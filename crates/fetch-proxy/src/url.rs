@@ -1,6 +1,6 @@
 //! URL normalisation: the request half of a lock key.
 //!
-//! DESIGN.md's rule: lower-case scheme and host, default port dropped,
+//! The rule: lower-case scheme and host, default port dropped,
 //! fragment dropped, unreserved `%XX` decoded (and other escapes upper-cased),
 //! `%2F` kept, query sorted by name keeping repeated names in order, `?` kept
 //! distinct from no query. Userinfo never survives, and signed-URL parameters

@@ -11,6 +11,41 @@
 //! panic) releases it: a failed build leaves no mount, process or temp dir
 //! behind. The cache stage answers a build without running it; `--check`
 //! runs it anyway and compares ([`crate::check`]).
+//!
+//! What overlaps on threads, and how each overlap is joined:
+//! - **compose**: both the composition and the synthetic layer are pure
+//!   functions of what is stored, so both are remembered in `ROOT/memo/`; a
+//!   memo's reader checks that the root, map and composition record it
+//!   names are present and still this composition's
+//!   (`compose::a_remembered_composition_is_the_recorded_one`).
+//! - **prepare**: the scratch itself — mounted, `/build/home` made, the
+//!   source exported, all handed to the build's user — is made on a thread
+//!   (`WorkArea::create`) while the run stage mounts the view and composes
+//!   the sandbox, and waited for (`WorkArea::ready`) just before the sandbox
+//!   starts; its error is the build's there, and a build ending earlier
+//!   still joins it before unmounting or removing anything.
+//! - **run**: the view is mounted and warmed on a scoped thread while this
+//!   one composes the sandbox and the runner makes the run's own (cgroups,
+//!   argv and seccomp memfds, the RPC socket); bwrap starts once the view's
+//!   root is listed (`Runtime::run_when`); the read set is taken once the
+//!   connection has ended. A failed mount abandons the run before anything
+//!   starts; a run failing before it asks for the view leaves the unmount to
+//!   the scope's join. The superblock is released on a thread while the
+//!   build goes on (`MountGuard::finish_deferred`, `background.rs`).
+//! - **ingest**: the scratch is emptied and parked or removed on a thread
+//!   while the record is made (not for a recording, whose new lock lives in
+//!   the working area until committed).
+//!
+//! Background threads are joined before `build` returns: nothing of a build
+//! outlives it. A tree a remote client uploaded is checked for depth before
+//! a build uses it ([`InputDepths`]: `castore::walk::check_depth` walks
+//! each distinct directory once, with its own stack, so a deep chain or a
+//! DAG of 2^k paths costs its objects; each tree that passed is
+//! remembered).
+//!
+//! A refused output still leaves a signed record, with `failure` saying
+//! why, so `--json` prints a result and `--keep-failed` keeps the scratch.
+//! A recording's new lock replaces the action's by an atomic rename.
 
 use std::ffi::OsString;
 use std::fs;

@@ -16,6 +16,12 @@
 //! whose last build failed can say so instead of "never built". Entries
 //! are created with one `open(O_CREAT)` each: concurrent builds of one
 //! action never conflict, and there is nothing to lock.
+//!
+//! A trusted key is compared by its bytes, and the signature must be that
+//! key's. Presence is a walk of each output's directories and a `stat` per
+//! blob, relative to `dirs/` and `blobs/` held open; content is verified
+//! when it is served. A remote build's client trusts records signed by the
+//! worker's key or a `--trust`ed one.
 
 use std::fs;
 use std::path::PathBuf;

@@ -10,6 +10,12 @@
 //! For each differing file the report says what it is (ELF, archive, text,
 //! binary) and the first byte where the two differ; `--diffoscope` adds
 //! diffoscope's report, kept as a blob the check record names.
+//!
+//! With `--vary`: no difference is exit 0; a difference keeps the varied
+//! output and record, and with several variations on, each is rebuilt alone
+//! against the pinned build (reused, not run again), naming those that
+//! reproduce the difference alone, or all if none does. `--diffoscope` needs
+//! Debian's diffoscope package installed.
 
 use std::collections::BTreeMap;
 use std::io::Read;

@@ -32,6 +32,23 @@
 //! written more than [`MAX_WRITTEN_KIB`] over its life is not parked again.
 //! Parked areas keep their lock and mount registration: a killed worker's
 //! are swept and detached like any killed build's.
+//!
+//! Sizes: a worker keeps up to `--scratch-pool N` areas (default its
+//! `--jobs`), `fhsx build` up to `--scratch-pool N` (`FHSX_SCRATCH_POOL`,
+//! default 2) for the later actions of its graph. Areas named
+//! `fhsx-parked-*`, which earlier versions parked across processes, are
+//! swept like any area whose lock is free. `/build`'s atime and mtime are
+//! pinned to the epoch's first second whenever a scratch is handed to a
+//! build, fresh or recycled (the build owns `/build` and may set them).
+//!
+//! The littering tests (`worker::a_recycled_scratch_shows_nothing_of_the_build_before`,
+//! `scratch_pool::a_recycled_scratch_shows_nothing_of_the_build_before`)
+//! find what a build sees of a recycled scratch — its entries, modes,
+//! flags, xattrs, `/build`'s times, free blocks and inodes, the next file's
+//! inode number — byte for byte a fresh one's. What they do not compare is
+//! `/build`'s ctime (set by the reset itself: it tells when the reset ran,
+//! nothing the build chose) and where new data lands on the device (visible
+//! only through `FIEMAP`).
 
 use std::fs;
 use std::os::fd::AsRawFd;

@@ -20,6 +20,11 @@
 //! `--prove` rebuilds and checks that. A difference means the build saw
 //! something the read set did not record — a containment bug to
 //! investigate (docs/DESIGN.md).
+//!
+//! A pruned build that fails is as much a finding as one whose outputs
+//! differ. A replay action's lock is written beside the pruned action. The
+//! closure-bloat report lists, per atom, files and bytes read, sorted by
+//! bytes never read.
 
 use std::collections::{BTreeMap, BTreeSet};
 

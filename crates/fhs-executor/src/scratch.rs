@@ -25,6 +25,21 @@
 //! (SIGKILL, a crash) leaves its area behind; the next build in the same
 //! `$TMPDIR` finds the lock free, detaches whatever is still mounted there
 //! and removes it.
+//!
+//! The area is made under a staging name (`.fhsx-new-*`), locked, then
+//! renamed, and removed lock file last; so a build killed at any moment
+//! leaves an area with a free lock or an empty directory, which the sweep
+//! takes, with staging directories older than ten minutes. A kept area
+//! (lock removed on purpose, `--keep-failed`) is never empty and stays. As
+//! root the area holds its build user until it is removed or kept; the
+//! scratch's entries are `lchown`ed to it once the source and `/build/home`
+//! are in place (directories `u+rwx`, files `u+rw`).
+//!
+//! `--scratch memory` (on `fhsx build` and `fhsx worker`) mounts a tmpfs
+//! instead ([`ScratchMedium::Memory`]); it is never pooled, and without
+//! root it is the plain directory too. Its pages are charged to the build's
+//! memory cgroup, which has no swap
+//! (`hostile::host_isolation_a_memory_scratch_counts_against_limits_memory`).
 
 use std::fs;
 use std::os::fd::AsRawFd;

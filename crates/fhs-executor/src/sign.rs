@@ -1,4 +1,9 @@
 //! Signing a BuildRecord and checking one.
+//!
+//! A format-1 record (one `output_digest` tree) is verified as what it is —
+//! the signature over the JSON it was signed as and every `*_digest` it
+//! names — with a note that it is never a cache hit; `fhsx record show`
+//! prints it as stored.
 
 use castore::store::{BlobStore, DirectoryStore, LocalStore};
 use castore::Digest;

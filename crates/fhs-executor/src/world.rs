@@ -11,6 +11,14 @@
 //! environment (`TZ=UTC`, `LANG=C.UTF-8`, `HOME=/build/home`, fhsx's
 //! `PATH`, `SOURCE_DATE_EPOCH=0`, `USER=build`). The caller's process
 //! state never reaches a build (executor-sandbox's `pristine`).
+//!
+//! Not varied, on purpose: wall-clock time (a time namespace cannot shift
+//! `CLOCK_REALTIME`, and faketime means `LD_PRELOAD` into the build; builds
+//! get `SOURCE_DATE_EPOCH`); the build path (`/build` is part of fhsx's
+//! interface: outputs and links are rewritten from it); the kernel
+//! personality (seccomp refuses all but `PER_LINUX`, and 32-bit would be
+//! another platform); the locale's existence (a varied `LANG` names `C`,
+//! which every view has).
 
 use castore_fuse::ReaddirOrder;
 use executor_core::vary::{values, Variation, Variations};

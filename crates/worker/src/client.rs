@@ -9,6 +9,55 @@
 //! record, the output tree, the view's directories and the log, read-set
 //! and manifest blobs into the local store, and verify the record against
 //! the worker's key.
+//!
+//! **Uploads.** The client walks its inputs level by level, claiming each
+//! level's files as soon as read (two claims in flight, no `findMissing`
+//! for blobs) and putting what is claimed straight into batches, which may
+//! span levels; the stages pass digests, never bytes. The worker looks up
+//! many objects on rayon's threads (`LocalStore::has_each`), takes claims
+//! before looking and drops them for what is there, so nothing lands
+//! between a look and its claim (`Shared::reserve_absent`), names every
+//! claimed blob in its unsynced log in one write, and hashes each blob once
+//! (`CheckedBlob`: the check is the hash the store files it under). Blobs
+//! go in 960 KiB batches, eight in flight, each filled when its turn comes;
+//! a blob no batch holds is streamed in 960 KiB chunks (`CHUNK`) beside
+//! them. No message reaches 1 MiB (`HEAP_MESSAGE_MAX`, each blob's entry
+//! counted as 96 bytes), so glibc serves it from the heap, not as a fresh
+//! mapping faulted in page by page. Directories follow, children first, in
+//! calls of at most 960 KiB, and are linked in place a level at a time on
+//! rayon's threads. A directory no message can carry is refused as bad
+//! input by the client, or — a build's output — by the worker's
+//! `getDirectory`, saying to split it (exit 1; both ask
+//! `too_big_for_a_message`).
+//!
+//! **Downloads.** The client checks the record's digest and signature and
+//! fetches every object it names that it lacks, each hashed on arrival (a
+//! mismatch or wrong size is a record that does not verify, exit 3, and
+//! nothing is kept): directories a level at a time, eight calls in flight;
+//! small blobs in `getBlobs` batches (960 KiB with entries, checked against
+//! the sizes and digests the directories name; the worker takes a download
+//! turn, checks sizes before reading, refuses more than a batch); big blobs
+//! one at a time (more at once made stalled clients cost the worker more).
+//! It then checks only presence (`sign::Depth::Present`): its store hashed
+//! every object on the way in, and re-hashing the whole view was most of a
+//! small remote action; `fhsx record verify` re-hashes all
+//! (`Depth::Rehash`). `--json`'s `remote.upload_seconds` runs from the
+//! client's first question about the inputs to the worker's answer to the
+//! last upload.
+//!
+//! **Transport.** Over a UNIX socket the client widens its send buffer to
+//! 4 MiB (a stream socket holds at most its sender's buffer in flight, and
+//! the two event loops took turns waking each other); TCP keeps the
+//! kernel's autotuning, which a set size turns off. TLS reads through a 256
+//! KiB buffer (rustls takes one 16 KiB record per call) and writes
+//! unbuffered (all pending records, up to 256 KiB, in one vectored write: a
+//! buffer would copy every byte again), so a TCP connection costs up to 512
+//! KiB from its handshake. The worker and a remote build's client keep 16
+//! MiB of heap top (`M_TOP_PAD`, not process-wide: keeping freed heap
+//! slowed `fhsx store import`), since returning it made every batch fault
+//! in and zero fresh pages; and one allocator arena per core
+//! (`M_ARENA_MAX`), since hundreds of blocking threads each took an arena
+//! that kept what it freed.
 
 use std::cell::RefCell;
 use std::collections::{HashMap, HashSet};

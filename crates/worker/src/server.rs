@@ -10,6 +10,26 @@
 //! Uploads are deduplicated across clients: an object being written by one
 //! connection is *claimed*, and another connection offering the same object
 //! waits for that write instead of sending the bytes again.
+//!
+//! What one connection may make the worker hold, each bound checked by a
+//! hostile test in `crates/fhsx/tests/worker.rs` that also sees another
+//! client served: at most [`MAX_CONNECTIONS`] (256) connections, handshakes
+//! included, one more closed at accept (at up to 512 KiB of TLS buffers
+//! each, 128 MiB in all); per connection, transfer turns (`transfers`: a
+//! download holds two chunks and no thread, an upload stream a blocking
+//! thread and a queue of eight chunks) and the caps on calls and answers
+//! (`inflight`). Up to 256 × 8 upload writers may wait, so the blocking
+//! pool is sized for them ([`BLOCKING_THREADS`], 2,048 plus tokio's 512).
+//! Every method runs in `Calls::serve`, which counts the call and its
+//! answer however it ends, a cancelled call too
+//! (`every_method_counts_its_call_and_its_answer` checks all 17); calls
+//! whose answers carry what they read wait for room first
+//! (`Calls::answer_room`), a directory read off the event loop above 64
+//! KiB. A client leaving mid-download is an error on its connection: only
+//! commands holding no socket (`Command::holds_no_socket`) reset SIGPIPE,
+//! since rustls's vectored writes carry no `MSG_NOSIGNAL`; the RPC bridge
+//! and the proxy's TLS send with it, the proxy's plain-HTTP body writes end
+//! at the first error.
 
 use std::cell::{Cell, RefCell};
 use std::collections::{HashMap, HashSet};

@@ -36,6 +36,16 @@
 //!   an object, and a tree with a hole is forgotten whole. If every named
 //!   object is intact or, in the same boot, absent (the usual case: the
 //!   writer was killed but the machine stayed up), nothing else is scanned.
+//!
+//! A worker flushes once uploads pause for a second, and at shutdown. A
+//! blob is linked into place with `linkat(AT_EMPTY_PATH)` from an unnamed
+//! file (`O_TMPFILE`) in its shard, which needs `CAP_DAC_READ_SEARCH`;
+//! without it the commit is a transaction. Recovery takes the store lock
+//! exclusively without waiting; when it cannot, a later open does it.
+//!
+//! Not covered: a file system lost and remounted within one boot (an absent
+//! object then looks like one never sent; `fhsx store verify` finds the
+//! holes).
 
 use std::collections::{HashMap, HashSet};
 use std::fs::{self, File};

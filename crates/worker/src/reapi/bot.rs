@@ -10,6 +10,13 @@
 //! client cancelled, or the engine gave it to another bot) is cancelled
 //! here: the build stops and its result is never reported. A session the
 //! engine forgot (it expired) is created anew.
+//!
+//! Sessions are named `ID-0…ID-(N-1)` after `--bot-id`; a heartbeat goes at
+//! a third of the time left to `expire_time`. A forgotten session's lease
+//! is cancelled (the engine requeues it). At start-up the worker removes
+//! what a killed predecessor left mounted and asks `GetCapabilities`: a
+//! wire other than SHA-256 refuses the start, saying what the engine
+//! speaks. `FHSX_TIMINGS` prints each build's stage timings by lease.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;

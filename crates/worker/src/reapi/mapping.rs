@@ -22,6 +22,46 @@
 //!   ([`super::paths`], which says where fhsx differs from REAPI); their
 //!   parent directories are created in the input root before the build,
 //!   and afterwards they are looked up in output `out`.
+//!
+//! The result: output `out` is the working tree after the build; each
+//! requested path in it becomes an `OutputFile`, an `OutputDirectory` (its
+//! `Tree` uploaded) or a symlink entry in the field the client asked with
+//! (`output_symlinks` for `output_paths`, else `output_file_symlinks`/
+//! `output_directory_symlinks`); a file asked as a directory or the reverse
+//! is `FAILED_PRECONDITION`, a missing one left out. `stderr` is left empty
+//! rather than guessed at: the executor gives the command one pipe for both
+//! streams, so the one log keeps the order they were written in and the
+//! record signs one log (apart, the executor would keep two and the record
+//! name both). An output fhsx refuses (the ingest rules, anywhere in the
+//! working tree) or a usage error is `FAILED_PRECONDITION`, a containment
+//! violation `PERMISSION_DENIED`, anything else `INTERNAL` (retryable
+//! elsewhere); a run fhsx refused still returns its `ActionResult` beside
+//! that status (exit code, log, proof: they say why). A failed command
+//! returns no outputs: the executor ingests them only after exit 0, so its
+//! record names none. `ExecutedActionMetadata` has the worker and its
+//! start, input-fetch, execution, output-upload and completion timestamps
+//! (the queued one is the engine's: a lease does not say when its action
+//! was queued; BuildGrid sets it, and its own worker start and completion
+//! over the worker's). The proof rides in `auxiliary_metadata` as
+//! `OutputFile` entries (a type every client decodes) `fhsx-record.json`
+//! and `fhsx-read-set`, with their SHA-256 in the engine's CAS and node
+//! properties `fhsx-b3` (the store name) and `fhsx-signer` (the record
+//! key).
+//!
+//! Paths must be relative, with no empty component, and stay within the
+//! input root (else `INVALID_ARGUMENT`, naming the path); the directories
+//! an output or the working directory need are made through the input root
+//! in one walk down and one up (a trie held flat, no recursion), refused
+//! through a file or symlink.
+//!
+//! The cost the worker still pays per action: an input tree's conversion is
+//! paid once, but not its size. The executor exports the input root
+//! writable into the scratch and ingests the whole working tree as output
+//! `out` (its manifest too), then removes the scratch, so a sysroot input
+//! root costs its size each time. Composing the input root into the view as
+//! an atom instead (read-only and served lazily, the composition
+//! remembered; scratch only at the working directory and the output paths'
+//! parents; only the output paths ingested) takes all three away.
 
 // The fields REAPI 2.1 deprecated (`output_files`, `output_directories`,
 // `Command.platform`, the typed symlink lists) are what Bazel 2.x and
