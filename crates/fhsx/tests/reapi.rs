@@ -1572,3 +1572,58 @@ fn two_workers(dir: &Path, e: &Engine) {
         w[k].mounts()
     );
 }
+
+/// What a hostile action leaves, sent through Bazel to `fhsx worker
+/// --reapi`: a working tree nested deeper than the store takes is refused
+/// naming the limit, and a chain 1,200 deep left in the
+/// scratch is removed and the action succeeds; the worker serves on (a
+/// good build after them), with nothing left mounted.
+#[test]
+fn what_hostile_actions_leave_through_bazel_is_refused_or_removed_and_the_worker_serves_on() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Engine::start(t.path(), 10);
+    let w = Worker::new(t.path(), &e, "w1", 2);
+    let tc = toolchain_id(&seed().gxx);
+    // (name, command before writing the declared output, what Bazel shows)
+    let cases = [
+        (
+            "deep_tree",
+            "(for i in $$(seq 1100); do mkdir d && cd d; done)",
+            Some("more than 1024 deep"),
+        ),
+        (
+            "deep_scratch",
+            "(cd /build && mkdir junk && cd junk && for i in $$(seq 1200); do mkdir d && cd d; done)",
+            None,
+        ),
+    ];
+    let mut rules = String::new();
+    for (name, script, _) in &cases {
+        rules.push_str(&format!(
+            "genrule(\n    name = \"{name}\",\n    outs = [\"{name}.out\"],\n    cmd = \"{script}; echo x > $@\",\n)\n"
+        ));
+    }
+    let ws = t.path().join("ws");
+    workspace(&ws, &rules);
+    let root = t.path().join("bazel-root");
+    for (name, _, want) in &cases {
+        let o = run(
+            bazel_cmd(&ws, &root, &e, &tc, &["build", &format!("//:{name}")]),
+            "bazel",
+        );
+        let s = text(&o);
+        match want {
+            Some(want) => {
+                assert!(!o.status.success(), "{name} built: {s}");
+                assert!(s.contains(want), "{name}: Bazel did not show {want:?}: {s}");
+            }
+            None => ok(&o, name),
+        }
+    }
+    let o = run(
+        bazel_cmd(&ws, &root, &e, &tc, &["build", "//:hello"]),
+        "bazel",
+    );
+    ok(&o, "a good build after the hostile ones");
+    assert!(w.mounts().is_empty(), "{:?}", w.mounts());
+}
