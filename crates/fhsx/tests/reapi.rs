@@ -842,37 +842,26 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
 
     // A toolchain nobody holds: the engine matches it to no worker.
     let unknown = castore::Digest::of(b"no such toolchain").to_string();
-    let mut c = e.execute(
-        &input,
+    // An action no worker matches stays queued: it neither completes nor
+    // is leased.
+    let stays_queued = |props: &[(&str, &str)], what: &str| {
+        let mut c = e.execute(&input, props, &[], &got, &["/bin/true"]);
+        c.env("PYTHONUNBUFFERED", "1");
+        assert!(
+            run_for(c, Duration::from_secs(6)).is_none(),
+            "{what} completed"
+        );
+        assert_eq!(w.leases(), before + 1, "a worker took {what}: {}", w.log());
+    };
+    stays_queued(
         &[("fhsx-toolchain", &unknown)],
-        &[],
-        &got,
-        &["/bin/true"],
-    );
-    c.env("PYTHONUNBUFFERED", "1");
-    assert!(
-        run_for(c, Duration::from_secs(6)).is_none(),
-        "an unknown toolchain's action completed"
-    );
-    assert_eq!(
-        w.leases(),
-        before + 1,
-        "a worker took an action for a toolchain it does not hold"
+        "an action for a toolchain it does not hold",
     );
     // Nor an ISA it does not run.
-    let mut c = e.execute(
-        &input,
+    stays_queued(
         &[("fhsx-toolchain", &tc), ("ISA", "sparc-v9")],
-        &[],
-        &got,
-        &["/bin/true"],
+        "an action for another ISA",
     );
-    c.env("PYTHONUNBUFFERED", "1");
-    assert!(
-        run_for(c, Duration::from_secs(6)).is_none(),
-        "an action for another ISA completed"
-    );
-    assert_eq!(w.leases(), before + 1, "{}", w.log());
 
     // A BLAKE3 client: refused by the engine, which speaks SHA-256.
     let o = Command::new(buildgrid().join("bin/python"))
