@@ -192,11 +192,8 @@ pub fn materialize(
         copied: 0,
         exec_twins_created: 0,
     };
-    // Also proves the root is present before anything is written; and
-    // that its depth is one the walks below can take (a tree a remote
-    // client uploaded can be of any depth).
+    // Also proves the root is present before anything is written.
     store.get_directory(root)?;
-    crate::walk::check_depth(store, root, crate::fs_tree::MAX_DEPTH)?;
     let previous = read_marker(dest);
     let dest_meta = fs::symlink_metadata(dest).ok();
     match (&previous, &dest_meta) {
@@ -223,6 +220,11 @@ pub fn materialize(
         }
     }
 
+    // Only now, when it is to be written: the walk below recurses, so only
+    // over a depth it can take (a tree a remote client uploaded can be of
+    // any). A destination already holding this root (above) was written,
+    // and so checked, before; its comparison costs no second walk.
+    crate::walk::check_depth(store, root, crate::fs_tree::MAX_DEPTH)?;
     // Held shared for the whole run: gc (exclusive) never sweeps a blob
     // between our lookup and our link.
     let _txn = store.txn()?;
