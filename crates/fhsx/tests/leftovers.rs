@@ -328,27 +328,13 @@ struct Worker {
 
 impl Worker {
     fn start(store: &Path, tmp: &Path, jobs: usize) -> Worker {
-        use std::io::BufRead;
-        support::passable(tmp);
-        let mut child = Command::new(support::fhsx_exe())
-            .arg("--store")
-            .arg(store)
-            .args(["worker", "--listen", "127.0.0.1:0", "--scratch-pool", "1"])
-            .args(["--jobs", &jobs.to_string()])
-            .env("TMPDIR", tmp)
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::null())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split_whitespace()
-            .nth(4)
-            .unwrap_or_else(|| panic!("the worker did not say where it listens: {line:?}"))
-            .to_owned();
+        let jobs = jobs.to_string();
+        let (child, addr) = support::spawn_worker(
+            store,
+            tmp,
+            &["--scratch-pool", "1", "--jobs", &jobs],
+            std::process::Stdio::null(),
+        );
         Worker { child, addr }
     }
 }

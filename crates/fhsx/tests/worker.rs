@@ -50,37 +50,15 @@ struct Worker {
 
 impl Worker {
     fn start(store: &Path, tmp: &Path, jobs: usize, extra: &[&str]) -> Worker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_fhsx"))
-            .arg("--store")
-            .arg(store)
-            .args(["worker", "--listen", "127.0.0.1:0", "--jobs"])
-            .arg(jobs.to_string())
-            .args(extra)
-            // Nothing parked, so a test can tell what a build left mounted;
-            // the pool's own test asks for one.
-            .args(
-                (!extra.contains(&"--scratch-pool"))
-                    .then_some(["--scratch-pool", "0"])
-                    .into_iter()
-                    .flatten(),
-            )
-            .env("TMPDIR", {
-                support::passable(tmp);
-                tmp
-            })
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .split_whitespace()
-            .nth(4)
-            .unwrap_or_else(|| panic!("worker did not say where it listens: {line:?}"))
-            .to_owned();
+        let jobs = jobs.to_string();
+        let mut args = vec!["--jobs", &jobs];
+        args.extend_from_slice(extra);
+        // Nothing parked, so a test can tell what a build left mounted;
+        // the pool's own test asks for one.
+        if !extra.contains(&"--scratch-pool") {
+            args.extend(["--scratch-pool", "0"]);
+        }
+        let (child, addr) = support::spawn_worker(store, tmp, &args, Stdio::inherit());
         Worker {
             child,
             addr,

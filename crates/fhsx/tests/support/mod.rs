@@ -231,3 +231,36 @@ pub fn scratch_probe(store: &Path, dir: &Path) -> String {
     );
     import(store, &tree)
 }
+
+/// `fhsx --store STORE worker --listen 127.0.0.1:0 ARGS…` with `TMPDIR`
+/// at `tmp` (made passable), its stderr to `stderr`: the process and the
+/// address it says it listens on.
+pub fn spawn_worker(
+    store: &Path,
+    tmp: &Path,
+    args: &[&str],
+    stderr: std::process::Stdio,
+) -> (std::process::Child, String) {
+    use std::io::BufRead;
+    passable(tmp);
+    let mut child = Command::new(fhsx_exe())
+        .arg("--store")
+        .arg(store)
+        .args(["worker", "--listen", "127.0.0.1:0"])
+        .args(args)
+        .env("TMPDIR", tmp)
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let addr = line
+        .split_whitespace()
+        .nth(4)
+        .unwrap_or_else(|| panic!("the worker did not say where it listens: {line:?}"))
+        .to_owned();
+    (child, addr)
+}
