@@ -568,4 +568,53 @@ mod tests {
         remove_tree(t.path()).unwrap();
         assert!(!t.path().exists());
     }
+
+    /// A file system mounted inside a tree (a tmpfs, as root) is never
+    /// walked into, nor emptied through: the walk stops there, and the
+    /// mount's file survives the attempt to empty the tree.
+    #[test]
+    fn no_walk_crosses_into_a_mounted_file_system() {
+        // SAFETY: geteuid has no preconditions.
+        assert_eq!(
+            unsafe { libc::geteuid() },
+            0,
+            "mounting a tmpfs in a test tree needs root: run the tests as root"
+        );
+        let t = tempfile::tempdir().unwrap();
+        let inner = t.path().join("a/mnt");
+        std::fs::create_dir_all(&inner).unwrap();
+        let c = std::ffi::CString::new(inner.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: NUL-terminated strings; a tmpfs of our own.
+        let r = unsafe {
+            libc::mount(
+                c"none".as_ptr(),
+                c.as_ptr(),
+                c"tmpfs".as_ptr(),
+                0,
+                std::ptr::null(),
+            )
+        };
+        assert_eq!(r, 0, "mount: {}", std::io::Error::last_os_error());
+        std::fs::write(inner.join("kept"), b"x").unwrap();
+        let mut c_count = Count {
+            entries: 0,
+            deepest: 0,
+            most_open: 0,
+            root: t.path().to_path_buf(),
+        };
+        let walked = crate::Chain(&walk(t.path(), 100, &mut c_count).unwrap_err()).to_string();
+        let emptied = crate::Chain(&empty_dir(t.path(), &|_| false).unwrap_err()).to_string();
+        let kept = inner.join("kept").exists();
+        // SAFETY: as above.
+        unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        assert!(
+            walked.contains("another file system is mounted there"),
+            "{walked}"
+        );
+        assert!(
+            emptied.contains("another file system is mounted there"),
+            "{emptied}"
+        );
+        assert!(kept, "the walk deleted through a mount");
+    }
 }
