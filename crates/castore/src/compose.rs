@@ -148,6 +148,57 @@ pub fn compose(store: &LocalStore, atoms: &[Digest]) -> Result<Composition> {
     Ok(c)
 }
 
+/// The tree `lower` without what the tree `upper` holds: where both have
+/// a directory, its entries are shadowed in turn; any other entry of
+/// `upper` removes `lower`'s of that name (and all below it). Composed
+/// together, `upper` and the result never clash, and every path resolves
+/// as in `upper` over `lower` — how a client's input root sits over a
+/// toolchain and takes precedence. Only directories both have are read
+/// and rewritten; the rest of `lower` is shared by digest, and a `lower`
+/// that `upper` does not touch comes back as it is.
+///
+/// Recursive, over the directories the two trees share only: as deep as
+/// the shallower of them, and `lower` is a toolchain its operator made.
+pub fn shadowed(store: &LocalStore, lower: &Digest, upper: &Digest) -> Result<Digest> {
+    let txn = store.txn()?;
+    let (root, _) = shadow(store, &txn, lower, upper)?;
+    txn.commit()?;
+    Ok(root)
+}
+
+/// [`shadowed`] of one directory: its digest and size.
+fn shadow(
+    store: &LocalStore,
+    txn: &Txn<'_>,
+    lower: &Digest,
+    upper: &Digest,
+) -> Result<(Digest, u64)> {
+    let low = store.get_directory(lower)?;
+    let up = store.get_directory(upper)?;
+    let mut out = Directory::new();
+    let mut changed = false;
+    for (name, node) in low.entries() {
+        let kept = match (node, up.get(name.as_bytes())) {
+            (_, None) => Some(node.clone()),
+            (Node::Directory { digest, .. }, Some(Node::Directory { digest: u, .. })) => {
+                let (d, size) = shadow(store, txn, digest, u)?;
+                changed |= d != *digest;
+                Some(Node::Directory { digest: d, size })
+            }
+            (_, Some(_)) => None,
+        };
+        match kept {
+            Some(n) => out.insert(name.clone(), n)?,
+            None => changed = true,
+        }
+    }
+    if !changed {
+        return Ok((*lower, low.size()));
+    }
+    let size = out.size();
+    Ok((txn.put_directory(&out)?, size))
+}
+
 /// The memos of compositions (see `store::memo`).
 const MEMO: &str = "composition";
 

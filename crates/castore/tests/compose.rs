@@ -178,3 +178,72 @@ fn a_remembered_composition_is_the_recorded_one() {
     assert_eq!(memos(), 0, "gc kept a memo");
     assert_eq!(compose(&env.store, &[a, b]).unwrap(), ab);
 }
+
+/// An input root over a toolchain: the toolchain shadowed by it composes
+/// with it without a clash, every path resolving as in the input root
+/// where it has one; what it does not touch is shared by digest.
+#[test]
+fn a_shadowed_tree_composes_under_the_tree_that_shadows_it() {
+    let env = Env::new();
+    let toolchain = atom(
+        &env,
+        "toolchain",
+        &[
+            ("usr/bin/gcc", b"gcc", 0o755),
+            ("usr/bin/cc", b"cc", 0o755),
+            ("etc/os-release", b"debian", 0o644),
+            ("etc/skel/a", b"skel", 0o644),
+            ("opt/x/y", b"deep", 0o644),
+        ],
+    );
+    let tc_bin = env.path("toolchain");
+    std::os::unix::fs::symlink("usr/bin", tc_bin.join("bin")).unwrap();
+    let toolchain_with_link = import_path(&env.store, &tc_bin, &()).unwrap().root;
+    let root = env.path("root");
+    for (p, c) in [
+        ("usr/bin/cc", &b"mine"[..]),
+        ("etc/os-release", b"sysroot"),
+        ("bin/sh", b"sh"),
+    ] {
+        write(&root.join(p), c, 0o755);
+    }
+    // A directory where the toolchain has a file, a file where it has a directory.
+    write(&root.join("usr/bin/gcc/inside"), b"dir", 0o644);
+    write(&root.join("opt/x"), b"file", 0o644);
+    let input = import_path(&env.store, &root, &()).unwrap().root;
+
+    let lower = castore::compose::shadowed(&env.store, &toolchain_with_link, &input).unwrap();
+    let c = compose(&env.store, &[input, lower]).unwrap();
+    let out = env.path("out");
+    castore::export::export(&env.store, &c.root, &out, &()).unwrap();
+    for (p, want) in [
+        ("usr/bin/cc", &b"mine"[..]),
+        ("etc/os-release", b"sysroot"),
+        ("bin/sh", b"sh"),
+        ("usr/bin/gcc/inside", b"dir"),
+        ("opt/x", b"file"),
+        // What the input root does not have, the toolchain gives.
+        ("etc/skel/a", b"skel"),
+    ] {
+        assert_eq!(std::fs::read(out.join(p)).unwrap(), want, "{p}");
+    }
+    // The toolchain's `bin` link is shadowed by the input root's directory.
+    assert!(out.join("bin").symlink_metadata().unwrap().is_dir());
+
+    // Untouched: the same tree back, no new object.
+    let other = env.path("other");
+    write(&other.join("srv/data"), b"d", 0o644);
+    let other = import_path(&env.store, &other, &()).unwrap().root;
+    assert_eq!(
+        castore::compose::shadowed(&env.store, &toolchain, &other).unwrap(),
+        toolchain
+    );
+    // Shadowed by itself, only its directories are left: composed under
+    // it, the tree is itself.
+    let dirs = castore::compose::shadowed(&env.store, &toolchain, &toolchain).unwrap();
+    assert_ne!(dirs, toolchain);
+    assert_eq!(
+        compose(&env.store, &[toolchain, dirs]).unwrap().root,
+        toolchain
+    );
+}

@@ -262,6 +262,15 @@ pub struct Outputs {
     /// root). Needs `[inputs] source`; names one of `names`.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_place: Option<OutputName>,
+    /// Outputs placed in the root: output `NAME`'s directory appears at
+    /// this absolute path instead of `/build/NAME`, holding beforehand a
+    /// writable copy of what the view has there. Set, it places every
+    /// output and `/build` is not mounted: these paths (with the private
+    /// `/tmp` and `/dev/shm`) are all the build may write, each a
+    /// directory of its scratch. How an REAPI action whose input root is
+    /// its `/` gets its working directory and output paths writable.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub at: BTreeMap<OutputName, String>,
 }
 
 impl Outputs {
@@ -270,6 +279,50 @@ impl Outputs {
     pub fn source_dir(&self) -> &str {
         self.in_place.as_ref().map_or("src", |o| o.as_str())
     }
+
+    /// Where output `name`'s directory appears in the sandbox.
+    pub fn path_of(&self, name: &OutputName) -> String {
+        self.at
+            .get(name)
+            .cloned()
+            .unwrap_or_else(|| name.build_path())
+    }
+
+    /// Whether the outputs are placed in the root (`at`) rather than
+    /// under `/build`.
+    pub fn placed(&self) -> bool {
+        !self.at.is_empty()
+    }
+}
+
+/// Where an output may not be placed: what the sandbox itself mounts.
+const UNPLACEABLE: &[&str] = &["/proc", "/dev", "/tmp", "/run", "/sys"];
+
+/// Check an `[outputs] at` path: absolute, normal (no empty, `.` or `..`
+/// component, no trailing `/`), not `/` and not at or under what the
+/// sandbox mounts itself.
+fn check_placement(name: &OutputName, path: &str) -> Result<(), String> {
+    let bad = |why: &str| Err(format!("[outputs] at.{name} = {path:?} {why}"));
+    let Some(rest) = path.strip_prefix('/') else {
+        return bad("is not an absolute path");
+    };
+    if rest.is_empty() {
+        return bad("is the root, which stays read-only: place the output in a directory below it");
+    }
+    if rest
+        .split('/')
+        .any(|c| c.is_empty() || c == "." || c == "..")
+        || path.contains('\0')
+    {
+        return bad("is not a normal path (no empty, `.` or `..` component, no trailing `/`)");
+    }
+    if let Some(m) = UNPLACEABLE
+        .iter()
+        .find(|m| path == **m || path.starts_with(&format!("{m}/")))
+    {
+        return bad(&format!("lies in {m}, which the sandbox mounts itself"));
+    }
+    Ok(())
 }
 
 fn default_outputs() -> Vec<OutputName> {
@@ -281,6 +334,7 @@ impl Default for Outputs {
         Outputs {
             names: default_outputs(),
             in_place: None,
+            at: BTreeMap::new(),
         }
     }
 }
@@ -617,6 +671,7 @@ impl<I> ActionOf<I> {
                 ));
             }
         }
+        self.validate_placement()?;
         if self.network.mode != NetworkMode::None && self.network.lock.is_none() {
             return Err("[network] mode replay/record needs `lock = \"fetch.lock\"`".into());
         }
@@ -630,6 +685,46 @@ impl<I> ActionOf<I> {
             || l.log < 4096
         {
             return Err("[limits] are too small to run anything (pids ≥ 1, memory ≥ 16 MiB, open_files ≥ 16, file_size ≥ 1, disk ≥ 8 MiB, reads ≥ 64, log ≥ 4096)".into());
+        }
+        Ok(())
+    }
+
+    /// `[outputs] at`: every output placed, each on a path of its own
+    /// that no other lies within, and no `/build` to work in.
+    fn validate_placement(&self) -> Result<(), String> {
+        let o = &self.outputs;
+        if !o.placed() {
+            return Ok(());
+        }
+        for (name, path) in &o.at {
+            if !o.names.contains(name) {
+                return Err(format!(
+                    "[outputs] at.{name} is not one of the output names"
+                ));
+            }
+            check_placement(name, path)?;
+        }
+        for name in &o.names {
+            if !o.at.contains_key(name) {
+                return Err(format!(
+                    "[outputs] at places some outputs but not {name}: place every output, or none (then each is /build/NAME)"
+                ));
+            }
+        }
+        for (a, pa) in &o.at {
+            for (b, pb) in &o.at {
+                if a != b && (pa == pb || pb.starts_with(&format!("{pa}/"))) {
+                    return Err(format!(
+                        "[outputs] at.{b} = {pb:?} lies within at.{a} = {pa:?}: one output's directory cannot hold another's"
+                    ));
+                }
+            }
+        }
+        if o.in_place.is_some() || self.inputs.source.is_some() {
+            return Err(
+                "[outputs] at places the outputs in the root, where there is no /build/src: give the tree the build works in as part of the closure instead of [inputs] source (and no in_place)"
+                    .into(),
+            );
         }
         Ok(())
     }
@@ -776,6 +871,43 @@ mod tests {
         // What a worker is sent parses back to the same action.
         let back = Action::parse(&resolved.to_toml(), Path::new("sent.toml")).unwrap();
         assert_eq!(back, resolved);
+    }
+
+    #[test]
+    fn outputs_placed_in_the_root_are_checked_where_they_are_parsed() {
+        let t = format!(
+            "[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = [\"x\"]\nworkdir = \"/w/p\"\n[outputs]\nnames = [\"dir0\", \"dir1\"]\nat = {{ dir0 = \"/w/p\", dir1 = \"/install\" }}\n"
+        );
+        let a = parse(&t).unwrap();
+        assert!(a.outputs.placed());
+        assert_eq!(a.outputs.path_of(&"dir1".parse().unwrap()), "/install");
+        assert!(String::from_utf8_lossy(&a.canonical(None)).contains("/install"));
+        // Unset, it is not in the digest: actions written before it keep theirs.
+        let plain = parse(&format!(
+            "[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = [\"x\"]\n"
+        ))
+        .unwrap();
+        assert!(!String::from_utf8_lossy(&plain.canonical(None)).contains("\"at\""));
+        assert_eq!(plain.outputs.path_of(&"out".parse().unwrap()), "/build/out");
+        for (from, to, says) in [
+            ("\"/install\" }", "\"/\" }", "is the root"),
+            ("\"/install\" }", "\"install\" }", "not an absolute path"),
+            ("\"/install\" }", "\"/a/../b\" }", "not a normal path"),
+            ("\"/install\" }", "\"/install/\" }", "not a normal path"),
+            ("\"/install\" }", "\"/tmp/x\" }", "lies in /tmp"),
+            ("\"/install\" }", "\"/proc\" }", "lies in /proc"),
+            ("\"/install\" }", "\"/w/p/q\" }", "lies within at.dir0"),
+            ("\"/install\" }", "\"/w/p\" }", "lies within"),
+            (", dir1 = \"/install\"", "", "but not dir1:"),
+            ("dir1 = ", "dir2 = ", "not one of the output names"),
+        ] {
+            let bad = t.replace(from, to);
+            let e = parse(&bad).unwrap_err().to_string();
+            assert!(e.contains(says), "{from} → {to}: {e}");
+        }
+        let with_source = t.replace("[run]", &format!("source = \"{D}\"\n[run]"));
+        let e = parse(&with_source).unwrap_err().to_string();
+        assert!(e.contains("no /build/src"), "{e}");
     }
 
     #[test]

@@ -173,11 +173,15 @@ pub enum SystemEntry {
 #[derive(Debug, Clone)]
 pub enum RootProvider {
     /// A tree mounted elsewhere (the FUSE view), its top-level entries bound
-    /// read-only; the scratch directory read-write at `/build`.
+    /// read-only; the scratch directory read-write at `/build`, or its
+    /// directories at the places given ([`SandboxSpec::place_scratch`]).
     View {
         tree: PathBuf,
         scratch: PathBuf,
         entries: Vec<(OsString, FileKind)>,
+        /// `(directory of the scratch, where it appears inside)`, in
+        /// mount order; empty: the whole scratch at `/build`.
+        places: Vec<(PathBuf, PathBuf)>,
     },
     /// The host's own system directories read-only, the workspace
     /// read-write at `/workspace` (`fhsx run`).
@@ -399,10 +403,73 @@ impl SandboxSpec {
                 tree: tree.to_path_buf(),
                 scratch: scratch_c,
                 entries,
+                places: Vec::new(),
             },
             runtime,
             fs,
         ))
+    }
+
+    /// Show the scratch's directories at places in the view instead of the
+    /// whole scratch at `/build`: each `(dir, inside)` binds `dir`, a
+    /// directory below the scratch, read-write at `inside`, an absolute
+    /// path whose mount point the view provides (or, at the top level,
+    /// that nothing in the view takes). Mounted shallowest first; `/build`
+    /// is then the view's own, if it has one.
+    pub fn place_scratch(
+        &mut self,
+        places: Vec<(PathBuf, PathBuf)>,
+    ) -> Result<&mut Self, SandboxError> {
+        let RootProvider::View {
+            scratch,
+            places: placed,
+            ..
+        } = &mut self.root
+        else {
+            return Err(bad_path(
+                Path::new(WORKSPACE_DIR),
+                "the workspace",
+                "only a view root places its scratch",
+            ));
+        };
+        let mut checked = Vec::with_capacity(places.len());
+        for (dir, inside) in places {
+            // The directory itself may not be made yet (the scratch is
+            // filled while the sandbox is composed): its parent is checked.
+            let below = |d: &Path| d.starts_with(&*scratch);
+            let dir_c = match (dir.parent(), dir.file_name()) {
+                (Some(parent), Some(name)) => self
+                    .fs
+                    .canonicalize(parent)
+                    .filter(|p| below(p))
+                    .map(|p| p.join(name)),
+                _ => None,
+            }
+            .ok_or_else(|| {
+                bad_path(
+                    &dir,
+                    "a placed scratch directory",
+                    "it is not a directory below the scratch",
+                )
+            })?;
+            let normal = inside.is_absolute()
+                && inside.parent().is_some()
+                && inside
+                    .components()
+                    .skip(1)
+                    .all(|c| matches!(c, std::path::Component::Normal(_)));
+            if !normal {
+                return Err(bad_path(
+                    &inside,
+                    "where a scratch directory is placed",
+                    "it is not a normal absolute path below /",
+                ));
+            }
+            checked.push((dir_c, inside));
+        }
+        checked.sort_by_key(|(_, inside)| inside.components().count());
+        *placed = checked;
+        Ok(self)
     }
 
     /// The directory the command starts in and the defaults are masked under.

@@ -82,3 +82,62 @@ fn fhs_materialization_view_root_read_only_scratch_at_build() {
     // Nothing was written into the view.
     assert!(!tree.path().join("probe").exists() && !tree.path().join("usr/probe").exists());
 }
+
+/// The scratch placed in the root instead of at `/build` (how an action
+/// whose input root is its `/` runs): only the places are writable — one
+/// nested in a directory of the view, one at the top level where the view
+/// has nothing — and `/build` is the view's own, read-only.
+#[test]
+fn a_placed_scratch_is_writable_only_at_its_places() {
+    require_bwrap();
+    let tree = tempfile::tempdir().unwrap();
+    make_view(tree.path());
+    std::fs::create_dir_all(tree.path().join("work/p")).unwrap();
+    std::fs::create_dir_all(tree.path().join("build")).unwrap();
+    std::fs::write(tree.path().join("build/from-view"), "view\n").unwrap();
+    let scratch = tempfile::tempdir().unwrap();
+    for d in ["w", "i"] {
+        std::fs::create_dir(scratch.path().join(d)).unwrap();
+    }
+    std::fs::write(scratch.path().join("w/held"), "held\n").unwrap();
+    let rt = Runtime::new().unwrap();
+    let mut spec = rt.view_spec(tree.path(), scratch.path()).unwrap();
+    spec.place_scratch(vec![
+        (scratch.path().join("w"), "/work/p".into()),
+        (scratch.path().join("i"), "/install".into()),
+    ])
+    .unwrap();
+    spec.chdir("/work/p");
+    let script = "read l < held; echo \"$l\"; read v < /build/from-view; echo \"build=$v\"
+        for d in / /work /build /etc /usr/bin; do ( : > $d/probe ) 2>/dev/null && echo ESCAPED write $d; done
+        echo made > made && echo prog > /install/prog && echo DONE";
+    let cmd: Vec<OsString> = os(&["/bin/sh", "-c", script]);
+    let r = rt.run(&spec, &HostEnv::new(), &cmd, opts()).unwrap();
+    assert_eq!(r.outcome, Outcome::Exited(0), "{}\n{}", out(&r), err(&r));
+    let o = out(&r);
+    assert!(!o.contains("ESCAPED"), "{o}");
+    assert!(
+        o.contains("held\n") && o.contains("build=view") && o.contains("DONE"),
+        "{o}"
+    );
+    let read = |p: &str| std::fs::read_to_string(scratch.path().join(p)).unwrap();
+    assert_eq!(read("w/made"), "made\n");
+    assert_eq!(read("i/prog"), "prog\n");
+    // Nothing landed in the view, nor at the scratch's top.
+    assert!(!tree.path().join("work/probe").exists() && !tree.path().join("build/probe").exists());
+    assert!(!scratch.path().join("probe").exists());
+
+    // A place outside the scratch, or not a normal path, is refused.
+    let mut spec = rt.view_spec(tree.path(), scratch.path()).unwrap();
+    let outside = tempfile::tempdir().unwrap();
+    assert!(spec
+        .place_scratch(vec![(outside.path().to_path_buf(), "/x".into())])
+        .is_err());
+    for inside in ["/", "x", "/a/../b"] {
+        assert!(
+            spec.place_scratch(vec![(scratch.path().join("w"), inside.into())])
+                .is_err(),
+            "{inside}"
+        );
+    }
+}

@@ -234,8 +234,15 @@ impl FhsExecutor {
         // here until its record is stored (and the caller holds it).
         let roots = Arc::new(self.store.temp_roots(&plan.inputs())?);
         self.check_inputs(&plan)?;
+        let mount_points: Vec<&str> = plan
+            .action
+            .outputs
+            .at
+            .values()
+            .map(|p| p.as_str())
+            .collect();
         let view = roots.rooted(
-            || view::compose(&self.store, &plan.atoms(), &plan.world),
+            || view::compose(&self.store, &plan.atoms(), &plan.world, &mount_points),
             |v| vec![v.root],
         )?;
         clock.mark("compose");
@@ -244,7 +251,7 @@ impl FhsExecutor {
         }
         clock.mark("validate");
         let mut log = BuildLog::new(&self.store, plan.action.limits.log)?;
-        let mut work = self.prepare(&plan)?;
+        let mut work = self.prepare(&plan, &view)?;
         clock.mark("prepare");
         let ran = self.run(&plan, &view, &mut work, &roots, &mut log, live)?;
         clock.mark("run");
@@ -509,9 +516,9 @@ impl FhsExecutor {
     /// scratch (size-capped where the host allows, holding the source tree)
     /// is made on a thread of its own while the run stage mounts the view,
     /// and is ready before the sandbox starts.
-    fn prepare(&self, plan: &Plan<'_>) -> Result<WorkArea, Error> {
+    fn prepare(&self, plan: &Plan<'_>, view: &Composition) -> Result<WorkArea, Error> {
         let limits = &plan.action.limits;
-        let fill = self.scratch_fill(plan);
+        let fill = self.scratch_fill(plan, view)?;
         // A memory scratch is never pooled: its mount costs microseconds.
         let work = match (self.scratch_medium, &self.scratch_pool) {
             (ScratchMedium::Memory, _) => {
@@ -534,16 +541,44 @@ impl FhsExecutor {
     }
 
     /// What the scratch holds before the build starts: `/build/home`, the
-    /// home the world names, and the source tree, exported.
-    fn scratch_fill(&self, plan: &Plan<'_>) -> crate::scratch::Fill {
+    /// home the world names, and the source tree, exported; or, for
+    /// outputs placed in the root, one directory per output holding what
+    /// the view has at its place, exported writable.
+    fn scratch_fill(
+        &self,
+        plan: &Plan<'_>,
+        view: &Composition,
+    ) -> Result<crate::scratch::Fill, Error> {
         let store = self.store.clone();
+        let outputs = &plan.action.outputs;
+        if outputs.placed() {
+            let mut placed = Vec::new();
+            for (name, path) in &outputs.at {
+                // The view has a directory there: compose made the mount point.
+                let held = match castore::walk::lookup(&self.store, &view.root, path)? {
+                    castore::Node::Directory { digest, size } if size > 0 => Some(digest),
+                    _ => None,
+                };
+                placed.push((name.as_str().to_owned(), held));
+            }
+            return Ok(Box::new(move |scratch: &Path| {
+                for (name, held) in placed {
+                    let dir = scratch.join(name);
+                    fs::create_dir(&dir).map_err(|e| Error::io("create", &dir, e))?;
+                    if let Some(tree) = held {
+                        castore::export::export(&store, &tree, &dir, &())?;
+                    }
+                }
+                Ok(())
+            }));
+        }
         let home = PathBuf::from(plan.world.home.trim_start_matches("/build/"));
         let source = plan
             .action
             .inputs
             .source
-            .map(|src| (src, plan.action.outputs.source_dir().to_owned()));
-        Box::new(move |scratch: &Path| {
+            .map(|src| (src, outputs.source_dir().to_owned()));
+        Ok(Box::new(move |scratch: &Path| {
             for d in [scratch.join("home"), scratch.join(&home)] {
                 fs::create_dir_all(&d).map_err(|e| Error::io("create", &d, e))?;
             }
@@ -551,7 +586,7 @@ impl FhsExecutor {
                 castore::export::export(&store, &src, &scratch.join(dir), &())?;
             }
             Ok(())
-        })
+        }))
     }
 
     /// Stage 5, run: mount the view (on a thread of its own, while the
@@ -711,15 +746,27 @@ impl FhsExecutor {
         if let Some(user) = work.build_user() {
             spec.build_user(user);
         }
+        let outputs = &action.outputs;
+        if outputs.placed() {
+            let places = outputs
+                .at
+                .iter()
+                .map(|(name, inside)| (work.scratch().join(name.as_str()), PathBuf::from(inside)));
+            spec.place_scratch(places.collect())?;
+        }
         for (k, v) in BASE_ENV {
             spec.set_env(k, *v)?;
         }
         for (k, v) in &plan.world.env {
             spec.set_env(k, v)?;
         }
+        if outputs.placed() {
+            // No /build/home without /build: the private /tmp is writable.
+            spec.set_env("HOME", "/tmp")?;
+        }
         spec.persona(&plan.world.persona)?;
-        for name in &action.outputs.names {
-            spec.set_env(name.as_str(), name.build_path())?;
+        for name in &outputs.names {
+            spec.set_env(name.as_str(), outputs.path_of(name))?;
         }
         for (k, v) in &action.run.env {
             spec.set_env(k, v)?;

@@ -27,17 +27,20 @@ fn synthetic_etc(world: &World) -> [(&'static str, String); 3] {
 }
 
 /// Compose `atoms` in order, then one synthetic layer: `/etc` files no
-/// atom supplies, and the links of the alternatives the atoms' packages
-/// register, as dpkg would set them. The layer is an atom of its own, so
-/// the composition map charges those paths to it and read sets and
-/// closure-bloat reports stay exact.
+/// atom supplies, the links of the alternatives the atoms' packages
+/// register, as dpkg would set them, and the directories no atom has at
+/// `mount_points` (where outputs placed in the root are mounted: a mount
+/// needs a directory to cover, and the view is read-only). The layer is
+/// an atom of its own, so the composition map charges those paths to it
+/// and read sets and closure-bloat reports stay exact.
 pub fn compose(
     store: &LocalStore,
     atoms: &[Digest],
     world: &World,
+    mount_points: &[&str],
 ) -> Result<castore::Composition, Error> {
     let first = castore::compose(store, atoms)?;
-    let Some(layer) = remembered_layer(store, &first, world)? else {
+    let Some(layer) = remembered_layer(store, &first, world, mount_points)? else {
         return Ok(first);
     };
     let mut all = atoms.to_vec();
@@ -53,6 +56,7 @@ fn remembered_layer(
     store: &LocalStore,
     first: &castore::Composition,
     world: &World,
+    mount_points: &[&str],
 ) -> Result<Option<Digest>, Error> {
     const MEMO: &str = "view-layer";
     let mut key = first.root.as_bytes().to_vec();
@@ -60,6 +64,12 @@ fn remembered_layer(
         key.extend_from_slice(name.as_bytes());
         key.push(0);
         key.extend_from_slice(content.as_bytes());
+        key.push(0);
+    }
+    // The layer as it was before mount points, keyed as it was.
+    for m in mount_points {
+        key.extend_from_slice(b"mount\0");
+        key.extend_from_slice(m.as_bytes());
         key.push(0);
     }
     let key = Digest::of(&key);
@@ -77,7 +87,7 @@ fn remembered_layer(
     if let Some(layer) = recalled {
         return Ok(layer);
     }
-    let layer = synthetic_layer(store, first, world)?;
+    let layer = synthetic_layer(store, first, world, mount_points)?;
     let answer = layer.map_or_else(|| "none".to_owned(), |d| d.to_string());
     let _ = store.remember(MEMO, &key, answer.as_bytes());
     Ok(layer)
@@ -87,6 +97,7 @@ fn synthetic_layer(
     store: &LocalStore,
     first: &castore::Composition,
     world: &World,
+    mount_points: &[&str],
 ) -> Result<Option<Digest>, Error> {
     let mut tree = TreeBuilder::default();
     let bad = |e: String| Error::Other(format!("building the view's synthetic layer: {e}"));
@@ -107,6 +118,12 @@ fn synthetic_layer(
         let path = components(link.trim_start_matches('/').as_bytes()).map_err(bad)?;
         tree.add_symlink(&path, target.as_bytes()).map_err(bad)?;
     }
+    for m in mount_points {
+        if !is_directory(store, &first.root, m)? {
+            let path = components(m.trim_start_matches('/').as_bytes()).map_err(bad)?;
+            tree.add_dir(&path).map_err(bad)?;
+        }
+    }
     if tree.is_empty() {
         return Ok(None);
     }
@@ -114,6 +131,30 @@ fn synthetic_layer(
     let (root, _) = tree.finish(&txn)?;
     txn.commit()?;
     Ok(Some(root))
+}
+
+/// Whether `path` is a directory of the tree `root` (`false`: it is
+/// missing, from some component on); an error if it, or a directory on
+/// the way, is a file or a symlink, which a mount cannot be placed on or
+/// through: the mount would land wherever the link points.
+fn is_directory(store: &LocalStore, root: &Digest, path: &str) -> Result<bool, Error> {
+    let mut dir = *root;
+    let mut walked = String::new();
+    for comp in path.split('/').filter(|c| !c.is_empty()) {
+        walked.push('/');
+        walked.push_str(comp);
+        match store.get_directory(&dir)?.get(comp.as_bytes()) {
+            None => return Ok(false),
+            Some(Node::Directory { digest, .. }) => dir = *digest,
+            Some(other) => {
+                return Err(Error::Usage(format!(
+                    "an output is placed at {path}, but {walked} is {} in the view: place it at a directory (or where the view has nothing)",
+                    other.kind()
+                )))
+            }
+        }
+    }
+    Ok(true)
 }
 
 /// The links of every alternative with a provider in the composition (as

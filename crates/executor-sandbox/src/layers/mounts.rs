@@ -73,9 +73,13 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
             tree,
             scratch,
             entries,
+            places,
         } => {
             for (name, kind) in entries {
-                if name.to_str().is_some_and(|n| VIEW_RESERVED.contains(&n)) {
+                let reserved = name.to_str().is_some_and(|n| {
+                    VIEW_RESERVED.contains(&n) && (places.is_empty() || n != "build")
+                });
+                if reserved {
                     continue;
                 }
                 let dest = Path::new("/").join(name);
@@ -90,8 +94,14 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
                 }
             }
             private_fs(spec, a);
-            a.flag3("--bind", scratch, SCRATCH_DIR);
-            binds.add(scratch, Path::new(SCRATCH_DIR));
+            if places.is_empty() {
+                a.flag3("--bind", scratch, SCRATCH_DIR);
+                binds.add(scratch, Path::new(SCRATCH_DIR));
+            }
+            for (dir, inside) in places {
+                a.flag3("--bind", dir, inside);
+                binds.add(dir, inside);
+            }
         }
     }
     // Extra read-only files below /run/fhsx (validated by ro_bind_file).
@@ -105,12 +115,14 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
 /// The places inside the sandbox this layer makes writable, which the
 /// supervisor's Landlock ruleset restates (every other path refuses
 /// writes twice: read-only mounts, then Landlock).
-pub(crate) fn writable_inside(spec: &SandboxSpec) -> [&'static str; 3] {
-    let own = match &spec.root {
-        RootProvider::Host { .. } => WORKSPACE_DIR,
-        RootProvider::View { .. } => SCRATCH_DIR,
+pub(crate) fn writable_inside(spec: &SandboxSpec) -> Vec<PathBuf> {
+    let mut own: Vec<PathBuf> = match &spec.root {
+        RootProvider::Host { .. } => vec![WORKSPACE_DIR.into()],
+        RootProvider::View { places, .. } if places.is_empty() => vec![SCRATCH_DIR.into()],
+        RootProvider::View { places, .. } => places.iter().map(|(_, i)| i.clone()).collect(),
     };
-    [own, "/tmp", "/dev/shm"]
+    own.extend(["/tmp".into(), "/dev/shm".into()]);
+    own
 }
 
 /// Where existing files may be written but nothing created or removed:

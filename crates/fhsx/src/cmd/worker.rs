@@ -78,9 +78,15 @@ pub struct WorkerArgs {
     /// A toolchain this worker runs actions on (a file from `fhsx toolchain
     /// apt … -o FILE`; its atoms must be in the store). Actions select it
     /// with the platform property `fhsx-toolchain=ID` (`fhsx toolchain id
-    /// FILE`). Repeatable; an action naming none of them is refused.
+    /// FILE`). Repeatable. An action naming none runs with its input root
+    /// as `/` (the input root holds its tools, as BuildStream's does).
     #[arg(long, value_name = "FILE", requires = "reapi")]
     pub toolchain: Vec<PathBuf>,
+    /// The toolchain an action whose input root is its `/` sits over when
+    /// it names none (the input root's entries take precedence); registered
+    /// as a --toolchain is. Unset, such an action has its input root only.
+    #[arg(long, value_name = "FILE", requires = "reapi")]
+    pub input_root_over: Option<PathBuf>,
     /// Another property of this worker for the engine to match actions on
     /// (`KEY=VALUE`). Repeatable. The worker also advertises
     /// `OSFamily=linux` and the ISA it runs on (`ISA=x86-64`); a
@@ -141,7 +147,9 @@ fn run_reapi(
     let builds = build_options(&a, jobs);
     let mut toolchains = std::collections::BTreeMap::new();
     let mut named = Vec::new();
-    for f in &a.toolchain {
+    let mut input_root_over = None;
+    let over = a.input_root_over.iter().map(|f| (f, true));
+    for (f, over) in a.toolchain.iter().map(|f| (f, false)).chain(over) {
         let t = debian::Toolchain::read(f).map_err(|e| usage(castore::Chain(&e).to_string()))?;
         let atoms = t.atoms();
         for d in &atoms {
@@ -154,8 +162,12 @@ fn run_reapi(
             }
         }
         let id = super::toolchain::toolchain_id(&atoms);
-        named.push((f.display().to_string(), id));
-        toolchains.insert(id, atoms);
+        if over {
+            input_root_over = Some(id);
+        }
+        if toolchains.insert(id, atoms).is_none() {
+            named.push((f.display().to_string(), id));
+        }
     }
     let mut extra = Vec::new();
     for p in &a.property {
@@ -170,6 +182,7 @@ fn run_reapi(
         default_timeout: duration("--default-timeout", &a.default_timeout)?,
         max_timeout: duration("--max-timeout", &a.max_timeout)?,
         toolchains,
+        input_root_over,
         limits: executor_core::action::Limits::default(),
     };
     let config = ::worker::reapi::BotConfig {

@@ -30,7 +30,7 @@ use tokio::sync::{mpsc, oneshot, watch};
 use tonic::transport::Channel;
 
 use super::cas::{self, Cas, CasError, Upload};
-use super::mapping::{self, Found, Plan, Policy, Refusal, WORKTREE_OUTPUT};
+use super::mapping::{self, Found, Plan, Policy, Refusal, Root};
 use super::proto::{
     self, pack, re, Any, BotSession, BotStatus, BotsClient, Code, CreateBotSessionRequest, Device,
     KeyValue, Lease, LeaseState, Status, Timestamp, UpdateBotSessionRequest, Worker,
@@ -577,17 +577,29 @@ async fn execute_inner(
     );
     let store = ctx.cas.store().clone();
     let dirs = plan.dirs.clone();
-    let source = tokio::task::spawn_blocking(move || cas::with_dirs(&store, &tree, &dirs))
-        .await
-        .map_err(|e| Refusal::new(Code::Internal, e.to_string()))?
-        .map_err(refusal)?;
+    let atoms = plan.toolchain.iter().flat_map(|(_, a)| a.clone()).collect();
+    let slash = matches!(plan.root, Root::Slash { .. });
+    let (source, toolchain) = tokio::task::spawn_blocking(move || {
+        let source = cas::with_dirs(&store, &tree, &dirs)?;
+        let toolchain = if slash {
+            shadowed_by(&store, atoms, &source)?
+        } else {
+            atoms
+        };
+        Ok::<_, CasError>((source, toolchain))
+    })
+    .await
+    .map_err(|e| Refusal::new(Code::Internal, e.to_string()))?
+    .map_err(refusal)?;
+    let mut rooted = vec![tree, source];
+    rooted.extend(&toolchain);
     inputs
-        .add(&[tree, source])
+        .add(&rooted)
         .map_err(|e| Refusal::new(Code::Internal, format!("rooting the inputs: {e}")))?;
     drop(hold);
     meta.input_fetch_completed_timestamp = Some(now());
 
-    let fa = mapping::fhsx_action(&plan, source, &ctx.policy.limits)?;
+    let fa = mapping::fhsx_action(&plan, source, toolchain, &ctx.policy.limits)?;
     let job = Job {
         action: fa,
         lock: Vec::new(),
@@ -648,6 +660,19 @@ async fn execute_inner(
     Ok((st, res))
 }
 
+/// Each toolchain atom without what the input root `upper` holds, so the
+/// input root as `/` takes precedence over the toolchain it sits on.
+fn shadowed_by(
+    store: &castore::LocalStore,
+    atoms: Vec<Digest>,
+    upper: &Digest,
+) -> Result<Vec<Digest>, CasError> {
+    atoms
+        .iter()
+        .map(|a| Ok(castore::compose::shadowed(store, a, upper)?))
+        .collect()
+}
+
 /// The record and its read set in the engine's CAS, named in
 /// `auxiliary_metadata` (uploaded with the outputs).
 async fn proof_any(
@@ -691,14 +716,18 @@ async fn result(
         exit_code,
         ..Default::default()
     };
-    let tree = rec
+    // Each requested path in the output holding it after the build (none
+    // when the build failed or its outputs were refused).
+    let located: Vec<Option<(Digest, String)>> = plan
         .outputs
         .iter()
-        .find(|(n, _)| n.as_str() == WORKTREE_OUTPUT)
-        .map(|(_, d)| *d);
-    if let Some(tree) = tree {
+        .map(|o| {
+            let (name, rel) = plan.locate(&o.in_root)?;
+            Some((*rec.outputs.get(&name)?, rel.to_owned()))
+        })
+        .collect();
+    if !rec.outputs.is_empty() {
         let store = ctx.cas.store().clone();
-        let outputs = plan.outputs.clone();
         // Look every output up; load the directories below each.
         type Looked = Vec<(
             Option<Node>,
@@ -709,8 +738,11 @@ async fn result(
         )>;
         let looked: Looked = tokio::task::spawn_blocking(move || -> Result<Looked, CasError> {
             let mut v = Vec::new();
-            for o in &outputs {
-                let n = cas::find(&store, &tree, &o.in_root)?;
+            for at in &located {
+                let n = match at {
+                    Some((tree, rel)) => cas::find(&store, tree, rel)?,
+                    None => None,
+                };
                 let sub = match &n {
                     Some(Node::Directory { digest, .. }) => Some(cas::subtree(&store, digest)?),
                     _ => None,

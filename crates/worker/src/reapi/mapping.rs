@@ -83,6 +83,11 @@ use super::proto::{re, Code};
 
 /// The platform property naming the toolchain an action runs on.
 pub const TOOLCHAIN_PROPERTY: &str = "fhsx-toolchain";
+/// The platform property saying where the input root is: `input` (the
+/// input root is `/`) or `toolchain` (the toolchain is `/`, the input root
+/// the working tree at [`WORKTREE`]). Unset: `toolchain` when the action
+/// names one, else `input`.
+pub const ROOT_PROPERTY: &str = "fhsx-root";
 /// The output that is the working tree.
 pub const WORKTREE_OUTPUT: &str = "out";
 /// Where the input root appears in the sandbox.
@@ -126,6 +131,10 @@ pub struct Policy {
     pub max_timeout: Duration,
     /// Registered toolchains: `fhsx-toolchain` value → atoms, in order.
     pub toolchains: BTreeMap<Digest, Vec<Digest>>,
+    /// The toolchain (one of `toolchains`) an action whose input root is
+    /// its `/` sits over when it names none: `None`, such an action has
+    /// only its input root.
+    pub input_root_over: Option<Digest>,
     /// Limits every action runs under.
     pub limits: Limits,
 }
@@ -139,24 +148,73 @@ pub struct Plan {
     pub working_directory: String,
     pub outputs: Vec<OutputRequest>,
     /// Directories (relative to the input root) that must exist before
-    /// the build ([`paths::Resolved::dirs`]).
+    /// the build ([`paths::Resolved::dirs`], and the places).
     pub dirs: Vec<String>,
-    /// The `fhsx-toolchain` value, and its atoms.
-    pub toolchain: Digest,
-    pub toolchain_atoms: Vec<Digest>,
+    /// The toolchain: its `fhsx-toolchain` value and its atoms.
+    pub toolchain: Option<(Digest, Vec<Digest>)>,
+    /// Where the input root is.
+    pub root: Root,
     pub timeout: Duration,
     pub do_not_cache: bool,
+}
+
+/// Where an action's input root is in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Root {
+    /// At [`WORKTREE`], writable, the toolchain as `/`; the whole tree
+    /// after the build is output [`WORKTREE_OUTPUT`].
+    Worktree,
+    /// The input root is `/`, read-only, over the toolchain if there is
+    /// one (the input root's entries shadow the toolchain's); the scratch
+    /// is placed at these directories (relative to the input root,
+    /// [`paths::places`]), each holding at first what the input root has
+    /// there and afterwards output `dirN`.
+    Slash { places: Vec<String> },
 }
 
 impl Plan {
     /// The working directory as the build sees it.
     pub fn workdir(&self) -> String {
-        if self.working_directory.is_empty() {
-            WORKTREE.to_owned()
-        } else {
-            format!("{WORKTREE}/{}", self.working_directory)
+        let top = match self.root {
+            Root::Worktree => WORKTREE,
+            Root::Slash { .. } => "",
+        };
+        match (top, self.working_directory.as_str()) {
+            ("", "") => "/".to_owned(),
+            (top, "") => top.to_owned(),
+            (top, wd) => format!("{top}/{wd}"),
         }
     }
+
+    /// The output holding `in_root` (a path relative to the input root)
+    /// after the build, and the path within it.
+    pub fn locate<'p>(&self, in_root: &'p str) -> Option<(OutputName, &'p str)> {
+        match &self.root {
+            Root::Worktree => Some((worktree_output().ok()?, in_root)),
+            Root::Slash { places } => places.iter().enumerate().find_map(|(i, p)| {
+                let rest = in_root.strip_prefix(p.as_str())?;
+                let rest = match rest.strip_prefix('/') {
+                    Some(r) => r,
+                    None if rest.is_empty() => rest,
+                    None => return None,
+                };
+                Some((place_output(i).ok()?, rest))
+            }),
+        }
+    }
+}
+
+fn worktree_output() -> Result<OutputName, Refusal> {
+    WORKTREE_OUTPUT
+        .parse()
+        .map_err(|e: String| Refusal::new(Code::Internal, e))
+}
+
+/// The output a place becomes: `dir0`, `dir1`, … in the places' order.
+fn place_output(i: usize) -> Result<OutputName, Refusal> {
+    format!("dir{i}")
+        .parse()
+        .map_err(|e: String| Refusal::new(Code::Internal, e))
 }
 
 /// The action's platform properties: `Action.platform` (REAPI ≥ 2.2), else
@@ -190,8 +248,24 @@ pub fn plan(action: &re::Action, command: &re::Command, policy: &Policy) -> Resu
         }
     };
     let mut toolchain = None;
+    let mut root = None;
     for p in properties(action, command) {
-        if p.name == TOOLCHAIN_PROPERTY {
+        if p.name == ROOT_PROPERTY {
+            if root.is_some() {
+                return Err(Refusal::invalid(format!(
+                    "the platform names {ROOT_PROPERTY} more than once"
+                )));
+            }
+            root = Some(match p.value.as_str() {
+                "input" => true,
+                "toolchain" => false,
+                other => {
+                    return Err(Refusal::invalid(format!(
+                        "platform property {ROOT_PROPERTY}={other:?} is neither `input` (the input root is /) nor `toolchain` (the toolchain is /, the input root {WORKTREE})"
+                    )))
+                }
+            });
+        } else if p.name == TOOLCHAIN_PROPERTY {
             if toolchain.is_some() {
                 return Err(Refusal::invalid(format!(
                     "the platform names {TOOLCHAIN_PROPERTY} more than once: an action runs on one toolchain"
@@ -207,22 +281,34 @@ pub fn plan(action: &re::Action, command: &re::Command, policy: &Policy) -> Resu
             toolchain = Some(d);
         } else if p.name.starts_with("fhsx-") {
             return Err(Refusal::invalid(format!(
-                "unknown platform property {:?}: fhsx knows only {TOOLCHAIN_PROPERTY}",
+                "unknown platform property {:?}: fhsx knows {TOOLCHAIN_PROPERTY} and {ROOT_PROPERTY}",
                 p.name
             )));
         }
     }
-    let Some(toolchain) = toolchain else {
-        return Err(Refusal::precondition(format!(
-            "the action names no toolchain: set the platform property {TOOLCHAIN_PROPERTY}=b3:… (fhsx runs nothing on the host's tools); {}",
-            known()
-        )));
+    // Without a toolchain the input root holds the tools: it is `/`.
+    let slash = root.unwrap_or(toolchain.is_none());
+    let toolchain = match toolchain {
+        None if !slash => {
+            return Err(Refusal::precondition(format!(
+                "the action runs on a toolchain ({ROOT_PROPERTY}=toolchain) but names none: set the platform property {TOOLCHAIN_PROPERTY}=b3:… (fhsx runs nothing on the host's tools), or {ROOT_PROPERTY}=input to run in the input root; {}",
+                known()
+            )))
+        }
+        None => policy.input_root_over,
+        Some(t) => Some(t),
     };
-    let Some(atoms) = policy.toolchains.get(&toolchain) else {
-        return Err(Refusal::precondition(format!(
-            "the action asks for toolchain {TOOLCHAIN_PROPERTY}={toolchain}, which this worker does not hold; {}",
-            known()
-        )));
+    let toolchain = match toolchain {
+        None => None,
+        Some(t) => match policy.toolchains.get(&t) {
+            Some(atoms) => Some((t, atoms.clone())),
+            None => {
+                return Err(Refusal::precondition(format!(
+                    "the action asks for toolchain {TOOLCHAIN_PROPERTY}={t}, which this worker does not hold; {}",
+                    known()
+                )))
+            }
+        },
     };
 
     if command.arguments.is_empty() || command.arguments[0].is_empty() {
@@ -272,30 +358,66 @@ pub fn plan(action: &re::Action, command: &re::Command, policy: &Policy) -> Resu
             policy.max_timeout.as_secs()
         )));
     }
+    let (root, dirs) = if slash {
+        let places = paths::places(&resolved)?;
+        // A place is a mount point: the input root has a directory there.
+        let dirs: BTreeSet<String> = resolved.dirs.iter().chain(&places).cloned().collect();
+        (Root::Slash { places }, dirs.into_iter().collect())
+    } else {
+        (Root::Worktree, resolved.dirs)
+    };
     Ok(Plan {
         argv: command.arguments.clone(),
         env,
         working_directory: resolved.working_directory,
         outputs: resolved.outputs,
-        dirs: resolved.dirs,
+        dirs,
         toolchain,
-        toolchain_atoms: atoms.clone(),
+        root,
         timeout,
         do_not_cache: action.do_not_cache,
     })
 }
 
 /// The fhsx action for a plan whose input root (with [`Plan::dirs`]
-/// made) is the castore tree `source`.
-pub fn fhsx_action(plan: &Plan, source: Digest, limits: &Limits) -> Result<Action, Refusal> {
-    let out: OutputName = WORKTREE_OUTPUT
-        .parse()
-        .map_err(|e: String| Refusal::new(Code::Internal, e))?;
+/// made) is the castore tree `source`. `toolchain`: the plan's toolchain
+/// atoms as the build composes them — as registered for the working
+/// tree; for the input root as `/`, without what the input root shadows
+/// (`castore::compose::shadowed`), so the two compose without a clash.
+pub fn fhsx_action(
+    plan: &Plan,
+    source: Digest,
+    toolchain: Vec<Digest>,
+    limits: &Limits,
+) -> Result<Action, Refusal> {
+    let (closure, source, outputs) = match &plan.root {
+        Root::Worktree => {
+            let out = worktree_output()?;
+            let outputs = Outputs {
+                names: vec![out.clone()],
+                in_place: Some(out),
+                at: BTreeMap::new(),
+            };
+            (Vec::new(), Some(source), outputs)
+        }
+        Root::Slash { places } => {
+            let mut at = BTreeMap::new();
+            for (i, p) in places.iter().enumerate() {
+                at.insert(place_output(i)?, format!("/{p}"));
+            }
+            let outputs = Outputs {
+                names: at.keys().cloned().collect(),
+                in_place: None,
+                at,
+            };
+            (vec![source], None, outputs)
+        }
+    };
     let action: Action = ActionOf {
         inputs: Inputs {
-            closure: Vec::new(),
-            toolchain: plan.toolchain_atoms.clone(),
-            source: Some(source),
+            closure,
+            toolchain,
+            source,
         },
         run: Run {
             command: plan.argv.clone(),
@@ -304,10 +426,7 @@ pub fn fhsx_action(plan: &Plan, source: Digest, limits: &Limits) -> Result<Actio
             timeout: plan.timeout,
         },
         network: Network::default(),
-        outputs: Outputs {
-            names: vec![out.clone()],
-            in_place: Some(out),
-        },
+        outputs,
         limits: limits.clone(),
     };
     // Through the parser: an action built here obeys every rule a file does.
@@ -748,6 +867,7 @@ mod tests {
             default_timeout: Duration::from_secs(600),
             max_timeout: Duration::from_secs(3600),
             toolchains,
+            input_root_over: None,
             limits: Limits::default(),
         }
     }
@@ -814,15 +934,21 @@ mod tests {
             ]
         );
         let src = Digest::of(b"src");
-        let fa = fhsx_action(&p, src, &Limits::default()).unwrap();
-        assert_eq!(fa.inputs.toolchain, policy().toolchains[&tc()]);
+        let atoms = policy().toolchains[&tc()].clone();
+        let fa = fhsx_action(&p, src, atoms.clone(), &Limits::default()).unwrap();
+        assert_eq!(fa.inputs.toolchain, atoms);
         assert!(fa.inputs.closure.is_empty());
         assert_eq!(fa.inputs.source, Some(src));
         assert_eq!(fa.outputs.source_dir(), "out");
         assert_eq!(fa.run.env["CC"], "gcc");
         assert_eq!(fa.run.command, c.arguments);
         // The same REAPI action is the same fhsx action.
-        let again = fhsx_action(&plan(&a, &c, &policy()).unwrap(), src, &Limits::default());
+        let again = fhsx_action(
+            &plan(&a, &c, &policy()).unwrap(),
+            src,
+            atoms,
+            &Limits::default(),
+        );
         assert_eq!(again.unwrap().digest(None), fa.digest(None));
     }
 
@@ -846,17 +972,113 @@ mod tests {
         assert_eq!(p.workdir(), "/build/out");
     }
 
+    /// BuildStream's action: no fhsx property, a working directory deep in
+    /// the input root and an install root beside it.
+    #[test]
+    fn an_action_naming_no_toolchain_runs_in_its_input_root_as_slash() {
+        let mut c = command(&["sh", "-c", "-e", "make install"]);
+        c.platform = Some(re::Platform {
+            properties: vec![prop("ISA", "x86-64"), prop("OSFamily", "linux")],
+        });
+        c.working_directory = "buildstream/p/e".into();
+        c.output_paths = vec![".".into(), "../../../buildstream-install".into()];
+        let a = re::Action::default();
+        let p = plan(&a, &c, &policy()).unwrap();
+        assert_eq!(p.workdir(), "/buildstream/p/e");
+        assert_eq!(p.toolchain, None);
+        assert_eq!(
+            p.root,
+            Root::Slash {
+                places: vec!["buildstream/p/e".into(), "buildstream-install".into()]
+            }
+        );
+        // The mount points are made in the input root (with the outputs'
+        // parents, as for every action).
+        assert_eq!(
+            p.dirs,
+            ["buildstream-install", "buildstream/p", "buildstream/p/e"]
+        );
+        let src = Digest::of(b"sysroot");
+        let fa = fhsx_action(&p, src, Vec::new(), &Limits::default()).unwrap();
+        assert_eq!(fa.inputs.closure, [src]);
+        assert!(fa.inputs.toolchain.is_empty());
+        assert_eq!(fa.inputs.source, None);
+        let at: Vec<(String, String)> = fa
+            .outputs
+            .at
+            .iter()
+            .map(|(n, p)| (n.to_string(), p.clone()))
+            .collect();
+        assert_eq!(
+            at,
+            [
+                ("dir0".into(), "/buildstream/p/e".into()),
+                ("dir1".into(), "/buildstream-install".into())
+            ]
+        );
+        // Each requested path, in the output holding it.
+        let located: Vec<(String, &str)> = p
+            .outputs
+            .iter()
+            .map(|o| {
+                let (n, rel) = p.locate(&o.in_root).unwrap();
+                (n.to_string(), rel)
+            })
+            .collect();
+        assert_eq!(located, [("dir0".into(), ""), ("dir1".into(), "")]);
+
+        // Over a toolchain: the action's, or the worker's default.
+        let mut over = c.clone();
+        over.platform = Some(re::Platform {
+            properties: vec![
+                prop(ROOT_PROPERTY, "input"),
+                prop(TOOLCHAIN_PROPERTY, &tc().to_string()),
+            ],
+        });
+        let p = plan(&a, &over, &policy()).unwrap();
+        assert!(matches!(p.root, Root::Slash { .. }));
+        assert_eq!(p.toolchain.map(|t| t.0), Some(tc()));
+        let mut pol = policy();
+        pol.input_root_over = Some(tc());
+        assert_eq!(
+            plan(&a, &c, &pol).unwrap().toolchain.map(|t| t.0),
+            Some(tc())
+        );
+        // `fhsx-root=toolchain` with a toolchain is the working tree.
+        over.platform = Some(re::Platform {
+            properties: vec![
+                prop(ROOT_PROPERTY, "toolchain"),
+                prop(TOOLCHAIN_PROPERTY, &tc().to_string()),
+            ],
+        });
+        assert_eq!(plan(&a, &over, &policy()).unwrap().root, Root::Worktree);
+    }
+
     #[test]
     fn refusals_say_what_to_change() {
         let a = re::Action::default();
         let mut c = command(&["true"]);
-        c.platform = None;
+        c.platform = Some(re::Platform {
+            properties: vec![prop(ROOT_PROPERTY, "toolchain")],
+        });
         let e = plan(&a, &c, &policy()).unwrap_err();
         assert_eq!(e.code, Code::FailedPrecondition);
         assert!(
-            e.message.contains("names no toolchain") && e.message.contains(&tc().to_string()),
+            e.message.contains("names none") && e.message.contains(&tc().to_string()),
             "{e}"
         );
+        c.platform = Some(re::Platform {
+            properties: vec![prop(ROOT_PROPERTY, "chroot")],
+        });
+        let e = plan(&a, &c, &policy()).unwrap_err();
+        assert_eq!(e.code, Code::InvalidArgument);
+        assert!(e.message.contains("neither `input`"), "{e}");
+        // The input root as `/` stays read-only.
+        let mut c = command(&["true"]);
+        c.platform = None;
+        c.output_paths = vec![".".into()];
+        let e = plan(&a, &c, &policy()).unwrap_err();
+        assert!(e.message.contains("whole input root"), "{e}");
 
         let mut c = command(&["true"]);
         c.platform = Some(re::Platform {

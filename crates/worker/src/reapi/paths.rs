@@ -171,6 +171,69 @@ pub fn resolve_command(command: &re::Command) -> Result<Resolved, Refusal> {
     })
 }
 
+/// Top-level directories the sandbox mounts itself, where no output of an
+/// action whose input root is `/` can be kept.
+const SANDBOX_OWN: &[&str] = &["proc", "dev", "tmp", "run", "sys"];
+
+/// Where the scratch is placed when the input root is the action's `/`
+/// (relative to the input root, outermost only, in component order): the working
+/// directory, and for each output outside every place so far its parent
+/// directory — or the output itself, for an `output_directories` entry or
+/// an `output_paths` entry directly below the root, whose parent is the
+/// root. The root itself stays read-only: an output that is the whole
+/// input root, or a file directly in it, is refused (`INVALID_ARGUMENT`),
+/// as is one in what the sandbox mounts itself (`/tmp`, `/proc`, …).
+/// Each place holds, at the start, what the input root has there.
+pub fn places(resolved: &Resolved) -> Result<Vec<String>, Refusal> {
+    let within = |p: &str, place: &str| {
+        p == place || (p.starts_with(place) && p.as_bytes().get(place.len()) == Some(&b'/'))
+    };
+    let mut places: Vec<String> = Vec::new();
+    if !resolved.working_directory.is_empty() {
+        places.push(resolved.working_directory.clone());
+    }
+    for o in &resolved.outputs {
+        if o.in_root.is_empty() {
+            return Err(invalid(format!(
+                "output path {:?} is the whole input root, which stays read-only when the input root is `/`: ask for the directories the command writes",
+                o.path
+            )));
+        }
+        if places.iter().any(|p| within(&o.in_root, p)) {
+            continue;
+        }
+        let place = match (o.kind, o.in_root.rsplit_once('/')) {
+            (OutputKind::Directory, _) | (OutputKind::Path, None) => o.in_root.clone(),
+            (_, Some((parent, _))) => parent.to_owned(),
+            (OutputKind::File, None) => {
+                return Err(invalid(format!(
+                    "output file {:?} lies directly in the input root, which stays read-only when the input root is `/`: put it in a directory",
+                    o.path
+                )))
+            }
+        };
+        places.push(place);
+    }
+    for p in &places {
+        let top = p.split('/').next().unwrap_or_default();
+        if SANDBOX_OWN.contains(&top) {
+            return Err(invalid(format!(
+                "/{p} would be written, but /{top} is the sandbox's own (not kept): write the outputs elsewhere"
+            )));
+        }
+    }
+    // By components, so a place within another comes right after it (or
+    // after others within it): `a`, `a/b`, `a-b`.
+    places.sort_by(|a, b| a.split('/').cmp(b.split('/')));
+    let mut outermost: Vec<String> = Vec::with_capacity(places.len());
+    for p in places {
+        if !outermost.last().is_some_and(|o| within(&p, o)) {
+            outermost.push(p);
+        }
+    }
+    Ok(outermost)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -297,6 +360,85 @@ mod tests {
         // The same path as a file and as a directory.
         let e = resolve_command(&command("", &[], &["a"], &["a"])).unwrap_err();
         assert!(e.message.contains("twice"), "{e}");
+    }
+
+    /// Each case: working directory, output paths, output files, output
+    /// directories, and where the scratch is placed when the input root
+    /// is `/`.
+    #[test]
+    fn the_input_root_as_root_is_writable_only_where_outputs_are() {
+        for (wd, paths, files, dirs, want) in [
+            // BuildStream: the build directory and the install root.
+            (
+                "buildstream/p/e",
+                &[".", "../../../buildstream-install"][..],
+                &[][..],
+                &[][..],
+                &["buildstream/p/e", "buildstream-install"][..],
+            ),
+            // Outputs within the working directory need no place of their own.
+            (
+                "src",
+                &["out/a.o", "bin"][..],
+                &[][..],
+                &[][..],
+                &["src"][..],
+            ),
+            // A file's parent; a directory itself.
+            (
+                "",
+                &[][..],
+                &["obj/a.o"][..],
+                &["gen", "x/y"][..],
+                &["gen", "obj", "x/y"][..],
+            ),
+            // A path directly below the root: the path itself.
+            ("", &["install"][..], &[][..], &[][..], &["install"][..]),
+            // Nested places keep the outermost.
+            (
+                "a/b",
+                &["../../a/x.o", "c/d"][..],
+                &[][..],
+                &[][..],
+                &["a"][..],
+            ),
+            (
+                "",
+                &["a/b/c", "a/b", "a/b/d/e"][..],
+                &[][..],
+                &[][..],
+                &["a/b"][..],
+            ),
+            // `ab` and `a-b` are not within `a`.
+            (
+                "a",
+                &["../ab/f", "../a-b/g", "x"][..],
+                &[][..],
+                &[][..],
+                &["a", "a-b", "ab"][..],
+            ),
+        ] {
+            let r = resolve_command(&command(wd, paths, files, dirs)).unwrap();
+            let got = places(&r).unwrap_or_else(|e| panic!("{wd:?} {paths:?}: {e}"));
+            assert_eq!(got, want, "{wd:?} {paths:?} {files:?} {dirs:?}");
+        }
+        for (wd, paths, files, says) in [
+            ("", &["."][..], &[][..], "whole input root"),
+            ("w", &[".."][..], &[][..], "whole input root"),
+            ("", &[][..], &["a.o"][..], "directly in the input root"),
+            ("", &["tmp/x"][..], &[][..], "/tmp is the sandbox's own"),
+            (
+                "proc/self",
+                &["x"][..],
+                &[][..],
+                "/proc is the sandbox's own",
+            ),
+        ] {
+            let r = resolve_command(&command(wd, paths, files, &[])).unwrap();
+            let e = places(&r).unwrap_err();
+            assert_eq!(e.code, Code::InvalidArgument);
+            assert!(e.message.contains(says), "{wd:?} {paths:?}: {e}");
+        }
     }
 
     #[test]

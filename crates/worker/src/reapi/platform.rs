@@ -1,8 +1,10 @@
 //! What the worker advertises to the engine: the platform properties of
 //! its primary device, which the engine matches actions against.
 //!
-//! Beside one `fhsx-toolchain` per registered toolchain, a worker
-//! advertises `OSFamily=linux` and the `ISA` it runs on by default.
+//! Beside one `fhsx-toolchain` per registered toolchain and both values of
+//! `fhsx-root` (every worker runs an action in its input root as `/` or
+//! on a toolchain), a worker advertises `OSFamily=linux` and the `ISA` it
+//! runs on by default.
 //! BuildGrid (0.4.4, `!dynamic-property-set`) always matches on those two
 //! keys, whether or not its configuration lists them, and some clients
 //! always send them (BuildStream: `OSFamily=linux`, `ISA=x86-64`): a worker
@@ -14,7 +16,7 @@ use std::collections::BTreeMap;
 
 use castore::Digest;
 
-use super::mapping::TOOLCHAIN_PROPERTY;
+use super::mapping::{ROOT_PROPERTY, TOOLCHAIN_PROPERTY};
 
 /// The operating-system family key (REAPI's platform lexicon).
 pub const OS_FAMILY: &str = "OSFamily";
@@ -46,6 +48,11 @@ pub fn advertised(
         .keys()
         .map(|d| (TOOLCHAIN_PROPERTY.to_owned(), d.to_string()))
         .collect();
+    // Every worker runs both kinds of action: one naming the key is
+    // matched by any worker.
+    for root in ["input", "toolchain"] {
+        out.push((ROOT_PROPERTY.to_owned(), root.to_owned()));
+    }
     for (k, v) in [(OS_FAMILY, "linux"), (ISA, isa_of(arch))] {
         if !extra.iter().any(|(e, _)| e == k) {
             out.push((k.to_owned(), v.to_owned()));
@@ -85,6 +92,8 @@ mod tests {
                 "x86_64",
                 vec![
                     format!("fhsx-toolchain={tc}"),
+                    "fhsx-root=input".into(),
+                    "fhsx-root=toolchain".into(),
                     "OSFamily=linux".into(),
                     "ISA=x86-64".into(),
                 ],
@@ -94,6 +103,8 @@ mod tests {
                 "aarch64",
                 vec![
                     format!("fhsx-toolchain={tc}"),
+                    "fhsx-root=input".into(),
+                    "fhsx-root=toolchain".into(),
                     "OSFamily=linux".into(),
                     "ISA=aarch64".into(),
                     "pool=big".into(),
@@ -108,6 +119,8 @@ mod tests {
                 "x86_64",
                 vec![
                     format!("fhsx-toolchain={tc}"),
+                    "fhsx-root=input".into(),
+                    "fhsx-root=toolchain".into(),
                     "OSFamily=linux".into(),
                     "ISA=x86-64".into(),
                     "ISA=x86-32".into(),
