@@ -17,13 +17,11 @@
 #     shape: shared objects, headers, symlinks): its first action (the
 #     conversion), then N rounds of one trivial action on it and one on a
 #     one-file input root, the order alternating (bench/reapi_sysroot.py,
-#     one connection, `Execute` with a new command each time): the second
+#     one connection, `Execute` with a new command each time; each root is
+#     the action's `/`, running its own static busybox): the second
 #     and later actions on the sysroot against the one-file root, by the
 #     client's wall time and the worker's spans (execution_metadata). The
 #     aim: the sysroot's later actions within +50 ms of the one-file one.
-#     Then, with `fhsx build` locally, the floor of composing the sysroot
-#     into the view instead of exporting it: in place, as a closure atom,
-#     and the one-file root in place.
 # Usage: bench/reapi.sh [N=10] [MiB=64] [SYSROOT=400]
 #   (needs .ci/setup's /opt/fhsx-ci and root; REAPI_ONLY=sysroot runs 3 alone)
 N=${1:-10}
@@ -79,7 +77,7 @@ schedulers:
     action-cache: *ac
     storage: *cas
     property-set: !dynamic-property-set
-      match-property-keys: [fhsx-toolchain]
+      match-property-keys: [fhsx-toolchain, fhsx-root]
       wildcard-property-keys: []
 instances:
   - name: ''
@@ -144,10 +142,15 @@ for t in range(16):
 os.symlink("usr/bin", f"{root}/bin")
 os.symlink("usr/lib", f"{root}/lib")
 PY
-  mkdir -p "$WORK/onefile" && echo one >"$WORK/onefile/a.txt"
+  # Each root runs its own static busybox (Debian's busybox-static): the
+  # one-file root is that file alone.
+  "$F" toolchain apt busybox-static -o "$WORK/busybox.toolchain" 2>/dev/null
+  "$F" store export "$(sed -n 's/^atom = "\(.*\)"$/\1/p' "$WORK/busybox.toolchain")" "$WORK/busybox" >/dev/null
+  cp "$WORK/busybox/bin/busybox" "$WORK/sysroot/usr/bin/busybox"
+  mkdir -p "$WORK/onefile/usr/bin" && cp "$WORK/busybox/bin/busybox" "$WORK/onefile/usr/bin/"
   local files
   files=$(find "$WORK/sysroot" -type f | wc -l)
-  "$BG/bin/python" bench/reapi_sysroot.py "127.0.0.1:$P" "$TC" "$WORK/sysroot" "$WORK/onefile" "$N" >"$WORK/sysroot.json"
+  "$BG/bin/python" bench/reapi_sysroot.py "127.0.0.1:$P" "$WORK/sysroot" "$WORK/onefile" "$N" >"$WORK/sysroot.json"
   python3 - "$WORK/sysroot.json" "$(du -sm "$WORK/sysroot" | cut -f1)" "$files" "$N" "$WORK/worker.log" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
@@ -184,44 +187,6 @@ for root in ("sysroot", "one-file"):
         names = list(runs_[-1])
         print(f"  stages, {root:9}   " + ", ".join(f"{k} {med([x.get(k, 0) for x in runs_]):.1f}" for k in names))
 PY
-  # The floor of the design that would go further: with `fhsx build`
-  # locally (no engine), the sysroot as an in-place source (as the worker
-  # runs an input root today), as a closure atom composed in the view, and
-  # the one-file root in place; N interleaved rounds after one to warm.
-  # The view variant composes the sysroot with the toolchain, whose /bin
-  # and /lib are directories: its atom is the sysroot's usr alone (hard
-  # links, the same files) where the symlinks /bin and /lib would clash.
-  local S V O kind k a b
-  S=$("$F" store import "$WORK/sysroot" | cut -f1)
-  mkdir "$WORK/sysroot-usr" && cp -al "$WORK/sysroot/usr" "$WORK/sysroot-usr/usr"
-  V=$("$F" store import "$WORK/sysroot-usr" | cut -f1)
-  O=$("$F" store import "$WORK/onefile" | cut -f1)
-  local_action() { # kind tag
-    case $1 in
-      in-place) printf '[inputs]\ntoolchain = ["%s"]\nsource = "%s"\n[run]\ncommand = ["/bin/sh", "-c", "echo %s"]\nworkdir = "/build/out"\n[outputs]\nin_place = "out"\n' "$WORK/base.toolchain" "$S" "$2" ;;
-      view) printf '[inputs]\nclosure = ["%s"]\ntoolchain = ["%s"]\n[run]\ncommand = ["/bin/sh", "-c", "mkdir $out; echo %s"]\n' "$V" "$WORK/base.toolchain" "$2" ;;
-      one-file) printf '[inputs]\ntoolchain = ["%s"]\nsource = "%s"\n[run]\ncommand = ["/bin/sh", "-c", "echo %s"]\nworkdir = "/build/out"\n[outputs]\nin_place = "out"\n' "$WORK/base.toolchain" "$O" "$2" ;;
-    esac >"$WORK/local-$1.toml"
-  }
-  : >"$WORK/local.times"
-  for ((k = 0; k <= N; k++)); do
-    for kind in one-file in-place view; do
-      local_action "$kind" "local-$k-$RANDOM"
-      a=${EPOCHREALTIME/./}
-      TMPDIR=$WORK "$F" build "$WORK/local-$kind.toml" >/dev/null 2>"$WORK/local.err" || { cat "$WORK/local.err" >&2; return 1; }
-      b=${EPOCHREALTIME/./}
-      [ "$k" = 0 ] || echo "$kind $(((b - a) / 1000))" >>"$WORK/local.times"
-    done
-  done
-  local t
-  for kind in in-place view one-file; do
-    t=$(awk -v k="$kind" '$1 == k {print $2}' "$WORK/local.times" | median)
-    case $kind in
-      in-place) echo "  fhsx build locally (ms, medians): sysroot in place $t" ;;
-      view) echo "    sysroot in the view (a closure atom) $t" ;;
-      one-file) echo "    one-file root in place $t" ;;
-    esac
-  done
 }
 
 # 1a. On an fhsx worker.

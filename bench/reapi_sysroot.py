@@ -1,10 +1,11 @@
 """bench/reapi.sh's sysroot client, run with BuildGrid's python.
 
-Usage: reapi_sysroot.py ADDR TOOLCHAIN SYSROOT ONEFILE N
+Usage: reapi_sysroot.py ADDR SYSROOT ONEFILE N
 
 Uploads two input roots, a sysroot (the directory SYSROOT) and a one-file
-tree (ONEFILE), then sends actions on them with `Execute`, each a new
-command (`/bin/sh -c 'echo TAG'`, so no cache answers) and one connection
+tree (ONEFILE, the busybox alone), then sends actions on them with `Execute`, each a new
+command (`/usr/bin/busybox echo TAG`, so no cache answers; each root the
+action's `/`, holding a static busybox) and one connection
 for all: two on the one-file root to warm up, the first on the sysroot
 (its conversion), then N rounds of one action on each root, the order
 alternating. Prints one JSON object: per action its root, the client's
@@ -26,7 +27,7 @@ from buildgrid._protos.build.bazel.remote.execution.v2 import remote_execution_p
 from buildgrid._protos.google.bytestream import bytestream_pb2 as bs
 from buildgrid._protos.google.bytestream import bytestream_pb2_grpc as bsg
 
-addr, toolchain, sysroot, onefile, rounds = sys.argv[1:6]
+addr, sysroot, onefile, rounds = sys.argv[1:5]
 rounds = int(rounds)
 ch = grpc.insecure_channel(addr, options=[("grpc.max_receive_message_length", 64 << 20),
                                            ("grpc.max_send_message_length", 64 << 20)])
@@ -116,7 +117,9 @@ def put(m):
 
 roots = {"sysroot": tree(sysroot), "one-file": tree(onefile)}
 upload()
-platform = re.Platform(properties=[re.Platform.Property(name="fhsx-toolchain", value=toolchain)])
+# No toolchain: each root is the action's `/` (`fhsx-root=input`), as
+# BuildStream's are, and runs its own static busybox.
+platform = re.Platform(properties=[re.Platform.Property(name="fhsx-root", value="input")])
 execution = reg.ExecutionStub(ch)
 
 
@@ -125,7 +128,7 @@ def ms(a, b):
 
 
 def execute(root, tag):
-    c = re.Command(arguments=["/bin/sh", "-c", f"echo {tag}-{uuid.uuid4()}"])
+    c = re.Command(arguments=["/usr/bin/busybox", "echo", f"{tag}-{uuid.uuid4()}"])
     a = re.Action(command_digest=put(c), input_root_digest=roots[root], platform=platform)
     ad = put(a)
     t0 = time.monotonic()

@@ -289,9 +289,11 @@ impl Outputs {
     }
 
     /// Whether the outputs are placed in the root (`at`) rather than
-    /// under `/build`.
+    /// under `/build`. An action that makes no output (`names = []`, a
+    /// test whose exit code and log are its result) has no `/build`
+    /// either: its scratch is placed nowhere.
     pub fn placed(&self) -> bool {
-        !self.at.is_empty()
+        !self.at.is_empty() || self.names.is_empty()
     }
 }
 
@@ -650,8 +652,10 @@ impl<I> ActionOf<I> {
         if self.run.timeout.is_zero() {
             return Err("[run] timeout must be more than zero".into());
         }
-        if self.outputs.names.is_empty() {
-            return Err("[outputs] names is empty: a build must make at least one output".into());
+        if self.outputs.names.is_empty()
+            && Path::new(&self.run.workdir).starts_with(default_workdir())
+        {
+            return Err("[outputs] names is empty, so there is no /build to work in: name an output, or set [run] workdir outside /build".into());
         }
         let mut seen = std::collections::BTreeSet::new();
         for n in &self.outputs.names {
@@ -937,7 +941,7 @@ mod tests {
             ("\"#out\"", "\"out\"", "names no action file"),
             (&format!("\"{D}\""), "\"src\"", "not one of"),
             (&format!("\"{D}\""), "\"out\", \"out\"", "twice"),
-            (&format!("\"{D}\""), "", "names is empty"),
+            (&format!("\"{D}\""), "", "no /build to work in"),
             (&format!("\"{D}\""), "\"PATH\"", "lower-case"),
         ] {
             let t = format!("[inputs]\nclosure = [{inputs}]\n[run]\ncommand = [\"x\"]\n[outputs]\nnames = [{outputs}]\n");

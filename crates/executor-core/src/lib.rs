@@ -68,6 +68,17 @@ pub struct BuildRequest {
     /// With [`CachePolicy::Check`]: run `diffoscope` on differing outputs
     /// and keep its report.
     pub diffoscope: bool,
+    /// Ingest the outputs of a command that ran to its end and failed (a
+    /// non-zero exit, a signal) as well, as REAPI returns them (a failed
+    /// test's logs): the record names them, and it is still a failed build
+    /// that answers nothing from the cache. Outputs it did not make, or
+    /// that break the ingest rules, are left out without a failure of
+    /// their own: the command's is the one that counts.
+    pub failed_outputs: bool,
+    /// Keep stdout and stderr apart: the record's log is stdout alone and
+    /// `stderr_digest` names stderr (REAPI's two fields), where otherwise
+    /// one log keeps both in the order they came.
+    pub split_streams: bool,
 }
 
 impl BuildRequest {
@@ -85,6 +96,8 @@ impl BuildRequest {
             pruned_from: None,
             vary: None,
             diffoscope: false,
+            failed_outputs: false,
+            split_streams: false,
         }
     }
 }

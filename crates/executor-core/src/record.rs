@@ -132,8 +132,13 @@ pub struct BuildRecord {
     /// only the paths observed before the cap, and the build failed.
     #[serde(default = "yes", skip_serializing_if = "is_true")]
     pub read_set_complete: bool,
-    /// The full build log, a CAS blob.
+    /// The full build log, a CAS blob: both streams in the order they
+    /// came, or stdout alone when they were kept apart.
     pub log_digest: Digest,
+    /// Set when the build's streams were kept apart (an REAPI action,
+    /// whose client reads them apart): its stderr, with fhsx's own lines.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stderr_digest: Option<Digest>,
     pub exit: ExitStatus,
     /// Containment violations caught at the boundary during the build (a
     /// refused fetch, a non-deterministic upstream). Non-empty means the
@@ -202,6 +207,7 @@ impl BuildRecord {
         ];
         for (n, d) in [
             ("fetch_lock_digest", self.fetch_lock_digest),
+            ("stderr_digest", self.stderr_digest),
             ("interface_manifest_digest", self.interface_manifest_digest),
             ("check_of", self.check_of),
             ("reused", self.reused),

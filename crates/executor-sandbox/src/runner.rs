@@ -55,6 +55,10 @@ pub enum Output {
     /// `stdout`/`stderr` stay empty. A pipe must be read while the run
     /// goes on, or the command blocks once it is full.
     Fd(OwnedFd),
+    /// stdout into the first descriptor, stderr into the second, as
+    /// [`Output::Fd`] does both: what REAPI clients read apart. bwrap's
+    /// and the supervisor's own messages go with stderr.
+    Split(OwnedFd, OwnedFd),
 }
 
 /// How to run one spec.
@@ -628,8 +632,15 @@ impl Runtime {
             ),
             Stdin::Fd(fd) => Some(fd),
         };
-        let (capture, combined) = match opts.output {
-            Output::Fd(fd) => (false, Some(fd)),
+        // `given`: the caller's descriptors for stdout and stderr.
+        let (capture, given) = match opts.output {
+            Output::Fd(fd) => {
+                let err = fd
+                    .try_clone()
+                    .map_err(|e| io_err("duplicating the output descriptor", e))?;
+                (false, Some((fd, err)))
+            }
+            Output::Split(out, err) => (false, Some((out, err))),
             Output::Capture => (true, None),
             Output::Inherit => (opts.capture_output, None),
         };
@@ -640,9 +651,9 @@ impl Runtime {
         };
         // The sandbox's own notes go where the command's stderr goes (our
         // own stderr when inherited).
-        let mut note_out: Option<fs::File> = match (&err_pipe, &combined) {
+        let mut note_out: Option<fs::File> = match (&err_pipe, &given) {
             (Some((_, w)), _) => w.try_clone().ok().map(fs::File::from),
-            (None, Some(fd)) => fd.try_clone().ok().map(fs::File::from),
+            (None, Some((_, fd))) => fd.try_clone().ok().map(fs::File::from),
             (None, None) => None,
         };
         if let (MemoryEnforcement::AddressSpace, Some(m)) = (memory, spec.limits.memory) {
@@ -672,14 +683,14 @@ impl Runtime {
             .as_ref()
             .map(|f| sys::dup_at_least(f.as_raw_fd(), 10))
             .transpose()?;
-        let out_hi = match (&out_pipe, &combined) {
+        let out_hi = match (&out_pipe, &given) {
             (Some(p), _) => Some(sys::dup_at_least(p.1.as_raw_fd(), 10)?),
-            (None, Some(fd)) => Some(sys::dup_at_least(fd.as_raw_fd(), 10)?),
+            (None, Some((fd, _))) => Some(sys::dup_at_least(fd.as_raw_fd(), 10)?),
             (None, None) => None,
         };
-        let err_hi = match (&err_pipe, &combined) {
+        let err_hi = match (&err_pipe, &given) {
             (Some(p), _) => Some(sys::dup_at_least(p.1.as_raw_fd(), 10)?),
-            (None, Some(fd)) => Some(sys::dup_at_least(fd.as_raw_fd(), 10)?),
+            (None, Some((_, fd))) => Some(sys::dup_at_least(fd.as_raw_fd(), 10)?),
             (None, None) => None,
         };
         let bad = |_| {
@@ -793,7 +804,7 @@ impl Runtime {
             stdin_fd,
             supervisor_hi,
         ));
-        drop(combined);
+        drop(given);
         drop((seccomp_fd, seccomp_hi));
         let pidfd = match early_pidfd.map(Ok).unwrap_or_else(|| sys::pidfd_open(pid)) {
             Ok(fd) => fd,

@@ -180,8 +180,8 @@ pub enum RootProvider {
         scratch: PathBuf,
         entries: Vec<(OsString, FileKind)>,
         /// `(directory of the scratch, where it appears inside)`, in
-        /// mount order; empty: the whole scratch at `/build`.
-        places: Vec<(PathBuf, PathBuf)>,
+        /// mount order; `None`: the whole scratch at `/build`.
+        places: Option<Vec<(PathBuf, PathBuf)>>,
     },
     /// The host's own system directories read-only, the workspace
     /// read-write at `/workspace` (`fhsx run`).
@@ -403,7 +403,7 @@ impl SandboxSpec {
                 tree: tree.to_path_buf(),
                 scratch: scratch_c,
                 entries,
-                places: Vec::new(),
+                places: None,
             },
             runtime,
             fs,
@@ -415,7 +415,8 @@ impl SandboxSpec {
     /// directory below the scratch, read-write at `inside`, an absolute
     /// path whose mount point the view provides (or, at the top level,
     /// that nothing in the view takes). Mounted shallowest first; `/build`
-    /// is then the view's own, if it has one.
+    /// is then the view's own, if it has one. No places: nothing of the
+    /// scratch is shown.
     pub fn place_scratch(
         &mut self,
         places: Vec<(PathBuf, PathBuf)>,
@@ -468,7 +469,7 @@ impl SandboxSpec {
             checked.push((dir_c, inside));
         }
         checked.sort_by_key(|(_, inside)| inside.components().count());
-        *placed = checked;
+        *placed = Some(checked);
         Ok(self)
     }
 

@@ -250,7 +250,10 @@ impl FhsExecutor {
             return Ok(hit);
         }
         clock.mark("validate");
-        let mut log = BuildLog::new(&self.store, plan.action.limits.log)?;
+        let mut log = match req.split_streams {
+            true => BuildLog::split(&self.store, plan.action.limits.log)?,
+            false => BuildLog::new(&self.store, plan.action.limits.log)?,
+        };
         let mut work = self.prepare(&plan, &view)?;
         clock.mark("prepare");
         let ran = self.run(&plan, &view, &mut work, &roots, &mut log, live)?;
@@ -264,9 +267,19 @@ impl FhsExecutor {
         clock.mark("prove");
         let exit = exit_status(&ran.report, &log);
         let mut failure = limit_failure(&plan, &ran, &log);
-        let ingested = match (&failure, exit.success() && violations.is_empty()) {
-            (None, true) => self.ingest(&plan, &work, &roots, &mut failure)?,
-            _ => Ingested::default(),
+        let contained = failure.is_none() && violations.is_empty();
+        let ran_to_end = matches!(
+            exit,
+            ExitStatus::Exited { .. } | ExitStatus::Signaled { .. }
+        );
+        let ingested = if contained && exit.success() {
+            self.ingest(&plan, &work, &roots, &mut failure)?
+        } else if contained && ran_to_end && req.failed_outputs {
+            // What the failed command left, for its client to read: an
+            // output refused here is left out, not a second failure.
+            self.ingest(&plan, &work, &roots, &mut None)?
+        } else {
+            Ingested::default()
         };
         clock.mark("ingest");
         for line in ingested.notes.iter().chain(&failure) {
@@ -298,6 +311,7 @@ impl FhsExecutor {
                 c.diffoscope = check::diffoscope(&self.store, &roots, c, &ingested.outputs, live)?;
             }
         }
+        let (log_digest, stderr_digest) = log.finish(&roots)?;
         let record = BuildRecord {
             format: RECORD_FORMAT,
             action_digest: plan.action_digest,
@@ -310,7 +324,8 @@ impl FhsExecutor {
             observed_read_set_digest: ran.mounted.read_set_digest,
             read_set_size: ran.mounted.read_set.len(),
             read_set_complete: ran.mounted.read_set_overflow.is_none(),
-            log_digest: log.finish(&roots)?,
+            log_digest,
+            stderr_digest,
             exit,
             violations: violations.clone(),
             failure,
@@ -618,15 +633,29 @@ impl FhsExecutor {
                 );
             }
             let command: Vec<OsString> = action.run.command.iter().map(OsString::from).collect();
-            // stdout and stderr share one pipe, streamed into the log.
-            let (mut reader, writer) = std::io::pipe()
-                .map_err(|e| Error::io("create the log pipe for", work.scratch(), e))?;
+            // stdout and stderr share one pipe, streamed into the log; kept
+            // apart, stderr has one of its own.
+            let pipe = || {
+                std::io::pipe().map_err(|e| Error::io("create the log pipe for", work.scratch(), e))
+            };
+            let (mut reader, writer) = pipe()?;
+            let mut stderr = if log.is_split() { Some(pipe()?) } else { None };
+            let output = match stderr.as_mut().map(|(_, w)| w.try_clone()) {
+                None => Output::Fd(writer.into()),
+                Some(w) => Output::Split(
+                    writer.into(),
+                    w.map_err(|e| Error::io("duplicate the log pipe for", work.scratch(), e))?
+                        .into(),
+                ),
+            };
+            // Only the sandbox holds the write ends: the reads end with it.
+            let mut err_reader = stderr.map(|(r, _)| r);
             let stop = Arc::new(AtomicBool::new(false));
             let opts = RunOptions {
                 timeout: Some(action.run.timeout),
                 grace: self.grace,
                 stdin: Stdin::Null,
-                output: Output::Fd(writer.into()),
+                output,
                 cancel: self.cancel.clone(),
                 stop: Some(stop.clone()),
                 ..RunOptions::default()
@@ -651,7 +680,10 @@ impl FhsExecutor {
                 guard.is_some()
             };
             let report = std::thread::scope(|tees| {
-                let tee = tees.spawn(|| log.tee(&mut reader, live, &stop));
+                let tee = tees.spawn(|| match err_reader.as_mut() {
+                    Some(err) => log.tee_split(&mut reader, err, live, &stop),
+                    None => log.tee(&mut reader, live, &stop),
+                });
                 let host = executor_sandbox::current_host_env();
                 let ran = runtime.run_when(&spec, &host, &command, opts, ready);
                 let _ = tee.join();
@@ -938,6 +970,7 @@ impl FhsExecutor {
             read_set_size: old.read_set_size,
             read_set_complete: true,
             log_digest: old.log_digest,
+            stderr_digest: old.stderr_digest,
             exit: old.exit.clone(),
             violations: Vec::new(),
             failure: None,

@@ -318,6 +318,7 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<castore::gc::GcReport, 
             }
             more.push(record);
             more.push(r.log_digest);
+            more.extend(r.stderr_digest);
             more.push(r.observed_read_set_digest);
             more.extend(r.interface_manifest_digest);
             more.extend(r.fetch_lock_digest);
@@ -385,6 +386,7 @@ mod tests {
             read_set_size: 0,
             read_set_complete: true,
             log_digest: d,
+            stderr_digest: None,
             exit: ExitStatus::Exited { code: 0 },
             violations: Vec::new(),
             failure: None,

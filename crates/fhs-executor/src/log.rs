@@ -13,10 +13,16 @@
 //! control bytes escaped (`castore::shown::terminal_safe`); the log in the
 //! store keeps them as the build wrote them.
 //!
-//! fhsx's memory stays flat whatever the build prints: one 64 KiB buffer.
+//! Kept apart (`BuildRequest::split_streams`, an REAPI action), stdout is
+//! the log and stderr a second blob, with fhsx's own lines; the cap counts
+//! both together.
+//!
+//! fhsx's memory stays flat whatever the build prints: one 64 KiB buffer
+//! per stream.
 
 use std::io::{Read, Write};
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
 
 use castore::store::LocalStore;
 use castore::{BlobWriter, Digest, TempRoots};
@@ -26,6 +32,8 @@ use crate::Error;
 /// A build's log being written.
 pub struct BuildLog {
     blob: BlobWriter,
+    /// Kept apart: stderr (and fhsx's own lines).
+    stderr: Option<BlobWriter>,
     cap: u64,
     /// The build's own output bytes kept so far.
     kept: u64,
@@ -40,6 +48,7 @@ impl BuildLog {
     pub fn new(store: &LocalStore, cap: u64) -> Result<BuildLog, Error> {
         Ok(BuildLog {
             blob: store.blob_writer()?,
+            stderr: None,
             cap,
             kept: 0,
             dropped: 0,
@@ -47,44 +56,74 @@ impl BuildLog {
         })
     }
 
-    fn keep(&mut self, bytes: &[u8]) {
+    /// A log that keeps stdout and stderr apart.
+    pub fn split(store: &LocalStore, cap: u64) -> Result<BuildLog, Error> {
+        let mut log = Self::new(store, cap)?;
+        log.stderr = Some(store.blob_writer()?);
+        Ok(log)
+    }
+
+    pub fn is_split(&self) -> bool {
+        self.stderr.is_some()
+    }
+
+    fn keep(&mut self, stream: Stream, bytes: &[u8]) {
+        let blob = match (stream, &mut self.stderr) {
+            (Stream::Err, Some(err)) => err,
+            _ => &mut self.blob,
+        };
         if self.failed.is_none() {
-            if let Err(e) = self.blob.write_all(bytes) {
+            if let Err(e) = blob.write_all(bytes) {
                 self.failed = Some(e);
             }
         }
     }
 
-    /// One of fhsx's own lines, to the log and the live sink.
+    /// One of fhsx's own lines, to the log (stderr, kept apart) and the
+    /// live sink.
     pub fn note(&mut self, line: &str, live: &mut dyn Write) {
         let line = format!("{line}\n");
         let _ = live.write_all(line.as_bytes());
-        self.keep(line.as_bytes());
+        self.keep(Stream::Err, line.as_bytes());
     }
 
     /// Copy the build's output from `pipe` until it closes. Past the cap,
     /// `stop` is set (the caller's sandbox stops the build) and the rest is
     /// drained unkept.
     pub fn tee(&mut self, pipe: &mut dyn Read, live: &mut dyn Write, stop: &AtomicBool) {
-        let mut buf = vec![0u8; 64 * 1024];
-        loop {
-            let n = match pipe.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => n,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(_) => break,
-            };
-            let room = self.cap.saturating_sub(self.kept) as usize;
-            let take = n.min(room);
-            if take > 0 {
-                let _ = live.write_all(&castore::shown::terminal_safe(&buf[..take]));
-                self.keep(&buf[..take]);
-                self.kept += take as u64;
-            }
-            if take < n {
-                self.dropped += (n - take) as u64;
-                stop.store(true, Ordering::SeqCst);
-            }
+        let shared = Mutex::new((self, live));
+        pump(&shared, pipe, Stream::Out, stop);
+    }
+
+    /// [`tee`](Self::tee) of a log kept apart: stdout from `out`, stderr
+    /// from `err`, each read on a thread of its own until both close.
+    pub fn tee_split(
+        &mut self,
+        out: &mut (dyn Read + Send),
+        err: &mut (dyn Read + Send),
+        live: &mut (dyn Write + Send),
+        stop: &AtomicBool,
+    ) {
+        let shared = Mutex::new((self, live));
+        std::thread::scope(|s| {
+            s.spawn(|| pump(&shared, err, Stream::Err, stop));
+            pump(&shared, out, Stream::Out, stop);
+        });
+    }
+
+    /// One chunk of the build's output: kept up to the cap, past it
+    /// counted, dropped and the build stopped.
+    fn take(&mut self, stream: Stream, chunk: &[u8], live: &mut dyn Write, stop: &AtomicBool) {
+        let room = self.cap.saturating_sub(self.kept) as usize;
+        let take = chunk.len().min(room);
+        if take > 0 {
+            let _ = live.write_all(&castore::shown::terminal_safe(&chunk[..take]));
+            self.keep(stream, &chunk[..take]);
+            self.kept += take as u64;
+        }
+        if take < chunk.len() {
+            self.dropped += (chunk.len() - take) as u64;
+            stop.store(true, Ordering::SeqCst);
         }
     }
 
@@ -97,13 +136,47 @@ impl BuildLog {
         self.cap
     }
 
-    /// Store the log, rooted in `roots`.
-    pub fn finish(self, roots: &TempRoots) -> Result<Digest, Error> {
+    /// Store the log, rooted in `roots`: its digest, and stderr's when
+    /// kept apart.
+    pub fn finish(self, roots: &TempRoots) -> Result<(Digest, Option<Digest>), Error> {
         if let Some(e) = self.failed {
             return Err(Error::Other(format!(
                 "writing the build log to the store: {e}"
             )));
         }
-        Ok(self.blob.finish_rooted(roots)?.0)
+        let err = match self.stderr {
+            Some(b) => Some(b.finish_rooted(roots)?.0),
+            None => None,
+        };
+        Ok((self.blob.finish_rooted(roots)?.0, err))
+    }
+}
+
+/// Which of the build's streams a chunk came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stream {
+    Out,
+    Err,
+}
+
+/// Read `pipe` until it closes, each chunk into the shared log.
+fn pump<W: Write + ?Sized>(
+    shared: &Mutex<(&mut BuildLog, &mut W)>,
+    pipe: &mut (dyn Read + '_),
+    stream: Stream,
+    stop: &AtomicBool,
+) {
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = match pipe.read(&mut buf) {
+            Ok(0) => break,
+            Ok(n) => n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+            Err(_) => break,
+        };
+        let mut held = shared.lock().unwrap_or_else(|p| p.into_inner());
+        let (log, live) = &mut *held;
+        let mut live: &mut W = live;
+        log.take(stream, &buf[..n], &mut live, stop);
     }
 }

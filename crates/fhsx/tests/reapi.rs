@@ -1,13 +1,14 @@
 //! `fhsx worker --reapi`: fhsx as a Remote Execution API worker under a
 //! real engine — BuildGrid 0.4.4 on Debian's PostgreSQL 15, both on
 //! loopback, with BuildGrid's in-memory CAS — driven by real clients:
-//! BuildGrid's `bgd execute`, Bazel 2.1.0 and a Python gRPC client. Each
-//! test starts its own database, engine and workers.
+//! BuildGrid's `bgd execute`, Bazel 2.1.0, BuildStream 2.8.1 and a Python
+//! gRPC client. Each test starts its own database, engine and workers.
 //!
 //! Prerequisites (`.ci/setup` installs them): `postgresql` (Debian), a
 //! BuildGrid venv at /opt/fhsx-ci/buildgrid (or `FHSX_BUILDGRID=DIR`),
-//! Bazel 2.1.0 from npm at /opt/fhsx-ci/bazel (or `FHSX_BAZEL=FILE`), and
-//! apt for the toolchains. A missing one fails the test saying so.
+//! Bazel 2.1.0 from npm at /opt/fhsx-ci/bazel (or `FHSX_BAZEL=FILE`), a
+//! BuildStream venv at /opt/fhsx-ci/buildstream (or `FHSX_BUILDSTREAM=DIR`),
+//! and apt for the toolchains. A missing one fails the test saying so.
 
 mod support;
 
@@ -57,6 +58,20 @@ fn bazel() -> PathBuf {
         p.display()
     );
     p
+}
+
+fn buildstream() -> PathBuf {
+    let dir = std::env::var_os("FHSX_BUILDSTREAM")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/fhsx-ci/buildstream"));
+    assert!(
+        dir.join("bin/bst").exists(),
+        "BuildStream is not installed at {}: run .ci/setup (it makes that venv with Debian's python3: `python3 -m venv {} && {}/bin/pip install buildstream==2.8.1`), or set FHSX_BUILDSTREAM",
+        dir.display(),
+        dir.display(),
+        dir.display()
+    );
+    dir
 }
 
 fn free_port() -> u16 {
@@ -249,7 +264,7 @@ schedulers:
     action-cache: *ac
     storage: *cas
     property-set: !dynamic-property-set
-      match-property-keys: [fhsx-toolchain]
+      match-property-keys: [fhsx-toolchain, fhsx-root]
     bot-session-keepalive-timeout: {keepalive}
 instances:
   - name: ''
@@ -508,6 +523,22 @@ fn toolchain_id(file: &Path) -> String {
     String::from_utf8_lossy(&o.stdout).trim().to_owned()
 }
 
+/// A store of its own at `store` holding the seed's toolchains, hard-linked
+/// (a store never rewrites an object), without the seed's key or state.
+fn seed_copy(store: &Path) {
+    let o = Command::new("cp")
+        .arg("-al")
+        .arg(&seed().store)
+        .arg(store)
+        .output()
+        .unwrap();
+    ok(&o, "cp -al");
+    for x in ["keys", "lock", "tmp", "actions", "reapi"] {
+        let _ = fs::remove_dir_all(store.join(x));
+        let _ = fs::remove_file(store.join(x));
+    }
+}
+
 /// An `fhsx worker --reapi` process (SIGKILLed when dropped).
 struct Worker {
     child: Option<Child>,
@@ -526,17 +557,7 @@ impl Worker {
         let store = dir.join("store");
         fs::create_dir_all(&dir).unwrap();
         if !store.exists() {
-            let o = Command::new("cp")
-                .arg("-al")
-                .arg(&seed().store)
-                .arg(&store)
-                .output()
-                .unwrap();
-            ok(&o, "cp -al");
-            for x in ["keys", "lock", "tmp", "actions", "reapi"] {
-                let _ = fs::remove_dir_all(store.join(x));
-                let _ = fs::remove_file(store.join(x));
-            }
+            seed_copy(&store);
         }
         let mut w = Worker {
             child: None,
@@ -650,8 +671,8 @@ fn wait_until(what: &str, limit: Duration, f: impl Fn() -> bool) {
 /// holding the very bytes the client got. A failing command's exit code
 /// comes back too; the worker prints the properties it registers, among
 /// them `OSFamily` and `ISA`, which BuildGrid always matches and an action
-/// carrying them runs; an action naming no toolchain is refused with the
-/// reason, one naming a toolchain or an ISA no worker has stays queued, and a
+/// carrying them runs; an action naming no toolchain runs in its input root
+/// (which has no shell here: not found), one naming a toolchain or an ISA no worker has stays queued, and a
 /// client speaking BLAKE3 is refused by the engine before any worker sees it.
 #[test]
 fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
@@ -794,6 +815,15 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
     ok(&o, "bgd execute (failing command)");
     let r = e.action_result(&sent_action(&String::from_utf8_lossy(&o.stdout)));
     assert_eq!(r["exitCode"], 3, "{r}");
+    let stderr = e.download(
+        &format!(
+            "{}/{}",
+            r["stderrDigest"]["hash"].as_str().unwrap_or_default(),
+            r["stderrDigest"]["sizeBytes"].as_str().unwrap_or("0")
+        ),
+        &t.path().join("stderr"),
+    );
+    assert!(String::from_utf8_lossy(&stderr).contains("broken\n"), "{r}");
     assert!(
         w.log().contains("fetched 0 objects, 0 bytes"),
         "{}",
@@ -827,18 +857,31 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
         w.log()
     );
 
-    // No toolchain: refused with the reason, never run on the host's tools.
+    // On a toolchain it does not name: refused with the reason.
     let before = w.leases();
+    let o = run(
+        e.execute(
+            &input,
+            &[("fhsx-root", "toolchain")],
+            &[],
+            &got,
+            &["/bin/true"],
+        ),
+        "bgd execute",
+    );
+    let s = text(&o);
+    assert!(s.contains("code: 9") && s.contains("names none"), "{s}");
+    assert_eq!(w.leases(), before + 1);
+    // No toolchain at all: the input root is the command's `/`, and this
+    // one has no /bin/true. Not found: nothing runs on the host's tools.
     let o = run(
         e.execute(&input, &[], &[], &got, &["/bin/true"]),
         "bgd execute",
     );
-    let s = text(&o);
-    assert!(
-        s.contains("code: 9") && s.contains("names no toolchain"),
-        "{s}"
-    );
-    assert_eq!(w.leases(), before + 1);
+    ok(&o, "bgd execute (no toolchain)");
+    let r = e.action_result(&sent_action(&String::from_utf8_lossy(&o.stdout)));
+    assert_eq!(r["exitCode"], 127, "{r}");
+    let before = w.leases();
 
     // A toolchain nobody holds: the engine matches it to no worker.
     let unknown = castore::Digest::of(b"no such toolchain").to_string();
@@ -851,7 +894,7 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
             run_for(c, Duration::from_secs(6)).is_none(),
             "{what} completed"
         );
-        assert_eq!(w.leases(), before + 1, "a worker took {what}: {}", w.log());
+        assert_eq!(w.leases(), before, "a worker took {what}: {}", w.log());
     };
     stays_queued(
         &[("fhsx-toolchain", &unknown)],
@@ -876,7 +919,7 @@ fn bgd_execute_runs_on_fhsx_and_the_record_verifies() {
         s.contains("upload refused 3") && s.contains("execute refused FAILED_PRECONDITION"),
         "{s}"
     );
-    assert_eq!(w.leases(), before + 1);
+    assert_eq!(w.leases(), before);
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
 }
 
@@ -1122,9 +1165,17 @@ fn output_paths_as_buildstream_sends_them_and_what_a_client_reads_back() {
     );
     assert_eq!(a["symlinks"], serde_json::json!({"link": "in.txt"}), "{r}");
     assert_eq!(a["files"], serde_json::json!({}), "{r}");
-    let log = a["stdout"].as_str().unwrap_or_default();
+    // stdout and stderr apart, as the client reads them.
+    let (out, err) = (
+        a["stdout"].as_str().unwrap_or_default(),
+        a["stderr"].as_str().unwrap_or_default(),
+    );
     assert!(
-        log.contains("to-stdout\n") && log.contains("to-stderr\n"),
+        out.contains("to-stdout\n") && !out.contains("to-stderr"),
+        "{r}"
+    );
+    assert!(
+        err.contains("to-stderr\n") && !err.contains("to-stdout"),
         "{r}"
     );
     assert_eq!(a["timestamps"], "ordered", "{r}");
@@ -1199,6 +1250,7 @@ def execute(script, **outputs):
     out["files"] = {f.path: get(f.digest).decode() for f in r.output_files}
     out["symlinks"] = {s.path: s.target for s in list(r.output_symlinks) + list(r.output_file_symlinks)}
     out["stdout"] = get(r.stdout_digest).decode(errors="replace") if r.HasField("stdout_digest") else None
+    out["stderr"] = get(r.stderr_digest).decode(errors="replace") if r.HasField("stderr_digest") else None
     m = r.execution_metadata
     names = ["queued", "worker_start", "input_fetch_start", "input_fetch_completed", "execution_start",
              "execution_completed", "output_upload_start", "output_upload_completed", "worker_completed"]
@@ -1215,6 +1267,210 @@ print(json.dumps({
         output_paths=[".", "../../../buildstream-install", "link", "missing"]),
     "older_fields": execute("echo two > new2.txt", output_files=["a/../new2.txt"], output_directories=[""]),
     "escape": execute("true", output_paths=["../../../../etc"]),
+}))
+"#;
+
+/// A static shell and tools (Debian's busybox-static, through `fhsx
+/// toolchain apt` and `fhsx store export`): what an input root needs to be
+/// a root that runs something, at 2 MB.
+fn busybox() -> &'static Path {
+    static B: OnceLock<PathBuf> = OnceLock::new();
+    B.get_or_init(|| {
+        let dir = Path::new(env!("CARGO_TARGET_TMPDIR")).join("reapi-busybox");
+        let bin = dir.join("tree/bin/busybox");
+        if bin.exists() {
+            return bin;
+        }
+        let store = dir.join("store");
+        let file = dir.join("busybox.toolchain");
+        let o = fhsx(&store)
+            .args(["toolchain", "apt", "busybox-static", "-o"])
+            .arg(&file)
+            .output()
+            .unwrap();
+        ok(
+            &o,
+            "fhsx toolchain apt busybox-static (needs apt and `apt-get update`)",
+        );
+        let text = fs::read_to_string(&file).unwrap();
+        let atom = text
+            .lines()
+            .find_map(|l| l.strip_prefix("atom = \"")?.strip_suffix('"'))
+            .unwrap_or_else(|| panic!("no atom in {text}"));
+        let _ = fs::remove_dir_all(dir.join("tree"));
+        let o = fhsx(&store)
+            .args(["store", "export", atom])
+            .arg(dir.join("tree"))
+            .output()
+            .unwrap();
+        ok(&o, "fhsx store export");
+        bin
+    })
+}
+
+/// Actions that name no toolchain, as BuildStream sends them: the input
+/// root is their `/`, read-only but for the working directory and the
+/// output paths; over a toolchain when they name one, their own entries
+/// taking precedence; a failed command's outputs come back; a whole-root
+/// output is refused.
+#[test]
+fn an_input_root_is_the_actions_root_writable_only_where_its_outputs_are() {
+    let t = tempfile::tempdir().unwrap();
+    let e = Engine::start(t.path(), 10);
+    let w = Worker::new(t.path(), &e, "w1", 1);
+    let tc = toolchain_id(&seed().base);
+    let o = Command::new(buildgrid().join("bin/python"))
+        .arg("-c")
+        .arg(INPUT_ROOT_CLIENT)
+        .arg(format!("127.0.0.1:{}", e.port))
+        .arg(busybox())
+        .arg(&tc)
+        .output()
+        .unwrap();
+    ok(&o, "the input-root client");
+    let out = String::from_utf8_lossy(&o.stdout);
+    let r: serde_json::Value =
+        serde_json::from_str(out.trim()).unwrap_or_else(|err| panic!("{err}: {out}\n{}", w.log()));
+    let a = &r["sysroot"];
+    let log = a["stdout"].as_str().unwrap_or_default();
+    assert_eq!(
+        (&a["status"], &a["exit"]),
+        (&0.into(), &0.into()),
+        "{r}\n{}",
+        w.log()
+    );
+    // The command ran in its own root: its shell, its /etc.
+    assert!(log.contains("marker=from-the-input-root\n"), "{log}");
+    assert!(log.contains("cwd=/buildstream/p/e\n"), "{log}");
+    assert!(
+        !log.contains("WROTE"),
+        "a write outside the outputs landed: {log}"
+    );
+    assert!(log.contains("DONE") && !log.contains("on-stderr"), "{log}");
+    assert!(
+        a["stderr"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("on-stderr\n"),
+        "{r}"
+    );
+    assert_eq!(
+        a["dirs"],
+        serde_json::json!({
+            ".": {"files": ["in.txt", "seen"], "dirs": [], "symlinks": []},
+            "../../../buildstream-install": {"files": [], "dirs": ["bin"], "symlinks": []},
+        }),
+        "{r}"
+    );
+    assert_eq!(a["timestamps"], "ordered", "{r}");
+
+    let b = &r["over_a_toolchain"];
+    let log = b["stdout"].as_str().unwrap_or_default();
+    assert_eq!((&b["status"], &b["exit"]), (&0.into(), &0.into()), "{r}");
+    // The input root's file, not the toolchain's (base-files has one too);
+    // the toolchain's coreutils where the input root has none.
+    assert!(log.contains("version=mine\n"), "{log}");
+    assert!(log.contains("env=env (GNU coreutils)"), "{log}");
+
+    // A command that failed still returns its outputs (a test's log).
+    let f = &r["failed"];
+    assert_eq!((&f["status"], &f["exit"]), (&0.into(), &3.into()), "{r}");
+    assert_eq!(
+        f["files"],
+        serde_json::json!({"test.log": "failing\n"}),
+        "{r}"
+    );
+
+    let c = &r["whole_root"];
+    assert_eq!(c["status"], 3, "{r}");
+    assert!(
+        c["message"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("whole input root"),
+        "{r}"
+    );
+    assert!(w.mounts().is_empty(), "{:?}", w.mounts());
+}
+
+/// The client of the test above: `ADDR BUSYBOX TOOLCHAIN`; prints one JSON
+/// object.
+const INPUT_ROOT_CLIENT: &str = r#"
+import hashlib, json, sys, grpc
+from buildgrid._protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as re, remote_execution_pb2_grpc as reg
+ch = grpc.insecure_channel(sys.argv[1]); busybox = open(sys.argv[2], "rb").read(); tc = sys.argv[3]
+cas = reg.ContentAddressableStorageStub(ch)
+def digest(b): return re.Digest(hash=hashlib.sha256(b).hexdigest(), size_bytes=len(b))
+def put_bytes(b):
+    d = digest(b)
+    cas.BatchUpdateBlobs(re.BatchUpdateBlobsRequest(requests=[re.BatchUpdateBlobsRequest.Request(digest=d, data=b)]))
+    return d
+def put(m): return put_bytes(m.SerializeToString())
+def get(d):
+    if d.size_bytes == 0: return b""
+    return cas.BatchReadBlobs(re.BatchReadBlobsRequest(digests=[d])).responses[0].data
+def tree(entries):
+    # {"a/b": bytes | ("x", bytes) executable | ("l", target) symlink} as a Directory.
+    top = {}
+    for path, v in entries.items():
+        d = top
+        parts = path.split("/")
+        for p in parts[:-1]: d = d.setdefault(p, {})
+        d[parts[-1]] = v
+    def build(d):
+        m = re.Directory()
+        for name in sorted(d):
+            v = d[name]
+            if isinstance(v, dict): m.directories.add(name=name, digest=put(build(v)))
+            elif isinstance(v, tuple) and v[0] == "l": m.symlinks.add(name=name, target=v[1])
+            elif isinstance(v, tuple): m.files.add(name=name, digest=put_bytes(v[1]), is_executable=True)
+            else: m.files.add(name=name, digest=put_bytes(v))
+        return m
+    return build(top)
+sysroot = {
+    "bin/busybox": ("x", busybox), "bin/sh": ("l", "busybox"),
+    "etc/marker": b"from-the-input-root\n", "etc/debian_version": b"mine\n",
+    "buildstream/p/e/in.txt": b"in\n",
+}
+def execute(script, props, root, **outputs):
+    platform = re.Platform(properties=[re.Platform.Property(name=k, value=v) for k, v in sorted(props)])
+    c = re.Command(arguments=["/bin/sh", "-c", "-e", script], working_directory="buildstream/p/e", **outputs)
+    a = re.Action(command_digest=put(c), input_root_digest=put(tree(root)), platform=platform)
+    last = None
+    for op in reg.ExecutionStub(ch).Execute(re.ExecuteRequest(action_digest=put(a), skip_cache_lookup=True)):
+        last = op
+    resp = re.ExecuteResponse(); last.response.Unpack(resp)
+    r = resp.result
+    out = {"status": resp.status.code, "message": resp.status.message, "exit": r.exit_code}
+    def listing(tree_digest):
+        t = re.Tree(); t.ParseFromString(get(tree_digest))
+        return {"files": [f.name for f in t.root.files], "dirs": [d.name for d in t.root.directories],
+                "symlinks": [s.name for s in t.root.symlinks]}
+    out["dirs"] = {d.path: listing(d.tree_digest) for d in r.output_directories}
+    out["files"] = {f.path: get(f.digest).decode() for f in r.output_files}
+    out["stdout"] = get(r.stdout_digest).decode(errors="replace") if r.HasField("stdout_digest") else None
+    out["stderr"] = get(r.stderr_digest).decode(errors="replace") if r.HasField("stderr_digest") else None
+    m = r.execution_metadata
+    names = ["queued", "worker_start", "input_fetch_start", "input_fetch_completed", "execution_start",
+             "execution_completed", "output_upload_start", "output_upload_completed", "worker_completed"]
+    times = [getattr(m, n + "_timestamp").ToNanoseconds() for n in names]
+    out["timestamps"] = "ordered" if times == sorted(times) else "out of order: " + str(list(zip(names, times)))
+    return out
+bst = [("ISA", "x86-64"), ("OSFamily", "linux")]
+probes = ("for p in /etc/x /bin/x /x /buildstream/x /buildstream/p/x /usr/x; do "
+          "if (echo no > $p) 2>/dev/null; then echo WROTE $p; fi; done; ")
+print(json.dumps({
+    "sysroot": execute(
+        "read m < /etc/marker; echo marker=$m; echo cwd=$(pwd); echo on-stderr >&2; cat /etc/marker in.txt > seen; " + probes +
+        "mkdir -p /buildstream-install/bin && echo made > /buildstream-install/bin/prog; echo DONE",
+        bst, sysroot, output_paths=[".", "../../../buildstream-install"]),
+    "over_a_toolchain": execute(
+        "read v < /etc/debian_version; echo version=$v; /usr/bin/env --version | { read l; echo env=$l; }",
+        bst + [("fhsx-root", "input"), ("fhsx-toolchain", tc)],
+        {k: v for k, v in sysroot.items() if not k.startswith("bin/")} | {"bin/sh": ("x", busybox)},
+        output_paths=["."]),
+    "whole_root": execute("true", bst, sysroot, output_paths=["../../.."]),
+    "failed": execute("echo failing > test.log; exit 3", bst, sysroot, output_paths=["test.log"]),
 }))
 "#;
 
@@ -1615,4 +1871,317 @@ fn what_hostile_actions_leave_through_bazel_is_refused_or_removed_and_the_worker
     );
     ok(&o, "a good build after the hostile ones");
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
+}
+
+/// A Debian root for BuildStream to import, made as fhsx makes a
+/// toolchain's: `gcc` and `libc6-dev` with the essential set, pinned by
+/// `fhsx toolchain apt` (in a copy of the seed's store, which holds their
+/// atoms, so nothing is downloaded), composed and exported as a tarball,
+/// unpacked at `dest`. Returns that store and the toolchain file, for
+/// `fhsx build` to run on the same packages.
+fn debian_root(dir: &Path, dest: &Path) -> (PathBuf, PathBuf) {
+    let store = dir.join("root-store");
+    seed_copy(&store);
+    let tc = dir.join("gcc.toolchain");
+    let o = fhsx(&store)
+        .args(["toolchain", "apt", "--essential", "gcc", "libc6-dev", "-o"])
+        .arg(&tc)
+        .output()
+        .unwrap();
+    ok(&o, "fhsx toolchain apt (needs apt and `apt-get update`)");
+    let atoms: Vec<String> = fs::read_to_string(&tc)
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.strip_prefix("atom = \""))
+        .map(|a| a.trim_end_matches('"').to_owned())
+        .collect();
+    let o = fhsx(&store).arg("compose").args(&atoms).output().unwrap();
+    ok(&o, "fhsx compose");
+    let view = String::from_utf8_lossy(&o.stdout).trim().to_owned();
+    let tar = dir.join("root.tar");
+    let o = fhsx(&store)
+        .args(["materialize", "--tier", "export", &view])
+        .arg(&tar)
+        .output()
+        .unwrap();
+    ok(&o, "fhsx materialize --tier export");
+    fs::create_dir_all(dest).unwrap();
+    let o = Command::new("tar")
+        .arg("-xf")
+        .arg(&tar)
+        .arg("-C")
+        .arg(dest)
+        .output()
+        .expect("tar is needed: `apt-get install tar`");
+    ok(&o, "tar -x");
+    fs::remove_file(&tar).unwrap();
+    (store, tc)
+}
+
+/// What a hostile BuildStream element's build command tries (`/SECRET`: a
+/// file of the host's), and the text fhsx's diagnostic follows: write to
+/// the root's /etc and /usr and beside its working directory, read the
+/// host's file directly and through /proc/1/root.
+const BST_HOSTILE: [(&str, &str, &str); 5] = [
+    (
+        "etc",
+        "echo pwned > /etc/fhsx-bst-pwned",
+        "/etc/fhsx-bst-pwned: ",
+    ),
+    (
+        "usr",
+        "echo pwned > /usr/fhsx-bst-pwned",
+        "/usr/fhsx-bst-pwned: ",
+    ),
+    ("beside", "echo pwned > ../pwned", "../pwned: "),
+    ("host-file", "cat /SECRET", "/SECRET: "),
+    (
+        "proc-root",
+        "cat /proc/1/root/SECRET",
+        "/proc/1/root/SECRET: ",
+    ),
+];
+
+/// A BuildStream 2 project in `dir/project`: `sysroot.bst` imports
+/// `dir/project/sysroot`, `hello.bst` compiles a C program with its gcc and
+/// installs it in /usr/bin, and `hostile-NAME.bst` runs one of
+/// [`BST_HOSTILE`]'s commands on `secret`. Its user configuration sends every build to
+/// the engine and keeps all BuildStream caches in `dir/cache`.
+fn bst_project(dir: &Path, engine: &Engine, secret: &Path) {
+    let p = dir.join("project");
+    fs::create_dir_all(p.join("elements")).unwrap();
+    fs::create_dir_all(p.join("files")).unwrap();
+    fs::write(
+        p.join("project.conf"),
+        "name: fhsx-hello\nmin-version: 2.0\nelement-path: elements\n",
+    )
+    .unwrap();
+    fs::write(
+        p.join("elements/sysroot.bst"),
+        "kind: import\nsources:\n- kind: local\n  path: sysroot\n",
+    )
+    .unwrap();
+    fs::write(
+        p.join("files/hello.c"),
+        "#include <stdio.h>\nint main(void) { puts(\"hello from BuildStream on fhsx\"); return 0; }\n",
+    )
+    .unwrap();
+    fs::write(
+        p.join("elements/hello.bst"),
+        r#"kind: manual
+build-depends:
+- sysroot.bst
+sources:
+- kind: local
+  path: files/hello.c
+config:
+  build-commands:
+  - gcc -O2 -o hello hello.c
+  install-commands:
+  - install -D -m 0755 hello %{install-root}%{bindir}/hello
+"#,
+    )
+    .unwrap();
+    for (name, script, _) in BST_HOSTILE {
+        let script = with_secret(script, secret);
+        fs::write(
+            p.join(format!("elements/hostile-{name}.bst")),
+            format!(
+                "kind: manual\nbuild-depends:\n- sysroot.bst\nconfig:\n  build-commands:\n  - {script:?}\n"
+            ),
+        )
+        .unwrap();
+    }
+    let cache = dir.join("cache");
+    let url = engine.http();
+    fs::write(
+        dir.join("user.conf"),
+        format!(
+            r#"cachedir: {cache}
+logdir: {cache}/logs
+sourcedir: {cache}/sources
+logging:
+  error-lines: 80
+remote-execution:
+  execution-service:
+    url: {url}
+  storage-service:
+    url: {url}
+  action-cache-service:
+    url: {url}
+"#,
+            cache = cache.display()
+        ),
+    )
+    .unwrap();
+}
+
+/// `bst` on [`bst_project`]'s project. Its home, XDG directories and
+/// temporary files are `dir`'s, so it reads no configuration of the host's
+/// and leaves nothing outside `dir`.
+fn bst(dir: &Path, args: &[&str]) -> Command {
+    for d in ["home", "config", "data", "tmp"] {
+        fs::create_dir_all(dir.join(d)).unwrap();
+    }
+    let mut c = Command::new(buildstream().join("bin/bst"));
+    c.env_clear()
+        .env("PATH", "/usr/bin:/bin")
+        .env("LANG", "C.UTF-8")
+        .env("HOME", dir.join("home"))
+        .env("XDG_CONFIG_HOME", dir.join("config"))
+        .env("XDG_DATA_HOME", dir.join("data"))
+        .env("XDG_CACHE_HOME", dir.join("cache"))
+        .env("TMPDIR", dir.join("tmp"))
+        .args([
+            "--no-interactive",
+            "--no-colors",
+            "--on-error",
+            "quit",
+            "-c",
+        ])
+        .arg(dir.join("user.conf"))
+        .arg("-C")
+        .arg(dir.join("project"))
+        .args(args);
+    c
+}
+
+/// A [`BST_HOSTILE`] string naming the file `secret`.
+fn with_secret(s: &str, secret: &Path) -> String {
+    let path = secret.to_str().unwrap();
+    s.replace("SECRET", path.trim_start_matches('/'))
+}
+
+/// The rest of the first line of `s` holding `want`, after it: the
+/// diagnostic, whichever program prefixed it.
+fn after(s: &str, want: &str) -> Option<String> {
+    s.lines()
+        .find(|l| l.contains(want))
+        .map(|l| l.rsplit(want).next().unwrap_or("").to_owned())
+}
+
+/// BuildStream 2.8.1 builds a C program remotely on two fhsx workers. Its
+/// action names no toolchain: the input root is the build's `/` (a Debian
+/// root fhsx composed and exported, which BuildStream imports), with the
+/// working directory and the install root writable. The artifact holds
+/// the binary, which runs on the host; with BuildStream's local cache
+/// deleted, the rebuild is answered from the engine's action cache and no
+/// worker runs anything. A hostile element fails as the same command fails
+/// under `fhsx build` (the same diagnostic, nothing written on the host,
+/// no secret of the host's read), and the workers leave nothing mounted.
+#[test]
+fn buildstream_builds_remotely_on_fhsx_workers_and_rebuilds_from_the_remote_cache() {
+    buildstream();
+    let t = tempfile::tempdir().unwrap();
+    let dir = t.path().join("bst");
+    let (root_store, tc) = debian_root(t.path(), &dir.join("project/sysroot"));
+    let secret = t.path().join("host-secret");
+    fs::write(&secret, "host secret 5f0c2e\n").unwrap();
+    let e = Engine::start(t.path(), 10);
+    bst_project(&dir, &e, &secret);
+    let w = [
+        Worker::new(t.path(), &e, "wa", 1),
+        Worker::new(t.path(), &e, "wb", 1),
+    ];
+    let leases = || w.iter().map(Worker::leases).sum::<usize>();
+    let logs = || {
+        w.iter()
+            .map(Worker::log)
+            .collect::<Vec<_>>()
+            .join("\n---\n")
+    };
+
+    let o = run(bst(&dir, &["build", "hello.bst"]), "bst build");
+    let s = text(&o);
+    assert!(o.status.success(), "bst build: {s}\n{}", logs());
+    // The import runs nothing; the manual element is one action.
+    assert_eq!(leases(), 1, "{s}\n{}", logs());
+    assert_eq!(logs().matches(" done: record ").count(), 1, "{}", logs());
+    let out = t.path().join("checkout");
+    let mut c = bst(
+        &dir,
+        &[
+            "artifact",
+            "checkout",
+            "--no-integrate",
+            "--deps",
+            "none",
+            "--directory",
+        ],
+    );
+    c.arg(&out).arg("hello.bst");
+    ok(&run(c, "bst artifact checkout"), "bst artifact checkout");
+    let o = Command::new(out.join("usr/bin/hello")).output().unwrap();
+    assert_eq!(
+        String::from_utf8_lossy(&o.stdout),
+        "hello from BuildStream on fhsx\n"
+    );
+
+    fs::remove_dir_all(dir.join("cache")).unwrap();
+    let o = run(bst(&dir, &["build", "hello.bst"]), "bst build");
+    let s = text(&o);
+    assert!(o.status.success(), "bst rebuild: {s}\n{}", logs());
+    assert!(s.contains("Action result found in action cache"), "{s}");
+    assert_eq!(leases(), 1, "the rebuild ran something: {}", logs());
+
+    for (name, script, want) in BST_HOSTILE {
+        let (script, want) = (with_secret(script, &secret), with_secret(want, &secret));
+        let before = leases();
+        let o = run(
+            bst(&dir, &["build", &format!("hostile-{name}.bst")]),
+            "bst build",
+        );
+        let s = text(&o);
+        assert!(!o.status.success(), "hostile-{name}.bst built: {s}");
+        assert!(
+            s.contains("FAILURE Build"),
+            "{name}: bst reported no failure: {s}"
+        );
+        assert_eq!(
+            leases(),
+            before + 1,
+            "{name}: not one action on a worker: {s}\n{}",
+            logs()
+        );
+        assert!(
+            !s.contains("host secret"),
+            "{name}: the host's file was read: {s}"
+        );
+
+        // The same command through `fhsx build`, on the same packages.
+        let local = t.path().join(format!("local-{name}"));
+        fs::create_dir_all(&local).unwrap();
+        fs::write(
+            local.join("a.toml"),
+            format!(
+                "[inputs]\ntoolchain = [{:?}]\n[run]\ncommand = [\"/bin/sh\", \"-c\", {:?}]\n",
+                tc.display().to_string(),
+                format!("mkdir -p $out; {script}")
+            ),
+        )
+        .unwrap();
+        let o = fhsx(&root_store)
+            .arg("build")
+            .arg(local.join("a.toml"))
+            .output()
+            .unwrap();
+        let l = text(&o);
+        assert_eq!(o.status.code(), Some(1), "{name} with fhsx build: {l}");
+        let diagnostic = after(&l, &want);
+        assert!(
+            diagnostic.is_some(),
+            "{name}: fhsx build said no {want:?}: {l}"
+        );
+        assert_eq!(
+            diagnostic,
+            after(&s, &want),
+            "{name}: not the same failure through BuildStream and fhsx build:\n{l}\n---\n{s}"
+        );
+    }
+    for p in ["/etc/fhsx-bst-pwned", "/usr/fhsx-bst-pwned"] {
+        assert!(!Path::new(p).exists(), "{p} was written on the host");
+    }
+    for w in &w {
+        assert!(w.mounts().is_empty(), "{:?}", w.mounts());
+    }
 }

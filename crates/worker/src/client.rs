@@ -1514,6 +1514,7 @@ impl Client {
             let (dirs, mut blobs) = self.fetch_trees(store, roots, &mut seen).await?;
             for d in [
                 Some(rec.log_digest),
+                rec.stderr_digest,
                 Some(rec.observed_read_set_digest),
                 rec.interface_manifest_digest,
             ]

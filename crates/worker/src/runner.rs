@@ -33,6 +33,10 @@ pub struct Job {
     /// Whether the record may answer later builds (REAPI's `do_not_cache`
     /// says no: it is signed and kept, then taken out of the cache index).
     pub cacheable: bool,
+    /// Keep what a failed command left ([`BuildRequest::failed_outputs`]).
+    pub failed_outputs: bool,
+    /// Keep stdout and stderr apart ([`BuildRequest::split_streams`]).
+    pub split_streams: bool,
 }
 
 /// How a job ended.
@@ -285,6 +289,8 @@ fn run_build(
     exec.zero_message_open = builds.zero_message_open;
     let mut req = BuildRequest::new(job.action, lock_path);
     req.cache = job.cache;
+    req.failed_outputs = job.failed_outputs;
+    req.split_streams = job.split_streams;
     let mut w = ChannelWriter(log);
     match exec.build(&req, &mut w) {
         Ok(out) if !job.cacheable && !out.cached => {

@@ -737,6 +737,8 @@ impl executor::Server for ExecutorImpl {
                 lock,
                 cache,
                 cacheable: true,
+                failed_outputs: false,
+                split_streams: false,
             };
             let flag = cancel.clone();
             let forward = async move {

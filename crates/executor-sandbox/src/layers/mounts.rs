@@ -77,7 +77,7 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
         } => {
             for (name, kind) in entries {
                 let reserved = name.to_str().is_some_and(|n| {
-                    VIEW_RESERVED.contains(&n) && (places.is_empty() || n != "build")
+                    VIEW_RESERVED.contains(&n) && (places.is_none() || n != "build")
                 });
                 if reserved {
                     continue;
@@ -94,13 +94,17 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
                 }
             }
             private_fs(spec, a);
-            if places.is_empty() {
-                a.flag3("--bind", scratch, SCRATCH_DIR);
-                binds.add(scratch, Path::new(SCRATCH_DIR));
-            }
-            for (dir, inside) in places {
-                a.flag3("--bind", dir, inside);
-                binds.add(dir, inside);
+            match places {
+                None => {
+                    a.flag3("--bind", scratch, SCRATCH_DIR);
+                    binds.add(scratch, Path::new(SCRATCH_DIR));
+                }
+                Some(places) => {
+                    for (dir, inside) in places {
+                        a.flag3("--bind", dir, inside);
+                        binds.add(dir, inside);
+                    }
+                }
             }
         }
     }
@@ -118,8 +122,11 @@ pub(crate) fn emit(spec: &SandboxSpec, a: &mut Argv) -> Binds {
 pub(crate) fn writable_inside(spec: &SandboxSpec) -> Vec<PathBuf> {
     let mut own: Vec<PathBuf> = match &spec.root {
         RootProvider::Host { .. } => vec![WORKSPACE_DIR.into()],
-        RootProvider::View { places, .. } if places.is_empty() => vec![SCRATCH_DIR.into()],
-        RootProvider::View { places, .. } => places.iter().map(|(_, i)| i.clone()).collect(),
+        RootProvider::View { places: None, .. } => vec![SCRATCH_DIR.into()],
+        RootProvider::View {
+            places: Some(places),
+            ..
+        } => places.iter().map(|(_, i)| i.clone()).collect(),
     };
     own.extend(["/tmp".into(), "/dev/shm".into()]);
     own

@@ -228,6 +228,8 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
                 upstream_ca: a.upstream_ca.clone(),
                 cache: a.policy(is_root),
                 trust: a.trust.clone(),
+                failed_outputs: false,
+                split_streams: false,
                 action,
             };
             let outcome = if req.vary.is_some() {

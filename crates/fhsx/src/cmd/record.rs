@@ -86,6 +86,9 @@ pub fn run(g: &Globals, cmd: RecordCmd) -> anyhow::Result<i32> {
                     println!("read set    INCOMPLETE ([limits] reads was hit)");
                 }
                 println!("log         {}", rec.log_digest);
+                if let Some(d) = rec.stderr_digest {
+                    println!("stderr      {d} (the log is stdout alone)");
+                }
                 println!(
                     "resources   {} ms wall, {} ms user, {} ms sys",
                     rec.resources.wall_ms, rec.resources.user_ms, rec.resources.system_ms

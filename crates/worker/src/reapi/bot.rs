@@ -609,6 +609,10 @@ async fn execute_inner(
             CachePolicy::Use
         },
         cacheable: !plan.do_not_cache,
+        // REAPI returns a failed command's outputs (a failed test's logs).
+        failed_outputs: true,
+        // Its two fields, read apart.
+        split_streams: true,
     };
     let (tx, mut rx) = mpsc::channel::<Vec<u8>>(64);
     // The live log is not streamed to the engine: the record's log blob,
@@ -712,6 +716,7 @@ async fn result(
         Upload::Stored(*record_digest),
         Upload::Stored(rec.observed_read_set_digest),
     ];
+    uploads.extend(rec.stderr_digest.map(Upload::Stored));
     let mut res = re::ActionResult {
         exit_code,
         ..Default::default()
@@ -801,18 +806,17 @@ async fn result(
         "fhsx worker: {bot}: lease {lease}: uploaded {} objects, {} bytes",
         up.blobs, up.bytes
     );
-    let log = ctx
-        .cas
-        .sha_of_blobs(vec![rec.log_digest])
-        .await
-        .map_err(refusal)?;
-    // The executor runs the command with stdout and stderr on one pipe,
-    // so its log keeps the order they were written in, and that one log is
-    // what the signed record names (the same for a run and a cache hit). It
-    // is the action's stdout; stderr is left empty rather than guessed at.
-    // Apart, they would need the executor to keep two logs and the record
-    // to name both.
+    // The executor keeps the command's stdout and stderr apart for a
+    // worker: the record's log is stdout, `stderr_digest` stderr (with
+    // fhsx's own lines). A record made by `fhsx build` (one log, both
+    // streams in order) answers with that log as stdout.
+    let logs: Vec<Digest> = [Some(rec.log_digest), rec.stderr_digest]
+        .into_iter()
+        .flatten()
+        .collect();
+    let log = ctx.cas.sha_of_blobs(logs).await.map_err(refusal)?;
     res.stdout_digest = log.get(&rec.log_digest).cloned();
+    res.stderr_digest = rec.stderr_digest.and_then(|d| log.get(&d).cloned());
     // A run fhsx refused (outputs, containment) still returns its result:
     // the exit code, the log and the proof are what tell the client why.
     let (code, message) = mapping::verdict(

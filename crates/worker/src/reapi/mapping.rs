@@ -3,50 +3,63 @@
 //! network, no clock — every function here takes values and returns
 //! values, so each rule has a unit test.
 //!
-//! The mapping (DESIGN.md, "The REAPI worker"):
+//! The mapping (DESIGN.md, "The REAPI worker"). Where the input root is
+//! ([`Root`]) is chosen per action, by its platform:
 //!
-//! - the input root is the action's `source`, exported writable to
-//!   `/build/out` (an in-place build, `[outputs] in_place = "out"`), so the
-//!   working tree after the build is output `out`, an atom the signed
-//!   record names; the command runs in `/build/out/<working_directory>`;
-//! - the root file system is the toolchain the platform property
-//!   `fhsx-toolchain=b3:…` names, one the worker's operator registered; an
-//!   action without one is refused (`FAILED_PRECONDITION`): nothing runs
-//!   on the host's tools;
-//! - argv and env are the Command's, env on top of fhsx's base
-//!   environment; the timeout is `Action.timeout` (the worker's default
-//!   when unset, refused above its maximum); `do_not_cache` skips fhsx's
-//!   action cache;
-//! - the output paths (`output_paths`, or the older `output_files` and
-//!   `output_directories`) are resolved against the working directory
-//!   ([`super::paths`], which says where fhsx differs from REAPI); their
-//!   parent directories are created in the input root before the build,
-//!   and afterwards they are looked up in output `out`.
+//! - **The input root is `/`** (`fhsx-root=input`, or no `fhsx-toolchain`:
+//!   BuildStream, recc with a sysroot, Buildbarn's `chroot_into_input_root`
+//!   clients). The input root is the action's closure, composed into the
+//!   read-only view like any atom, its reads proven within it; over the
+//!   toolchain the action names (or the worker's `--input-root-over`), each
+//!   toolchain atom shadowed by the input root so the input root's entries
+//!   take precedence. The scratch is placed only at the working directory
+//!   and where the outputs are ([`paths::places`]): each place a directory
+//!   of the scratch holding at first what the input root has there, bound
+//!   at its path (`[outputs] at`), and output `dirN` afterwards; nothing
+//!   else is writable but the private `/tmp`. Where Buildbarn's runner and
+//!   buildbox-run give the command a writable copy of the whole input root,
+//!   fhsx keeps it read-only: it serves the root from its store, lazily,
+//!   and proves what was read of it.
+//! - **The toolchain is `/`** (`fhsx-toolchain=b3:…`, one the worker's
+//!   operator registered: Bazel). The input root is the action's `source`,
+//!   exported writable to `/build/out` (an in-place build, `[outputs]
+//!   in_place = "out"`), so the working tree after the build is output
+//!   `out`; the command runs in `/build/out/<working_directory>`. Nothing
+//!   runs on the host's tools either way.
 //!
-//! The result: output `out` is the working tree after the build; each
-//! requested path in it becomes an `OutputFile`, an `OutputDirectory` (its
-//! `Tree` uploaded) or a symlink entry in the field the client asked with
-//! (`output_symlinks` for `output_paths`, else `output_file_symlinks`/
-//! `output_directory_symlinks`); a file asked as a directory or the reverse
-//! is `FAILED_PRECONDITION`, a missing one left out. `stderr` is left empty
-//! rather than guessed at: the executor gives the command one pipe for both
-//! streams, so the one log keeps the order they were written in and the
-//! record signs one log (apart, the executor would keep two and the record
-//! name both). An output fhsx refuses (the ingest rules, anywhere in the
-//! working tree) or a usage error is `FAILED_PRECONDITION`, a containment
-//! violation `PERMISSION_DENIED`, anything else `INTERNAL` (retryable
-//! elsewhere); a run fhsx refused still returns its `ActionResult` beside
-//! that status (exit code, log, proof: they say why). A failed command
-//! returns no outputs: the executor ingests them only after exit 0, so its
-//! record names none. `ExecutedActionMetadata` has the worker and its
-//! start, input-fetch, execution, output-upload and completion timestamps
-//! (the queued one is the engine's: a lease does not say when its action
-//! was queued; BuildGrid sets it, and its own worker start and completion
-//! over the worker's). The proof rides in `auxiliary_metadata` as
-//! `OutputFile` entries (a type every client decodes) `fhsx-record.json`
-//! and `fhsx-read-set`, with their SHA-256 in the engine's CAS and node
-//! properties `fhsx-b3` (the store name) and `fhsx-signer` (the record
-//! key).
+//! In both: argv and env are the Command's, env on top of fhsx's base
+//! environment (`HOME` is `/tmp` when the input root is `/`); the timeout
+//! is `Action.timeout` (the worker's default when unset, refused above its
+//! maximum); `do_not_cache` skips fhsx's action cache; the output paths
+//! (`output_paths`, or the older `output_files` and `output_directories`)
+//! are resolved against the working directory ([`super::paths`], which
+//! says where fhsx differs from REAPI); their parent directories (and the
+//! places) are created in the input root before the build, and afterwards
+//! each is looked up in the output holding it ([`Plan::locate`]).
+//!
+//! The result: each requested path becomes an `OutputFile`, an
+//! `OutputDirectory` (its `Tree` uploaded) or a symlink entry in the field
+//! the client asked with (`output_symlinks` for `output_paths`, else
+//! `output_file_symlinks` or `output_directory_symlinks`); a file asked as a
+//! directory or the reverse is `FAILED_PRECONDITION`, a missing one left
+//! out. stdout and stderr are the record's two logs (the executor keeps
+//! them apart for the worker, `BuildRequest::split_streams`). An output
+//! fhsx refuses (the ingest rules, anywhere in the working tree) or a usage
+//! error is `FAILED_PRECONDITION`, a containment violation
+//! `PERMISSION_DENIED`, anything else `INTERNAL` (retryable elsewhere); a
+//! run fhsx refused still returns its `ActionResult` beside that status
+//! (exit code, log, proof: they say why). A command that ran and failed
+//! returns its outputs too (a failed test's logs): the worker asks the
+//! executor to ingest them (`BuildRequest::failed_outputs`), and the
+//! record, a failed build's, names them. `ExecutedActionMetadata` has the
+//! worker and its start, input-fetch, execution, output-upload and
+//! completion timestamps (the queued one is the engine's: a lease does not
+//! say when its action was queued; BuildGrid sets it, and its own worker
+//! start and completion over the worker's). The proof rides in
+//! `auxiliary_metadata` as `OutputFile` entries (a type every client
+//! decodes) `fhsx-record.json` and `fhsx-read-set`, with their SHA-256 in
+//! the engine's CAS and node properties `fhsx-b3` (the store name) and
+//! `fhsx-signer` (the record key).
 //!
 //! Paths must be relative, with no empty component, and stay within the
 //! input root (else `INVALID_ARGUMENT`, naming the path); the directories
@@ -54,14 +67,13 @@
 //! in one walk down and one up (a trie held flat, no recursion), refused
 //! through a file or symlink.
 //!
-//! The cost the worker still pays per action: an input tree's conversion is
-//! paid once, but not its size. The executor exports the input root
-//! writable into the scratch and ingests the whole working tree as output
-//! `out` (its manifest too), then removes the scratch, so a sysroot input
-//! root costs its size each time. Composing the input root into the view as
-//! an atom instead (read-only and served lazily, the composition
-//! remembered; scratch only at the working directory and the output paths'
-//! parents; only the output paths ingested) takes all three away.
+//! The cost per action: an input tree's conversion is paid once (the
+//! SHA-256 → atom map). With the input root as `/`, a sysroot costs its
+//! places only: it is served lazily from the store, and only what the
+//! places hold is copied into the scratch and ingested back. On the
+//! working tree, the executor exports the whole input root into the
+//! scratch and ingests it back as output `out`, so a large input root
+//! there costs its size each time.
 
 // The fields REAPI 2.1 deprecated (`output_files`, `output_directories`,
 // `Command.platform`, the typed symlink lists) are what Bazel 2.x and
@@ -405,6 +417,8 @@ pub fn fhsx_action(
             for (i, p) in places.iter().enumerate() {
                 at.insert(place_output(i)?, format!("/{p}"));
             }
+            // No place (no output, the root as working directory): an
+            // action that makes nothing, with nothing of the scratch shown.
             let outputs = Outputs {
                 names: at.keys().cloned().collect(),
                 in_place: None,
@@ -1044,6 +1058,17 @@ mod tests {
             plan(&a, &c, &pol).unwrap().toolchain.map(|t| t.0),
             Some(tc())
         );
+        // No output and the root as working directory: nothing is writable
+        // but the private /tmp, and the action makes nothing.
+        let mut bare = c.clone();
+        bare.working_directory = String::new();
+        bare.output_paths.clear();
+        let p = plan(&a, &bare, &policy()).unwrap();
+        assert_eq!(p.root, Root::Slash { places: vec![] });
+        assert_eq!(p.workdir(), "/");
+        let fa = fhsx_action(&p, src, Vec::new(), &Limits::default()).unwrap();
+        assert!(fa.outputs.names.is_empty() && fa.outputs.placed());
+
         // `fhsx-root=toolchain` with a toolchain is the working tree.
         over.platform = Some(re::Platform {
             properties: vec![

@@ -22,14 +22,20 @@
 //!   leading directories would have to be made through a symlink or a file
 //!   of the input root is refused (`cas::with_dirs`). So an output is
 //!   always a node of the tree, never something a link points at.
-//! - **The whole working tree is the output.** fhsx's outputs are
-//!   directories under `/build`; a REAPI action runs in place in its input
+//! - **Whole directories are the outputs.** fhsx's outputs are
+//!   directories. On a toolchain, an action runs in place in its input
 //!   root (`/build/out`), and that whole tree after the build is output
-//!   `out`, the atom the signed record names. The requested paths are
-//!   looked up in it (an output that overlaps an input is whatever the
-//!   tree holds there after the build). What the command left outside the
-//!   requested paths is in the record too, and fhsx's ingest rules apply
-//!   to all of it: REAPI would discard it, fhsx proves it.
+//!   `out`; with the input root as `/`, each place ([`places`]: the
+//!   working directory, the outputs' directories) is an output. The
+//!   requested paths are looked up in them (an output that overlaps an
+//!   input is whatever the tree holds there after the build). What the
+//!   command left beside the requested paths is in the record too, and
+//!   fhsx's ingest rules apply to all of it: REAPI would discard it, fhsx
+//!   proves it.
+//! - **The input root as `/` stays read-only** but for its places: an
+//!   output that is the whole input root, or a file directly in it, is
+//!   refused, where Buildbarn's runner and buildbox-run make the whole
+//!   root writable.
 
 use std::collections::BTreeSet;
 
