@@ -196,7 +196,8 @@ pub fn ingest_tree(data: &[u8]) {
         bytes: 4 << 20,
         entries: 2000,
     };
-    match fhs_executor::ingest::ingest_outputs(store, scratch.path(), &names, limits) {
+    let places = std::collections::BTreeMap::new();
+    match fhs_executor::ingest::ingest_outputs(store, scratch.path(), &names, &places, limits) {
         Ok(ingested) => {
             let root = ingested.outputs.values().next().expect("one output");
             let d = castore::store::DirectoryStore::get_directory(store, root).expect("stored");

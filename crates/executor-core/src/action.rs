@@ -264,11 +264,13 @@ pub struct Outputs {
     pub in_place: Option<OutputName>,
     /// Outputs placed in the root: output `NAME`'s directory appears at
     /// this absolute path instead of `/build/NAME`, holding beforehand a
-    /// writable copy of what the view has there. Set, it places every
-    /// output and `/build` is not mounted: these paths (with the private
-    /// `/tmp` and `/dev/shm`) are all the build may write, each a
-    /// directory of its scratch. How an REAPI action whose input root is
-    /// its `/` gets its working directory and output paths writable.
+    /// writable copy of what the closure has there (its own tree, not the
+    /// toolchain's), and a relative link in it may climb as far as `/`.
+    /// Set, it places every output and `/build` is not mounted: these
+    /// paths (with the private `/tmp` and `/dev/shm`) are all the build
+    /// may write, each a directory of its scratch. How an REAPI action
+    /// whose input root is its `/` gets its working directory and output
+    /// paths writable.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub at: BTreeMap<OutputName, String>,
 }

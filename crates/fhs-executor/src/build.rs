@@ -254,7 +254,7 @@ impl FhsExecutor {
             true => BuildLog::split(&self.store, plan.action.limits.log)?,
             false => BuildLog::new(&self.store, plan.action.limits.log)?,
         };
-        let mut work = self.prepare(&plan, &view)?;
+        let mut work = self.prepare(&plan)?;
         clock.mark("prepare");
         let ran = self.run(&plan, &view, &mut work, &roots, &mut log, live)?;
         clock.mark("run");
@@ -531,9 +531,9 @@ impl FhsExecutor {
     /// scratch (size-capped where the host allows, holding the source tree)
     /// is made on a thread of its own while the run stage mounts the view,
     /// and is ready before the sandbox starts.
-    fn prepare(&self, plan: &Plan<'_>, view: &Composition) -> Result<WorkArea, Error> {
+    fn prepare(&self, plan: &Plan<'_>) -> Result<WorkArea, Error> {
         let limits = &plan.action.limits;
-        let fill = self.scratch_fill(plan, view)?;
+        let fill = self.scratch_fill(plan)?;
         // A memory scratch is never pooled: its mount costs microseconds.
         let work = match (self.scratch_medium, &self.scratch_pool) {
             (ScratchMedium::Memory, _) => {
@@ -558,21 +558,26 @@ impl FhsExecutor {
     /// What the scratch holds before the build starts: `/build/home`, the
     /// home the world names, and the source tree, exported; or, for
     /// outputs placed in the root, one directory per output holding what
-    /// the view has at its place, exported writable.
-    fn scratch_fill(
-        &self,
-        plan: &Plan<'_>,
-        view: &Composition,
-    ) -> Result<crate::scratch::Fill, Error> {
+    /// the closure has at its place, exported writable.
+    fn scratch_fill(&self, plan: &Plan<'_>) -> Result<crate::scratch::Fill, Error> {
         let store = self.store.clone();
         let outputs = &plan.action.outputs;
         if outputs.placed() {
+            // A place starts as the closure's (the action's own tree; an
+            // REAPI action's input root), not the toolchain's or the
+            // synthetic layer's: the output is that tree after the build.
+            let closure = &plan.action.inputs.closure;
+            let seed = match closure.as_slice() {
+                [] => None,
+                [one] => Some(*one),
+                many => Some(castore::compose(&self.store, many)?.root),
+            };
             let mut placed = Vec::new();
             for (name, path) in &outputs.at {
-                // The view has a directory there: compose made the mount point.
-                let held = match castore::walk::lookup(&self.store, &view.root, path)? {
-                    castore::Node::Directory { digest, size } if size > 0 => Some(digest),
-                    _ => None,
+                let held = match seed.map(|root| castore::walk::lookup(&self.store, &root, path)) {
+                    Some(Ok(castore::Node::Directory { digest, size })) if size > 0 => Some(digest),
+                    Some(Err(castore::Error::BadTreePath { .. })) | Some(Ok(_)) | None => None,
+                    Some(Err(e)) => return Err(e.into()),
                 };
                 placed.push((name.as_str().to_owned(), held));
             }
@@ -870,7 +875,8 @@ impl FhsExecutor {
                     bytes: limits.output_bytes(),
                     entries: limits.output_entries(),
                 };
-                ingest::ingest_outputs(&self.store, work.scratch(), names, limits)
+                let places = &plan.action.outputs.at;
+                ingest::ingest_outputs(&self.store, work.scratch(), names, places, limits)
             },
             |i| i.outputs.values().copied().collect(),
         );

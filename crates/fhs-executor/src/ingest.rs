@@ -8,7 +8,9 @@
 //! or mode bits beyond the executable bit, so setuid/setgid bits and
 //! ownership are dropped — and checked for what must not leave a build:
 //! sockets, devices and FIFOs, symlinks into the scratch directory, and
-//! relative symlinks that climb out of their output. An absolute symlink
+//! relative symlinks that climb out of their output (an output placed in
+//! the root, `[outputs] at`, lives at its path: a link may climb as far as
+//! `/`, `../usr/lib/os-release` from an output at `/etc`). An absolute symlink
 //! into a declared output (`/build/out/usr/bin/bzgrep`, as `make install
 //! PREFIX=$out/usr` makes them) has an obvious meaning once outputs compose
 //! at FHS paths: it is rewritten to where its target will be
@@ -90,16 +92,19 @@ pub struct OutputLimits {
 /// the store before all of them have been checked: an output refused (a
 /// special file, an escaping link, too deep, past a limit) leaves nothing
 /// of any output behind.
+/// `places`: where each output placed in the root lives (`[outputs] at`).
 pub fn ingest_outputs(
     store: &LocalStore,
     scratch: &Path,
     names: &[OutputName],
+    places: &BTreeMap<OutputName, String>,
     limits: OutputLimits,
 ) -> Result<Ingested, Error> {
     let mut checker = Checker {
         scratch,
         outputs: names,
         output: None,
+        above: 0,
         notes: Vec::new(),
         entries: 0,
         bytes: 0,
@@ -134,6 +139,9 @@ pub fn ingest_outputs(
             .map_err(|e| Error::io("chmod", &host, e))?;
         }
         checker.output = Some(name);
+        checker.above = places
+            .get(name)
+            .map_or(0, |p| p.split('/').filter(|c| !c.is_empty()).count());
         castore::fs_tree::walk(&host, castore::fs_tree::MAX_DEPTH, &mut checker).map_err(
             |e| match e {
                 Error::Store(castore::Error::TooDeep { prefix, limit, .. }) => Error::BadOutput {
@@ -189,6 +197,9 @@ struct Checker<'a> {
     outputs: &'a [OutputName],
     /// The output being walked.
     output: Option<&'a OutputName>,
+    /// How many directories lie above its root: its place's depth, for an
+    /// output placed in the root; 0 for one that composes at `/`.
+    above: usize,
     /// The links into an output rewritten, one line each, for the log.
     notes: Vec<String>,
     entries: u64,
@@ -303,8 +314,9 @@ impl Checker<'_> {
             )));
         } else if !t.starts_with('/') {
             // The link's directory is its depth less one below the
-            // output's root (level 0); each `..` climbs one more.
-            let mut level = at.depth() as i64 - 1;
+            // output's root (level 0), itself `above` below `/`; each `..`
+            // climbs one more.
+            let mut level = at.depth() as i64 - 1 + self.above as i64;
             for c in t.split('/') {
                 match c {
                     ".." => level -= 1,

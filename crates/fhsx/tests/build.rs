@@ -63,6 +63,15 @@ fn build(store: &Path, action: &Path) -> (Output, Option<serde_json::Value>) {
     (o, v)
 }
 
+/// The log of the build `fhsx --json build` described as `v`.
+fn log_of(store: &Path, v: &serde_json::Value) -> String {
+    let o = fhsx(store)
+        .args(["store", "blob", v["log"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
 fn hello_action(tc: &[String], src: &str) -> String {
     format!(
         r#"[inputs]
@@ -249,11 +258,7 @@ fn writes_outside_scratch_fail_and_change_nothing() {
     let (o, v) = build(&store, &action);
     assert!(o.status.success(), "{}", text(&o));
     let v = v.unwrap();
-    let log = fhsx(&store)
-        .args(["store", "blob", v["log"].as_str().unwrap()])
-        .output()
-        .unwrap();
-    let log = String::from_utf8_lossy(&log.stdout);
+    let log = log_of(&store, &v);
     assert!(
         !log.contains("WROTE") && !log.contains("MOUNTED"),
         "a write escaped scratch:\n{log}"
@@ -798,5 +803,56 @@ fn opens_without_a_message_record_what_was_read_and_with_one_what_was_opened() {
     assert_eq!(opened.as_deref(), Some("read"), "an open is a read here");
     assert_eq!(read.as_deref(), Some("read"));
     assert_eq!(out_kernel, out_daemon);
+    no_leftovers(t.path());
+}
+
+/// Outputs placed in the root (`[outputs] at`): each is a directory of the
+/// scratch bound at its path, holding at first what the closure has there;
+/// there is no `/build`, and nothing else is writable.
+#[test]
+fn outputs_placed_in_the_root_are_the_only_writable_places() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let src = t.path().join("src");
+    fs::create_dir_all(src.join("srv/work")).unwrap();
+    fs::write(src.join("srv/work/in.txt"), "in\n").unwrap();
+    let src = import(&store, &src);
+    let script = r#"
+        cat in.txt > copy
+        busybox mkdir -p /install/bin && echo made > /install/bin/x
+        for p in /srv/evil /etc/evil /build/evil /evil /usr/evil; do
+          if echo x > "$p" 2>/dev/null; then echo "WROTE $p"; fi
+        done
+        echo "work=$work install=$install home=$HOME pwd=$(pwd)"
+    "#;
+    let action = write_action(
+        t.path(),
+        "placed.toml",
+        &format!(
+            "[inputs]\nclosure = [\"{bb}\", \"{src}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {script:?}]\nworkdir = \"/srv/work\"\ntimeout = \"60s\"\n[outputs]\nnames = [\"work\", \"install\"]\nat = {{ work = \"/srv/work\", install = \"/install\" }}\n"
+        ),
+    );
+    let (o, v) = build(&store, &action);
+    assert!(o.status.success(), "{}", text(&o));
+    let v = v.unwrap();
+    let log = log_of(&store, &v);
+    assert!(!log.contains("WROTE"), "a write escaped the places:\n{log}");
+    assert!(
+        log.contains("work=/srv/work install=/install home=/tmp pwd=/srv/work"),
+        "{log}"
+    );
+    let cat = |output: &str, path: &str| {
+        let o = fhsx(&store)
+            .args(["store", "cat", v["outputs"][output].as_str().unwrap(), path])
+            .output()
+            .unwrap();
+        assert!(o.status.success(), "{}", text(&o));
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    // The working directory's output holds the input it started with.
+    assert_eq!(cat("work", "in.txt"), "in\n");
+    assert_eq!(cat("work", "copy"), "in\n");
+    assert_eq!(cat("install", "bin/x"), "made\n");
     no_leftovers(t.path());
 }

@@ -1130,24 +1130,14 @@ except grpc.RpcError as e:
 /// fields resolve alike (`output_directories [""]`, `output_files
 /// ["a/../new2.txt"]`); a path out of the input root is `INVALID_ARGUMENT`
 /// naming it, and no build runs. Each result carries the nine timestamps in
-/// order, and the log (both streams, in the order written) as stdout.
+/// order, and stdout and stderr apart.
 #[test]
 fn output_paths_as_buildstream_sends_them_and_what_a_client_reads_back() {
     let t = tempfile::tempdir().unwrap();
     let e = Engine::start(t.path(), 10);
     let w = Worker::new(t.path(), &e, "w1", 1);
     let tc = toolchain_id(&seed().base);
-    let o = Command::new(buildgrid().join("bin/python"))
-        .arg("-c")
-        .arg(OUTPUTS_CLIENT)
-        .arg(format!("127.0.0.1:{}", e.port))
-        .arg(&tc)
-        .output()
-        .unwrap();
-    ok(&o, "the outputs client");
-    let out = String::from_utf8_lossy(&o.stdout);
-    let r: serde_json::Value =
-        serde_json::from_str(out.trim()).unwrap_or_else(|err| panic!("{err}: {out}\n{}", w.log()));
+    let r = client(&e, &w, OUTPUTS_CLIENT, &[tc.as_ref()]);
     let a = &r["buildstream"];
     assert_eq!(
         (&a["status"], &a["exit"]),
@@ -1209,11 +1199,28 @@ fn output_paths_as_buildstream_sends_them_and_what_a_client_reads_back() {
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
 }
 
-/// The client of the test above: `ADDR TOOLCHAIN`; prints one JSON object.
-const OUTPUTS_CLIENT: &str = r#"
+/// Run the Python client `code` (after [`CLIENT_PRELUDE`]) against the
+/// engine with `args`; the one JSON object it prints.
+fn client(e: &Engine, w: &Worker, code: &str, args: &[&std::ffi::OsStr]) -> serde_json::Value {
+    let o = Command::new(buildgrid().join("bin/python"))
+        .arg("-c")
+        .arg(format!("{CLIENT_PRELUDE}{code}"))
+        .arg(format!("127.0.0.1:{}", e.port))
+        .args(args)
+        .output()
+        .unwrap();
+    ok(&o, "the REAPI client");
+    let out = String::from_utf8_lossy(&o.stdout);
+    serde_json::from_str(out.trim()).unwrap_or_else(|err| panic!("{err}: {out}\n{}", w.log()))
+}
+
+/// What the Python REAPI clients below share: `ADDR` first on their
+/// command line; `put`/`get` through the engine's CAS; `run`, one action
+/// through `Execute`, as a JSON-able dict of what a client reads back.
+const CLIENT_PRELUDE: &str = r#"
 import hashlib, json, sys, grpc
 from buildgrid._protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as re, remote_execution_pb2_grpc as reg
-ch = grpc.insecure_channel(sys.argv[1]); tc = sys.argv[2]
+ch = grpc.insecure_channel(sys.argv[1])
 cas = reg.ContentAddressableStorageStub(ch)
 def digest(b): return re.Digest(hash=hashlib.sha256(b).hexdigest(), size_bytes=len(b))
 def put_bytes(b):
@@ -1224,18 +1231,10 @@ def put(m): return put_bytes(m.SerializeToString())
 def get(d):
     if d.size_bytes == 0: return b""
     return cas.BatchReadBlobs(re.BatchReadBlobsRequest(digests=[d])).responses[0].data
-def nest(path, leaf):
-    # The directory `leaf` at `path` below an otherwise empty root.
-    d = leaf
-    for name in reversed(path.split("/")):
-        d = re.Directory(directories=[re.DirectoryNode(name=name, digest=put(d))])
-    return d
-inputs = nest("buildstream/p/e", re.Directory(files=[re.FileNode(name="in.txt", digest=put_bytes(b"in\n"))]))
-platform = re.Platform(properties=[re.Platform.Property(name=k, value=v) for k, v in
-    sorted([("ISA", "x86-64"), ("OSFamily", "linux"), ("fhsx-toolchain", tc)])])
-def execute(script, **outputs):
-    c = re.Command(arguments=["sh", "-c", "-e", script], working_directory="buildstream/p/e", **outputs)
-    a = re.Action(command_digest=put(c), input_root_digest=put(inputs), platform=platform)
+def run(argv, wd, root, props, **outputs):
+    platform = re.Platform(properties=[re.Platform.Property(name=k, value=v) for k, v in sorted(props)])
+    c = re.Command(arguments=argv, working_directory=wd, **outputs)
+    a = re.Action(command_digest=put(c), input_root_digest=root, platform=platform)
     last = None
     for op in reg.ExecutionStub(ch).Execute(re.ExecuteRequest(action_digest=put(a), skip_cache_lookup=True)):
         last = op
@@ -1246,7 +1245,17 @@ def execute(script, **outputs):
         t = re.Tree(); t.ParseFromString(get(tree_digest))
         return {"files": [f.name for f in t.root.files], "dirs": [d.name for d in t.root.directories],
                 "symlinks": [s.name for s in t.root.symlinks]}
+    def flat(root):
+        # Every file and symlink below the directory `root`, fetched by digest.
+        paths, stack = [], [("", root)]
+        while stack:
+            p, digest = stack.pop()
+            d = re.Directory(); d.ParseFromString(get(digest))
+            paths += [p + f.name for f in d.files] + [p + s.name for s in d.symlinks]
+            stack += [(p + c.name + "/", c.digest) for c in d.directories]
+        return sorted(paths)
     out["dirs"] = {d.path: listing(d.tree_digest) for d in r.output_directories}
+    out["paths"] = {d.path: flat(d.root_directory_digest) for d in r.output_directories}
     out["files"] = {f.path: get(f.digest).decode() for f in r.output_files}
     out["symlinks"] = {s.path: s.target for s in list(r.output_symlinks) + list(r.output_file_symlinks)}
     out["stdout"] = get(r.stdout_digest).decode(errors="replace") if r.HasField("stdout_digest") else None
@@ -1260,6 +1269,22 @@ def execute(script, **outputs):
     out["timestamps"] = ("missing " + " ".join(missing)) if missing else (
         "ordered" if times == sorted(times) else "out of order: " + str(list(zip(names, times))))
     return out
+"#;
+
+/// The client of the test above, after [`CLIENT_PRELUDE`]: `ADDR
+/// TOOLCHAIN`; prints one JSON object.
+const OUTPUTS_CLIENT: &str = r#"
+tc = sys.argv[2]
+def nest(path, leaf):
+    # The directory `leaf` at `path` below an otherwise empty root.
+    d = leaf
+    for name in reversed(path.split("/")):
+        d = re.Directory(directories=[re.DirectoryNode(name=name, digest=put(d))])
+    return d
+inputs = put(nest("buildstream/p/e", re.Directory(files=[re.FileNode(name="in.txt", digest=put_bytes(b"in\n"))])))
+props = [("ISA", "x86-64"), ("OSFamily", "linux"), ("fhsx-toolchain", tc)]
+def execute(script, **outputs):
+    return run(["sh", "-c", "-e", script], "buildstream/p/e", inputs, props, **outputs)
 print(json.dumps({
     "buildstream": execute(
         "mkdir -p ../../../buildstream-install/bin && echo made > ../../../buildstream-install/bin/prog && "
@@ -1311,26 +1336,21 @@ fn busybox() -> &'static Path {
 /// Actions that name no toolchain, as BuildStream sends them: the input
 /// root is their `/`, read-only but for the working directory and the
 /// output paths; over a toolchain when they name one, their own entries
-/// taking precedence; a failed command's outputs come back; a whole-root
-/// output is refused.
+/// taking precedence; a failed command's outputs come back; asked for the
+/// whole root, every top-level directory is writable and the output is
+/// the root after the command.
 #[test]
 fn an_input_root_is_the_actions_root_writable_only_where_its_outputs_are() {
     let t = tempfile::tempdir().unwrap();
     let e = Engine::start(t.path(), 10);
     let w = Worker::new(t.path(), &e, "w1", 1);
     let tc = toolchain_id(&seed().base);
-    let o = Command::new(buildgrid().join("bin/python"))
-        .arg("-c")
-        .arg(INPUT_ROOT_CLIENT)
-        .arg(format!("127.0.0.1:{}", e.port))
-        .arg(busybox())
-        .arg(&tc)
-        .output()
-        .unwrap();
-    ok(&o, "the input-root client");
-    let out = String::from_utf8_lossy(&o.stdout);
-    let r: serde_json::Value =
-        serde_json::from_str(out.trim()).unwrap_or_else(|err| panic!("{err}: {out}\n{}", w.log()));
+    let r = client(
+        &e,
+        &w,
+        INPUT_ROOT_CLIENT,
+        &[busybox().as_os_str(), tc.as_ref()],
+    );
     let a = &r["sysroot"];
     let log = a["stdout"].as_str().unwrap_or_default();
     assert_eq!(
@@ -1381,36 +1401,42 @@ fn an_input_root_is_the_actions_root_writable_only_where_its_outputs_are() {
         "{r}"
     );
 
+    // The whole root asked for (BuildStream's integration commands): every
+    // top-level directory is writable, and the output is the root after.
     let c = &r["whole_root"];
+    assert_eq!((&c["status"], &c["exit"]), (&0.into(), &0.into()), "{r}");
+    assert_eq!(
+        c["paths"]["../../.."],
+        serde_json::json!([
+            "bin/busybox",
+            "bin/sh",
+            "buildstream/p/e/in.txt",
+            "buildstream/p/e/made",
+            "etc/debian_version",
+            "etc/integrated",
+            "etc/marker"
+        ]),
+        "{r}"
+    );
+    // A file directly in the root: the root's own entries cannot be made.
+    let c = &r["root_file"];
     assert_eq!(c["status"], 3, "{r}");
     assert!(
         c["message"]
             .as_str()
             .unwrap_or_default()
-            .contains("whole input root"),
+            .contains("directly in the input root"),
         "{r}"
     );
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
 }
 
-/// The client of the test above: `ADDR BUSYBOX TOOLCHAIN`; prints one JSON
-/// object.
+/// The client of the test above, after [`CLIENT_PRELUDE`]: `ADDR BUSYBOX
+/// TOOLCHAIN`; prints one JSON object.
 const INPUT_ROOT_CLIENT: &str = r#"
-import hashlib, json, sys, grpc
-from buildgrid._protos.build.bazel.remote.execution.v2 import remote_execution_pb2 as re, remote_execution_pb2_grpc as reg
-ch = grpc.insecure_channel(sys.argv[1]); busybox = open(sys.argv[2], "rb").read(); tc = sys.argv[3]
-cas = reg.ContentAddressableStorageStub(ch)
-def digest(b): return re.Digest(hash=hashlib.sha256(b).hexdigest(), size_bytes=len(b))
-def put_bytes(b):
-    d = digest(b)
-    cas.BatchUpdateBlobs(re.BatchUpdateBlobsRequest(requests=[re.BatchUpdateBlobsRequest.Request(digest=d, data=b)]))
-    return d
-def put(m): return put_bytes(m.SerializeToString())
-def get(d):
-    if d.size_bytes == 0: return b""
-    return cas.BatchReadBlobs(re.BatchReadBlobsRequest(digests=[d])).responses[0].data
+busybox = open(sys.argv[2], "rb").read(); tc = sys.argv[3]
 def tree(entries):
-    # {"a/b": bytes | ("x", bytes) executable | ("l", target) symlink} as a Directory.
+    # {"a/b": bytes | ("x", bytes) executable | ("l", target) symlink}, stored; its digest.
     top = {}
     for path, v in entries.items():
         d = top
@@ -1426,36 +1452,14 @@ def tree(entries):
             elif isinstance(v, tuple): m.files.add(name=name, digest=put_bytes(v[1]), is_executable=True)
             else: m.files.add(name=name, digest=put_bytes(v))
         return m
-    return build(top)
+    return put(build(top))
 sysroot = {
     "bin/busybox": ("x", busybox), "bin/sh": ("l", "busybox"),
     "etc/marker": b"from-the-input-root\n", "etc/debian_version": b"mine\n",
     "buildstream/p/e/in.txt": b"in\n",
 }
 def execute(script, props, root, **outputs):
-    platform = re.Platform(properties=[re.Platform.Property(name=k, value=v) for k, v in sorted(props)])
-    c = re.Command(arguments=["/bin/sh", "-c", "-e", script], working_directory="buildstream/p/e", **outputs)
-    a = re.Action(command_digest=put(c), input_root_digest=put(tree(root)), platform=platform)
-    last = None
-    for op in reg.ExecutionStub(ch).Execute(re.ExecuteRequest(action_digest=put(a), skip_cache_lookup=True)):
-        last = op
-    resp = re.ExecuteResponse(); last.response.Unpack(resp)
-    r = resp.result
-    out = {"status": resp.status.code, "message": resp.status.message, "exit": r.exit_code}
-    def listing(tree_digest):
-        t = re.Tree(); t.ParseFromString(get(tree_digest))
-        return {"files": [f.name for f in t.root.files], "dirs": [d.name for d in t.root.directories],
-                "symlinks": [s.name for s in t.root.symlinks]}
-    out["dirs"] = {d.path: listing(d.tree_digest) for d in r.output_directories}
-    out["files"] = {f.path: get(f.digest).decode() for f in r.output_files}
-    out["stdout"] = get(r.stdout_digest).decode(errors="replace") if r.HasField("stdout_digest") else None
-    out["stderr"] = get(r.stderr_digest).decode(errors="replace") if r.HasField("stderr_digest") else None
-    m = r.execution_metadata
-    names = ["queued", "worker_start", "input_fetch_start", "input_fetch_completed", "execution_start",
-             "execution_completed", "output_upload_start", "output_upload_completed", "worker_completed"]
-    times = [getattr(m, n + "_timestamp").ToNanoseconds() for n in names]
-    out["timestamps"] = "ordered" if times == sorted(times) else "out of order: " + str(list(zip(names, times)))
-    return out
+    return run(["/bin/sh", "-c", "-e", script], "buildstream/p/e", tree(root), props, **outputs)
 bst = [("ISA", "x86-64"), ("OSFamily", "linux")]
 probes = ("for p in /etc/x /bin/x /x /buildstream/x /buildstream/p/x /usr/x; do "
           "if (echo no > $p) 2>/dev/null; then echo WROTE $p; fi; done; ")
@@ -1469,7 +1473,9 @@ print(json.dumps({
         bst + [("fhsx-root", "input"), ("fhsx-toolchain", tc)],
         {k: v for k, v in sysroot.items() if not k.startswith("bin/")} | {"bin/sh": ("x", busybox)},
         output_paths=["."]),
-    "whole_root": execute("true", bst, sysroot, output_paths=["../../.."]),
+    "whole_root": execute("echo integrated > /etc/integrated; echo made > made", bst, sysroot,
+                          output_paths=["../../.."]),
+    "root_file": execute("true", bst, sysroot, output_files=["../../../f"]),
     "failed": execute("echo failing > test.log; exit 3", bst, sysroot, output_paths=["test.log"]),
 }))
 "#;
@@ -1958,7 +1964,9 @@ fn bst_project(dir: &Path, engine: &Engine, secret: &Path) {
     .unwrap();
     fs::write(
         p.join("elements/sysroot.bst"),
-        "kind: import\nsources:\n- kind: local\n  path: sysroot\n",
+        // An integration command, which BuildStream runs with the whole
+        // root writable before each element that depends on it builds.
+        "kind: import\nsources:\n- kind: local\n  path: sysroot\npublic:\n  bst:\n    integration-commands:\n    - echo integrated > /etc/fhsx-integrated\n",
     )
     .unwrap();
     fs::write(
@@ -1976,6 +1984,7 @@ sources:
   path: files/hello.c
 config:
   build-commands:
+  - cat /etc/fhsx-integrated
   - gcc -O2 -o hello hello.c
   install-commands:
   - install -D -m 0755 hello %{install-root}%{bindir}/hello
@@ -2063,7 +2072,9 @@ fn after(s: &str, want: &str) -> Option<String> {
 /// BuildStream 2.8.1 builds a C program remotely on two fhsx workers. Its
 /// action names no toolchain: the input root is the build's `/` (a Debian
 /// root fhsx composed and exported, which BuildStream imports), with the
-/// working directory and the install root writable. The artifact holds
+/// working directory and the install root writable; the sysroot's
+/// integration command runs first, with every top-level directory
+/// writable, and the build sees what it wrote. The artifact holds
 /// the binary, which runs on the host; with BuildStream's local cache
 /// deleted, the rebuild is answered from the engine's action cache and no
 /// worker runs anything. A hostile element fails as the same command fails
@@ -2094,9 +2105,11 @@ fn buildstream_builds_remotely_on_fhsx_workers_and_rebuilds_from_the_remote_cach
     let o = run(bst(&dir, &["build", "hello.bst"]), "bst build");
     let s = text(&o);
     assert!(o.status.success(), "bst build: {s}\n{}", logs());
-    // The import runs nothing; the manual element is one action.
-    assert_eq!(leases(), 1, "{s}\n{}", logs());
-    assert_eq!(logs().matches(" done: record ").count(), 1, "{}", logs());
+    // The import runs nothing; the manual element is two actions: the
+    // sysroot's integration command (the whole root writable) and its
+    // build commands (the root read-only, on the integrated root).
+    assert_eq!(leases(), 2, "{s}\n{}", logs());
+    assert_eq!(logs().matches(" done: record ").count(), 2, "{}", logs());
     let out = t.path().join("checkout");
     let mut c = bst(
         &dir,
@@ -2122,7 +2135,7 @@ fn buildstream_builds_remotely_on_fhsx_workers_and_rebuilds_from_the_remote_cach
     let s = text(&o);
     assert!(o.status.success(), "bst rebuild: {s}\n{}", logs());
     assert!(s.contains("Action result found in action cache"), "{s}");
-    assert_eq!(leases(), 1, "the rebuild ran something: {}", logs());
+    assert_eq!(leases(), 2, "the rebuild ran something: {}", logs());
 
     for (name, script, want) in BST_HOSTILE {
         let (script, want) = (with_secret(script, &secret), with_secret(want, &secret));
@@ -2137,10 +2150,12 @@ fn buildstream_builds_remotely_on_fhsx_workers_and_rebuilds_from_the_remote_cach
             s.contains("FAILURE Build"),
             "{name}: bst reported no failure: {s}"
         );
+        // Its integration (its own: its build directory is in the root)
+        // and its build commands.
         assert_eq!(
             leases(),
-            before + 1,
-            "{name}: not one action on a worker: {s}\n{}",
+            before + 2,
+            "{name}: not two actions on the workers: {s}\n{}",
             logs()
         );
         assert!(

@@ -552,7 +552,7 @@ async fn execute_inner(
         .clone()
         .ok_or_else(|| Refusal::new(Code::InvalidArgument, "the Action names no Command"))?;
     let command: re::Command = ctx.cas.message(&cd).await.map_err(refusal)?;
-    let plan = mapping::plan(&action, &command, &ctx.policy)?;
+    let mut plan = mapping::plan(&action, &command, &ctx.policy)?;
     let root = action
         .input_root_digest
         .clone()
@@ -579,18 +579,19 @@ async fn execute_inner(
     let dirs = plan.dirs.clone();
     let atoms = plan.toolchain.iter().flat_map(|(_, a)| a.clone()).collect();
     let slash = matches!(plan.root, Root::Slash { .. });
-    let (source, toolchain) = tokio::task::spawn_blocking(move || {
+    let (source, toolchain, top) = tokio::task::spawn_blocking(move || {
         let source = cas::with_dirs(&store, &tree, &dirs)?;
         let toolchain = if slash {
             shadowed_by(&store, atoms, &source)?
         } else {
             atoms
         };
-        Ok::<_, CasError>((source, toolchain))
+        Ok::<_, CasError>((source, toolchain, top_level_dirs(&store, &source)?))
     })
     .await
     .map_err(|e| Refusal::new(Code::Internal, e.to_string()))?
     .map_err(refusal)?;
+    plan.widen(top);
     let mut rooted = vec![tree, source];
     rooted.extend(&toolchain);
     inputs
@@ -647,7 +648,6 @@ async fn execute_inner(
     meta.execution_start_timestamp = Some(now());
     let (r, ()) = futures::future::join(ctx.runner.run(job, cancel, tx), drain).await;
     meta.execution_completed_timestamp = Some(now());
-    drop(inputs);
     let r = r.map_err(|_| Refusal::new(Code::Unavailable, "the worker is shutting down"))?;
     let (record_digest, record) = match r {
         JobResult::Done { digest, record, .. } => (digest, *record),
@@ -656,12 +656,52 @@ async fn execute_inner(
         }
     };
     meta.output_upload_start_timestamp = Some(now());
-    let out = result(ctx, bot, &lease.id, &plan, &record_digest, &record).await;
+    let out = result(ctx, bot, &lease.id, &plan, &source, &record_digest, &record).await;
     meta.output_upload_completed_timestamp = Some(now());
+    // Held until the upload is done: a whole-root output shares the input
+    // root's unchanged directories.
+    drop(inputs);
     let (st, mut res) = out?;
     res.execution_metadata = None;
     meta.auxiliary_metadata = proof_any(ctx, &record_digest, &record).await?;
     Ok((st, res))
+}
+
+/// The names of the top-level directories of the tree `root`.
+fn top_level_dirs(store: &castore::LocalStore, root: &Digest) -> Result<Vec<String>, CasError> {
+    use castore::store::DirectoryStore;
+    Ok(store
+        .get_directory(root)?
+        .entries()
+        .filter(|(_, n)| matches!(n, Node::Directory { .. }))
+        .map(|(name, _)| String::from_utf8_lossy(name.as_bytes()).into_owned())
+        .collect())
+}
+
+/// The input root `source` with each top-level directory in `replaced` as
+/// the output it became: the whole root after the build.
+fn whole_root_after(
+    store: &castore::LocalStore,
+    source: &Digest,
+    replaced: &[(String, Digest)],
+) -> Result<Digest, CasError> {
+    use castore::store::DirectoryStore;
+    let before = store.get_directory(source)?;
+    let mut after = castore::Directory::new();
+    for (name, node) in before.entries() {
+        let node = match replaced
+            .iter()
+            .find(|(n, _)| n.as_bytes() == name.as_bytes())
+        {
+            Some((_, out)) => Node::Directory {
+                digest: *out,
+                size: store.get_directory(out)?.size(),
+            },
+            None => node.clone(),
+        };
+        after.insert(name.clone(), node)?;
+    }
+    Ok(store.put_directory(&after)?)
 }
 
 /// Each toolchain atom without what the input root `upper` holds, so the
@@ -706,6 +746,7 @@ async fn result(
     bot: &str,
     lease: &str,
     plan: &Plan,
+    source: &Digest,
     record_digest: &Digest,
     record: &SignedRecord,
 ) -> Result<(Status, re::ActionResult), Refusal> {
@@ -731,8 +772,18 @@ async fn result(
             Some((*rec.outputs.get(&name)?, rel.to_owned()))
         })
         .collect();
+    // The whole input root (asked for when the command may write all of
+    // it): itself, with each top-level place as it was left.
+    let replaced: Option<Vec<(String, Digest)>> = plan
+        .top_level_places()
+        .into_iter()
+        .map(|(name, out)| Some((name, *rec.outputs.get(&out)?)))
+        .collect();
+    let whole = plan.outputs.iter().any(|o| o.in_root.is_empty()) && !rec.outputs.is_empty();
+    let whole = whole.then_some(replaced).flatten().map(|r| (*source, r));
     if !rec.outputs.is_empty() {
         let store = ctx.cas.store().clone();
+        let outputs = plan.outputs.clone();
         // Look every output up; load the directories below each.
         type Looked = Vec<(
             Option<Node>,
@@ -742,11 +793,16 @@ async fn result(
             )>,
         )>;
         let looked: Looked = tokio::task::spawn_blocking(move || -> Result<Looked, CasError> {
+            let whole = match whole {
+                Some((source, replaced)) => Some(whole_root_after(&store, &source, &replaced)?),
+                None => None,
+            };
             let mut v = Vec::new();
-            for at in &located {
-                let n = match at {
-                    Some((tree, rel)) => cas::find(&store, tree, rel)?,
-                    None => None,
+            for (at, o) in located.iter().zip(&outputs) {
+                let n = match (at, whole) {
+                    (Some((tree, rel)), _) => cas::find(&store, tree, rel)?,
+                    (None, Some(root)) if o.in_root.is_empty() => cas::find(&store, &root, "")?,
+                    (None, _) => None,
                 };
                 let sub = match &n {
                     Some(Node::Directory { digest, .. }) => Some(cas::subtree(&store, digest)?),

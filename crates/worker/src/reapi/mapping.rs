@@ -16,10 +16,12 @@
 //!   and where the outputs are ([`paths::places`]): each place a directory
 //!   of the scratch holding at first what the input root has there, bound
 //!   at its path (`[outputs] at`), and output `dirN` afterwards; nothing
-//!   else is writable but the private `/tmp`. Where Buildbarn's runner and
-//!   buildbox-run give the command a writable copy of the whole input root,
-//!   fhsx keeps it read-only: it serves the root from its store, lazily,
-//!   and proves what was read of it.
+//!   else is writable but the private `/tmp`. An action asking for the
+//!   whole root as output (BuildStream's integration commands) has every
+//!   top-level directory as a place ([`Plan::widen`]). Where Buildbarn's
+//!   runner and buildbox-run give the command a writable copy of the whole
+//!   input root, fhsx keeps it read-only but there: it serves the root
+//!   from its store, lazily, and proves what was read of it.
 //! - **The toolchain is `/`** (`fhsx-toolchain=b3:…`, one the worker's
 //!   operator registered: Bazel). The input root is the action's `source`,
 //!   exported writable to `/build/out` (an in-place build, `[outputs]
@@ -180,8 +182,14 @@ pub enum Root {
     /// one (the input root's entries shadow the toolchain's); the scratch
     /// is placed at these directories (relative to the input root,
     /// [`paths::places`]), each holding at first what the input root has
-    /// there and afterwards output `dirN`.
-    Slash { places: Vec<String> },
+    /// there and afterwards output `dirN`. `whole_root`: an output is the
+    /// whole input root, so every top-level directory of it is a place
+    /// ([`Plan::widen`]) and the output is the input root with them
+    /// replaced by what they hold afterwards.
+    Slash {
+        places: Vec<String>,
+        whole_root: bool,
+    },
 }
 
 impl Plan {
@@ -198,12 +206,39 @@ impl Plan {
         }
     }
 
+    /// For an action that writes its whole root: every top-level directory
+    /// `top` of its input root (with the places made) is a place too.
+    pub fn widen(&mut self, top: impl IntoIterator<Item = String>) {
+        if let Root::Slash {
+            places,
+            whole_root: true,
+        } = &mut self.root
+        {
+            *places = paths::with_top_level(std::mem::take(places), top);
+        }
+    }
+
+    /// The places that are top-level directories, each with its output:
+    /// what replaces the input root's entries in a whole-root output.
+    pub fn top_level_places(&self) -> Vec<(String, OutputName)> {
+        let Root::Slash { places, .. } = &self.root else {
+            return Vec::new();
+        };
+        places
+            .iter()
+            .enumerate()
+            .filter(|(_, p)| !p.contains('/'))
+            .filter_map(|(i, p)| Some((p.clone(), place_output(i).ok()?)))
+            .collect()
+    }
+
     /// The output holding `in_root` (a path relative to the input root)
-    /// after the build, and the path within it.
+    /// after the build, and the path within it. The whole input root is
+    /// in none (see [`Plan::top_level_places`]).
     pub fn locate<'p>(&self, in_root: &'p str) -> Option<(OutputName, &'p str)> {
         match &self.root {
             Root::Worktree => Some((worktree_output().ok()?, in_root)),
-            Root::Slash { places } => places.iter().enumerate().find_map(|(i, p)| {
+            Root::Slash { places, .. } => places.iter().enumerate().find_map(|(i, p)| {
                 let rest = in_root.strip_prefix(p.as_str())?;
                 let rest = match rest.strip_prefix('/') {
                     Some(r) => r,
@@ -374,7 +409,9 @@ pub fn plan(action: &re::Action, command: &re::Command, policy: &Policy) -> Resu
         let places = paths::places(&resolved)?;
         // A place is a mount point: the input root has a directory there.
         let dirs: BTreeSet<String> = resolved.dirs.iter().chain(&places).cloned().collect();
-        (Root::Slash { places }, dirs.into_iter().collect())
+        let whole_root = paths::whole_root(&resolved);
+        let root = Root::Slash { places, whole_root };
+        (root, dirs.into_iter().collect())
     } else {
         (Root::Worktree, resolved.dirs)
     };
@@ -412,7 +449,7 @@ pub fn fhsx_action(
             };
             (Vec::new(), Some(source), outputs)
         }
-        Root::Slash { places } => {
+        Root::Slash { places, .. } => {
             let mut at = BTreeMap::new();
             for (i, p) in places.iter().enumerate() {
                 at.insert(place_output(i)?, format!("/{p}"));
@@ -1003,7 +1040,8 @@ mod tests {
         assert_eq!(
             p.root,
             Root::Slash {
-                places: vec!["buildstream/p/e".into(), "buildstream-install".into()]
+                places: vec!["buildstream/p/e".into(), "buildstream-install".into()],
+                whole_root: false,
             }
         );
         // The mount points are made in the input root (with the outputs'
@@ -1064,10 +1102,50 @@ mod tests {
         bare.working_directory = String::new();
         bare.output_paths.clear();
         let p = plan(&a, &bare, &policy()).unwrap();
-        assert_eq!(p.root, Root::Slash { places: vec![] });
+        assert_eq!(
+            p.root,
+            Root::Slash {
+                places: vec![],
+                whole_root: false
+            }
+        );
         assert_eq!(p.workdir(), "/");
         let fa = fhsx_action(&p, src, Vec::new(), &Limits::default()).unwrap();
         assert!(fa.outputs.names.is_empty() && fa.outputs.placed());
+
+        // The whole root (BuildStream's integration commands): every
+        // top-level directory of the input root becomes a place, and the
+        // root itself lies in none.
+        let mut whole = c.clone();
+        whole.output_paths = vec!["../../..".into()];
+        let mut p = plan(&a, &whole, &policy()).unwrap();
+        p.widen(["usr", "buildstream", "proc", "etc"].map(String::from));
+        assert_eq!(
+            p.root,
+            Root::Slash {
+                places: vec!["buildstream".into(), "etc".into(), "usr".into()],
+                whole_root: true
+            }
+        );
+        assert_eq!(p.locate(""), None);
+        let top: Vec<(String, String)> = p
+            .top_level_places()
+            .into_iter()
+            .map(|(n, o)| (n, o.to_string()))
+            .collect();
+        assert_eq!(
+            top,
+            [
+                ("buildstream".into(), "dir0".into()),
+                ("etc".into(), "dir1".into()),
+                ("usr".into(), "dir2".into())
+            ]
+        );
+        // Widening changes nothing for an action that does not ask for it.
+        let mut q = plan(&a, &c, &policy()).unwrap();
+        let before = q.root.clone();
+        q.widen(["usr".to_owned()]);
+        assert_eq!(q.root, before);
 
         // `fhsx-root=toolchain` with a toolchain is the working tree.
         over.platform = Some(re::Platform {
@@ -1101,9 +1179,9 @@ mod tests {
         // The input root as `/` stays read-only.
         let mut c = command(&["true"]);
         c.platform = None;
-        c.output_paths = vec![".".into()];
+        c.output_files = vec!["a.o".into()];
         let e = plan(&a, &c, &policy()).unwrap_err();
-        assert!(e.message.contains("whole input root"), "{e}");
+        assert!(e.message.contains("directly in the input root"), "{e}");
 
         let mut c = command(&["true"]);
         c.platform = Some(re::Platform {

@@ -32,10 +32,10 @@
 //!   command left beside the requested paths is in the record too, and
 //!   fhsx's ingest rules apply to all of it: REAPI would discard it, fhsx
 //!   proves it.
-//! - **The input root as `/` stays read-only** but for its places: an
-//!   output that is the whole input root, or a file directly in it, is
-//!   refused, where Buildbarn's runner and buildbox-run make the whole
-//!   root writable.
+//! - **The input root as `/` stays read-only** but for its places, where
+//!   Buildbarn's runner and buildbox-run make the whole root writable.
+//!   An output that is the whole input root makes every top-level
+//!   directory a place; a file directly in the root is refused.
 
 use std::collections::BTreeSet;
 
@@ -179,33 +179,26 @@ pub fn resolve_command(command: &re::Command) -> Result<Resolved, Refusal> {
 
 /// Top-level directories the sandbox mounts itself, where no output of an
 /// action whose input root is `/` can be kept.
-const SANDBOX_OWN: &[&str] = &["proc", "dev", "tmp", "run", "sys"];
+pub const SANDBOX_OWN: &[&str] = &["proc", "dev", "tmp", "run", "sys"];
 
 /// Where the scratch is placed when the input root is the action's `/`
-/// (relative to the input root, outermost only, in component order): the working
-/// directory, and for each output outside every place so far its parent
-/// directory — or the output itself, for an `output_directories` entry or
-/// an `output_paths` entry directly below the root, whose parent is the
-/// root. The root itself stays read-only: an output that is the whole
-/// input root, or a file directly in it, is refused (`INVALID_ARGUMENT`),
-/// as is one in what the sandbox mounts itself (`/tmp`, `/proc`, …).
-/// Each place holds, at the start, what the input root has there.
+/// (relative to the input root, outermost only, in component order): the
+/// working directory, and for each output outside every place so far its
+/// parent directory — or the output itself, for an `output_directories`
+/// entry or an `output_paths` entry directly below the root, whose parent
+/// is the root. An output that is the whole input root is left to the
+/// caller ([`whole_root`]: every top-level directory then is a place). A
+/// file directly in the root is refused (`INVALID_ARGUMENT`: the root's
+/// own entries cannot be made), as is an output in what the sandbox
+/// mounts itself (`/tmp`, `/proc`, …). Each place holds, at the start,
+/// what the input root has there.
 pub fn places(resolved: &Resolved) -> Result<Vec<String>, Refusal> {
-    let within = |p: &str, place: &str| {
-        p == place || (p.starts_with(place) && p.as_bytes().get(place.len()) == Some(&b'/'))
-    };
     let mut places: Vec<String> = Vec::new();
     if !resolved.working_directory.is_empty() {
         places.push(resolved.working_directory.clone());
     }
     for o in &resolved.outputs {
-        if o.in_root.is_empty() {
-            return Err(invalid(format!(
-                "output path {:?} is the whole input root, which stays read-only when the input root is `/`: ask for the directories the command writes",
-                o.path
-            )));
-        }
-        if places.iter().any(|p| within(&o.in_root, p)) {
+        if o.in_root.is_empty() || places.iter().any(|p| within(&o.in_root, p)) {
             continue;
         }
         let place = match (o.kind, o.in_root.rsplit_once('/')) {
@@ -213,7 +206,7 @@ pub fn places(resolved: &Resolved) -> Result<Vec<String>, Refusal> {
             (_, Some((parent, _))) => parent.to_owned(),
             (OutputKind::File, None) => {
                 return Err(invalid(format!(
-                    "output file {:?} lies directly in the input root, which stays read-only when the input root is `/`: put it in a directory",
+                    "output file {:?} lies directly in the input root, whose own entries cannot be made when the input root is `/`: put it in a directory",
                     o.path
                 )))
             }
@@ -228,16 +221,44 @@ pub fn places(resolved: &Resolved) -> Result<Vec<String>, Refusal> {
             )));
         }
     }
+    Ok(outermost(places))
+}
+
+/// Whether an output is the whole input root (BuildStream asks for it when
+/// it runs commands with the root writable, as its integration commands):
+/// then every top-level directory of the input root is a place
+/// ([`with_top_level`]).
+pub fn whole_root(resolved: &Resolved) -> bool {
+    resolved.outputs.iter().any(|o| o.in_root.is_empty())
+}
+
+/// `places` widened by the input root's top-level directories `top` (but
+/// those the sandbox mounts itself), for an action that writes its whole
+/// root: every directory of the root then is a writable copy.
+pub fn with_top_level(places: Vec<String>, top: impl IntoIterator<Item = String>) -> Vec<String> {
+    let top = top
+        .into_iter()
+        .filter(|t| !SANDBOX_OWN.contains(&t.as_str()));
+    outermost(places.into_iter().chain(top).collect())
+}
+
+/// Whether `p` is `place` or lies within it.
+fn within(p: &str, place: &str) -> bool {
+    p == place || (p.starts_with(place) && p.as_bytes().get(place.len()) == Some(&b'/'))
+}
+
+/// The places not within another, in component order.
+fn outermost(mut places: Vec<String>) -> Vec<String> {
     // By components, so a place within another comes right after it (or
     // after others within it): `a`, `a/b`, `a-b`.
     places.sort_by(|a, b| a.split('/').cmp(b.split('/')));
-    let mut outermost: Vec<String> = Vec::with_capacity(places.len());
+    let mut out: Vec<String> = Vec::with_capacity(places.len());
     for p in places {
-        if !outermost.last().is_some_and(|o| within(&p, o)) {
-            outermost.push(p);
+        if !out.last().is_some_and(|o| within(&p, o)) {
+            out.push(p);
         }
     }
-    Ok(outermost)
+    out
 }
 
 #[cfg(test)]
@@ -428,9 +449,14 @@ mod tests {
             let got = places(&r).unwrap_or_else(|e| panic!("{wd:?} {paths:?}: {e}"));
             assert_eq!(got, want, "{wd:?} {paths:?} {files:?} {dirs:?}");
         }
+        // The whole root: left to the caller, widened by the top level.
+        let r = resolve_command(&command("b/p/e", &[".", "../../.."], &[], &[])).unwrap();
+        assert!(whole_root(&r));
+        let got = places(&r).unwrap();
+        assert_eq!(got, ["b/p/e"]);
+        let top = ["b", "usr", "tmp", "proc", "etc"].map(String::from);
+        assert_eq!(with_top_level(got, top), ["b", "etc", "usr"]);
         for (wd, paths, files, says) in [
-            ("", &["."][..], &[][..], "whole input root"),
-            ("w", &[".."][..], &[][..], "whole input root"),
             ("", &[][..], &["a.o"][..], "directly in the input root"),
             ("", &["tmp/x"][..], &[][..], "/tmp is the sandbox's own"),
             (
