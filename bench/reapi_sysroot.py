@@ -127,8 +127,11 @@ def ms(a, b):
     return (b.ToNanoseconds() - a.ToNanoseconds()) / 1e6
 
 
-def execute(root, tag):
-    c = re.Command(arguments=["/usr/bin/busybox", "echo", f"{tag}-{uuid.uuid4()}"])
+def execute(root, tag, whole=False):
+    # `whole`: the action asks for its whole input root back (as
+    # BuildStream's integration commands do), so all of it is writable.
+    c = re.Command(arguments=["/usr/bin/busybox", "echo", f"{tag}-{uuid.uuid4()}"],
+                   output_paths=[""] if whole else [])
     a = re.Action(command_digest=put(c), input_root_digest=roots[root], platform=platform)
     ad = put(a)
     t0 = time.monotonic()
@@ -158,4 +161,7 @@ for k in range(rounds):
     order = ["sysroot", "one-file"] if k % 2 == 0 else ["one-file", "sysroot"]
     for root in order:
         runs["again"].append(execute(root, f"r{k}"))
+# The same trivial action asking for the whole sysroot back: what each of
+# BuildStream's integration actions costs on it.
+runs["whole"] = [execute("sysroot", f"w{k}", whole=True) for k in range(3)]
 print(json.dumps({"roots": {k: f"{d.hash}/{d.size_bytes}" for k, d in roots.items()}, "runs": runs}))
