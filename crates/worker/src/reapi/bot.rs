@@ -779,8 +779,17 @@ async fn result(
         .into_iter()
         .map(|(name, out)| Some((name, *rec.outputs.get(&out)?)))
         .collect();
-    let whole = plan.outputs.iter().any(|o| o.in_root.is_empty()) && !rec.outputs.is_empty();
-    let whole = whole.then_some(replaced).flatten().map(|r| (*source, r));
+    let asked = matches!(
+        plan.root,
+        Root::Slash {
+            whole_root: true,
+            ..
+        }
+    );
+    let whole = (asked && !rec.outputs.is_empty())
+        .then_some(replaced)
+        .flatten()
+        .map(|r| (*source, r));
     if !rec.outputs.is_empty() {
         let store = ctx.cas.store().clone();
         let outputs = plan.outputs.clone();
