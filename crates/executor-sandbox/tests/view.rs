@@ -52,6 +52,17 @@ fn make_view(tree: &Path) {
     std::fs::create_dir_all(tree.join("tmp/from-view")).unwrap();
 }
 
+/// Run `script` under `/bin/sh` in `spec`, which must exit 0 with no
+/// line saying `ESCAPED`; its stdout.
+fn contained(rt: &Runtime, spec: &executor_sandbox::SandboxSpec, script: &str) -> String {
+    let cmd: Vec<OsString> = os(&["/bin/sh", "-c", script]);
+    let r = rt.run(spec, &HostEnv::new(), &cmd, opts()).unwrap();
+    assert_eq!(r.outcome, Outcome::Exited(0), "{}\n{}", out(&r), err(&r));
+    let o = out(&r);
+    assert!(!o.contains("ESCAPED"), "{o}");
+    o
+}
+
 #[test]
 fn fhs_materialization_view_root_read_only_scratch_at_build() {
     require_bwrap();
@@ -66,11 +77,7 @@ fn fhs_materialization_view_root_read_only_scratch_at_build() {
         [ -e /usr/bin/python3 ] && echo ESCAPED host-usr
         for d in / /usr /usr/bin /etc /lib; do ( : > $d/probe ) 2>/dev/null && echo ESCAPED write $d; done
         echo out > /build/result && echo t > /tmp/t && echo DONE";
-    let cmd: Vec<OsString> = os(&["/bin/sh", "-c", script]);
-    let r = rt.run(&spec, &HostEnv::new(), &cmd, opts()).unwrap();
-    assert_eq!(r.outcome, Outcome::Exited(0), "{}\n{}", out(&r), err(&r));
-    let o = out(&r);
-    assert!(!o.contains("ESCAPED"), "{o}");
+    let o = contained(&rt, &spec, script);
     assert!(
         o.contains("NAME=view") && o.contains("pwd=/build") && o.contains("DONE"),
         "{o}"
@@ -111,11 +118,7 @@ fn a_placed_scratch_is_writable_only_at_its_places() {
     let script = "read l < held; echo \"$l\"; read v < /build/from-view; echo \"build=$v\"
         for d in / /work /build /etc /usr/bin; do ( : > $d/probe ) 2>/dev/null && echo ESCAPED write $d; done
         echo made > made && echo prog > /install/prog && echo DONE";
-    let cmd: Vec<OsString> = os(&["/bin/sh", "-c", script]);
-    let r = rt.run(&spec, &HostEnv::new(), &cmd, opts()).unwrap();
-    assert_eq!(r.outcome, Outcome::Exited(0), "{}\n{}", out(&r), err(&r));
-    let o = out(&r);
-    assert!(!o.contains("ESCAPED"), "{o}");
+    let o = contained(&rt, &spec, script);
     assert!(
         o.contains("held\n") && o.contains("build=view") && o.contains("DONE"),
         "{o}"

@@ -141,97 +141,56 @@ fn bad_inputs_get_one_clear_message_and_their_exit_code() {
         c.current_dir(&tmp);
         c
     };
+    let run = |args: &[&str]| fx().args(args).output().unwrap();
     write(&tmp, "ok.toml", &sh(&format!("{ABSENT:?}"), "true", ""));
 
     // Action files: absent, not a file, not TOML, not an action.
-    g.check(
-        "action_file_missing",
-        &fx().args(["build", "/nonexistent.toml"]).output().unwrap(),
-    );
+    g.check("action_file_missing", &run(&["build", "/nonexistent.toml"]));
     fs::create_dir(tmp.join("dir.toml")).unwrap();
-    g.check(
-        "action_file_unreadable",
-        &fx().args(["build", "dir.toml"]).output().unwrap(),
-    );
+    g.check("action_file_unreadable", &run(&["build", "dir.toml"]));
     write(&tmp, "garbage.toml", "garbage = = 1\n");
-    g.check(
-        "action_toml_syntax",
-        &fx().args(["build", "garbage.toml"]).output().unwrap(),
-    );
+    g.check("action_toml_syntax", &run(&["build", "garbage.toml"]));
     write(
         &tmp,
         "unknown.toml",
         "[inputs]\nclosure = []\n[run]\ncommand = [\"true\"]\nflavour = \"x\"\n",
     );
-    g.check(
-        "action_unknown_key",
-        &fx().args(["build", "unknown.toml"]).output().unwrap(),
-    );
+    g.check("action_unknown_key", &run(&["build", "unknown.toml"]));
     write(&tmp, "digest.toml", &sh("\"b3:0123\"", "true", ""));
-    g.check(
-        "action_bad_digest",
-        &fx().args(["build", "digest.toml"]).output().unwrap(),
-    );
-    g.check(
-        "action_absent_object",
-        &fx().args(["build", "ok.toml"]).output().unwrap(),
-    );
+    g.check("action_bad_digest", &run(&["build", "digest.toml"]));
+    g.check("action_absent_object", &run(&["build", "ok.toml"]));
 
     // Graphs: a cycle, a reference to nothing, an output not declared.
     write(&tmp, "a.toml", &sh("\"b.toml#out\"", "true", ""));
     write(&tmp, "b.toml", &sh("\"a.toml#out\"", "true", ""));
-    g.check(
-        "graph_cycle",
-        &fx().args(["build", "a.toml"]).output().unwrap(),
-    );
+    g.check("graph_cycle", &run(&["build", "a.toml"]));
     write(&tmp, "dangling.toml", &sh("\"gone.toml#out\"", "true", ""));
-    g.check(
-        "graph_missing_file",
-        &fx().args(["build", "dangling.toml"]).output().unwrap(),
-    );
+    g.check("graph_missing_file", &run(&["build", "dangling.toml"]));
     write(&tmp, "dev.toml", &sh("\"ok.toml#dev\"", "true", ""));
-    g.check(
-        "graph_unknown_output",
-        &fx().args(["build", "dev.toml"]).output().unwrap(),
-    );
+    g.check("graph_unknown_output", &run(&["build", "dev.toml"]));
     write(&tmp, "refers.toml", &sh("\"garbage.toml#out\"", "true", ""));
     g.check(
         "graph_invalid_referred_file",
-        &fx().args(["build", "refers.toml"]).output().unwrap(),
+        &run(&["build", "refers.toml"]),
     );
 
     // The store: an archive it cannot take, an absent object, a bad digest.
     fs::write(tmp.join("x.zip"), b"PK\x03\x04").unwrap();
     g.check(
         "import_unsupported_archive",
-        &fx().args(["store", "import", "x.zip"]).output().unwrap(),
+        &run(&["store", "import", "x.zip"]),
     );
     g.check(
         "import_missing_path",
-        &fx()
-            .args(["store", "import", "nothing-here.tar"])
-            .output()
-            .unwrap(),
+        &run(&["store", "import", "nothing-here.tar"]),
     );
-    g.check(
-        "store_absent_object",
-        &fx().args(["store", "ls", ABSENT]).output().unwrap(),
-    );
-    g.check(
-        "store_bad_digest",
-        &fx().args(["store", "cat", "b3:zzz", "x"]).output().unwrap(),
-    );
+    g.check("store_absent_object", &run(&["store", "ls", ABSENT]));
+    g.check("store_bad_digest", &run(&["store", "cat", "b3:zzz", "x"]));
     g.check(
         "store_bad_root_name",
-        &fx()
-            .args(["store", "root", "add", ABSENT, "--name", ".hidden"])
-            .output()
-            .unwrap(),
+        &run(&["store", "root", "add", ABSENT, "--name", ".hidden"]),
     );
-    g.check(
-        "record_not_a_record",
-        &fx().args(["record", "show", ABSENT]).output().unwrap(),
-    );
+    g.check("record_not_a_record", &run(&["record", "show", ABSENT]));
 
     // Toolchains: a file that is not one, a package apt does not know.
     write(&tmp, "bad.toolchain", "packages = 3\n");
@@ -243,10 +202,7 @@ fn bad_inputs_get_one_clear_message_and_their_exit_code() {
             "closure = []\ntoolchain = [\"bad.toolchain\"]",
         ),
     );
-    g.check(
-        "toolchain_file_invalid",
-        &fx().args(["build", "tc.toml"]).output().unwrap(),
-    );
+    g.check("toolchain_file_invalid", &run(&["build", "tc.toml"]));
     g.check(
         "toolchain_unknown_package",
         &fx()
@@ -259,17 +215,11 @@ fn bad_inputs_get_one_clear_message_and_their_exit_code() {
     // Workers: an address that is none, one where no worker listens.
     g.check(
         "remote_bad_address",
-        &fx()
-            .args(["build", "--remote", "nonsense", "ok.toml"])
-            .output()
-            .unwrap(),
+        &run(&["build", "--remote", "nonsense", "ok.toml"]),
     );
     g.check(
         "remote_nobody_listens",
-        &fx()
-            .args(["build", "--remote", "127.0.0.1:1", "ok.toml"])
-            .output()
-            .unwrap(),
+        &run(&["build", "--remote", "127.0.0.1:1", "ok.toml"]),
     );
 
     // Builds: one that fails, --check of it, one that makes no output.
@@ -291,10 +241,7 @@ fn bad_inputs_get_one_clear_message_and_their_exit_code() {
         .into_bytes();
     g.check("build_check_after_failure", &check);
     write(&tmp, "nothing.toml", &sh(&format!("{bb:?}"), "true", ""));
-    g.check(
-        "build_output_missing",
-        &fx().args(["build", "nothing.toml"]).output().unwrap(),
-    );
+    g.check("build_output_missing", &run(&["build", "nothing.toml"]));
 
     // A link into the output to where no output has anything: it dangles.
     write(
@@ -306,10 +253,7 @@ fn bad_inputs_get_one_clear_message_and_their_exit_code() {
             "",
         ),
     );
-    g.check(
-        "build_link_dangles",
-        &fx().args(["build", "dangles.toml"]).output().unwrap(),
-    );
+    g.check("build_link_dangles", &run(&["build", "dangles.toml"]));
 
     // A store that cannot be written: read-only, or full.
     if is_root() {
