@@ -225,6 +225,47 @@ fn view_root_binds_top_level_entries_and_recreates_symlinks() {
     assert!(!has_seq(&argv, &["--ro-bind", "/mnt/view/run", "/run"]));
 }
 
+/// A placed scratch: each place bound read-write where it goes (after the
+/// view's entries it lies in), restated to Landlock, and neither the
+/// scratch at `/build` nor a Landlock rule for it: the view's own `/build`
+/// is bound read-only like any entry.
+#[test]
+fn a_placed_scratch_is_bound_and_landlocked_only_at_its_places() {
+    let fs = MemFs::new()
+        .dir("/mnt/view/work/p")
+        .dir("/mnt/view/build")
+        .dir("/scratch/b1/w")
+        .dir("/scratch/b1/i");
+    let rt = RuntimePaths::under(Path::new("/rt"));
+    let mut spec = SandboxSpec::view(
+        Path::new("/mnt/view"),
+        Path::new("/scratch/b1"),
+        rt,
+        Arc::new(fs),
+    )
+    .unwrap();
+    spec.place_scratch(vec![
+        ("/scratch/b1/w".into(), "/work/p".into()),
+        ("/scratch/b1/i".into(), "/install".into()),
+    ])
+    .unwrap();
+    let argv = spec.bwrap_argv(&HostEnv::new(), &[OsString::from("sh")]);
+    let at = |seq: &[&str]| argv.windows(seq.len()).position(|w| w == seq);
+    let work = at(&["--ro-bind", "/mnt/view/work", "/work"]).expect("the view's /work");
+    let place = at(&["--bind", "/scratch/b1/w", "/work/p"]).expect("the place");
+    assert!(work < place, "a place is bound over the view's entry, after it");
+    assert!(has_seq(&argv, &["--bind", "/scratch/b1/i", "/install"]));
+    assert!(has_seq(&argv, &["--ro-bind", "/mnt/view/build", "/build"]));
+    assert!(!has_seq(&argv, &["--bind", "/scratch/b1", "/build"]));
+    let landlocked: Vec<&OsString> = argv
+        .windows(2)
+        .filter(|w| w[0] == "--landlock-rw")
+        .map(|w| &w[1])
+        .collect();
+    // Shallowest first, as they are mounted.
+    assert_eq!(landlocked, ["/install", "/work/p", "/tmp", "/dev/shm"]);
+}
+
 #[test]
 fn denied_and_malformed_env_names_are_refused() {
     let rt = RuntimePaths::under(Path::new("/rt"));
