@@ -104,6 +104,7 @@ pub fn ingest_outputs(
         scratch,
         outputs: names,
         output: None,
+        placed: !places.is_empty(),
         above: 0,
         notes: Vec::new(),
         entries: 0,
@@ -197,6 +198,10 @@ struct Checker<'a> {
     outputs: &'a [OutputName],
     /// The output being walked.
     output: Option<&'a OutputName>,
+    /// The outputs are placed in the root: there is no `/build` in the
+    /// sandbox, so a link to it is nothing of the build's scratch nor of
+    /// an output (the view's own `/build`, if any), and kept as it is.
+    placed: bool,
     /// How many directories lie above its root: its place's depth, for an
     /// output placed in the root; 0 for one that composes at `/`.
     above: usize,
@@ -305,9 +310,13 @@ impl Checker<'_> {
         t: &str,
         bad: &dyn Fn(&str) -> Error,
     ) -> Result<Option<String>, Error> {
+        let into_scratch = t == SCRATCH || t.starts_with(&format!("{SCRATCH}/"));
+        if self.placed && into_scratch {
+            return Ok(None);
+        }
         if let Some(fhs) = into_output(t, self.outputs) {
             return Ok(Some(fhs));
-        } else if t == SCRATCH || t.starts_with(&format!("{SCRATCH}/")) {
+        } else if into_scratch {
             return Err(bad(&format!(
                 "is a symlink into the scratch directory ({}), which will not exist at runtime",
                 castore::fs_tree::escaped(t.as_bytes())

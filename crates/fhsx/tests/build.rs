@@ -817,23 +817,27 @@ fn outputs_placed_in_the_root_are_the_only_writable_places() {
     let src = t.path().join("src");
     fs::create_dir_all(src.join("srv/work")).unwrap();
     fs::write(src.join("srv/work/in.txt"), "in\n").unwrap();
+    std::os::unix::fs::symlink("work", src.join("srv/link")).unwrap();
     let src = import(&store, &src);
     let script = r#"
         cat in.txt > copy
+        busybox ln -s ../../etc/up up && busybox ln -s /build/out/x abs
         busybox mkdir -p /install/bin && echo made > /install/bin/x
         for p in /srv/evil /etc/evil /build/evil /evil /usr/evil; do
           if echo x > "$p" 2>/dev/null; then echo "WROTE $p"; fi
         done
         echo "work=$work install=$install home=$HOME pwd=$(pwd)"
     "#;
-    let action = write_action(
-        t.path(),
-        "placed.toml",
-        &format!(
-            "[inputs]\nclosure = [\"{bb}\", \"{src}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {script:?}]\nworkdir = \"/srv/work\"\ntimeout = \"60s\"\n[outputs]\nnames = [\"work\", \"install\"]\nat = {{ work = \"/srv/work\", install = \"/install\" }}\n"
-        ),
-    );
-    let (o, v) = build(&store, &action);
+    let placed = |name: &str, script: &str, work: &str| {
+        write_action(
+            t.path(),
+            name,
+            &format!(
+                "[inputs]\nclosure = [\"{bb}\", \"{src}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", {script:?}]\nworkdir = \"/srv/work\"\ntimeout = \"60s\"\n[outputs]\nnames = [\"work\", \"install\"]\nat = {{ work = {work:?}, install = \"/install\" }}\n"
+            ),
+        )
+    };
+    let (o, v) = build(&store, &placed("placed.toml", script, "/srv/work"));
     assert!(o.status.success(), "{}", text(&o));
     let v = v.unwrap();
     let log = log_of(&store, &v);
@@ -854,5 +858,39 @@ fn outputs_placed_in_the_root_are_the_only_writable_places() {
     assert_eq!(cat("work", "in.txt"), "in\n");
     assert_eq!(cat("work", "copy"), "in\n");
     assert_eq!(cat("install", "bin/x"), "made\n");
+    // A placed output lives at its path: a link may climb to `/` from
+    // there, and one into /build (which the sandbox does not have) is
+    // kept as written, not rewritten as if it named an output.
+    assert!(!log.contains("rewritten"), "{log}");
+    let links = fhsx(&store)
+        .args(["store", "ls", v["outputs"]["work"].as_str().unwrap()])
+        .output()
+        .unwrap();
+    let links = text(&links);
+    assert!(
+        links.contains("../../etc/up") && links.contains("/build/out/x"),
+        "{links}"
+    );
+
+    // One step above `/` leaves the root: refused, nothing kept.
+    let (o, _) = build(
+        &store,
+        &placed(
+            "climb.toml",
+            "busybox ln -s ../../../etc climb",
+            "/srv/work",
+        ),
+    );
+    assert_eq!(o.status.code(), Some(1), "{}", text(&o));
+    assert!(text(&o).contains("leaves the output"), "{}", text(&o));
+    // A place through a symlink of the view would mount where the link
+    // points: refused before anything runs.
+    let (o, _) = build(&store, &placed("through.toml", "true", "/srv/link/x"));
+    assert_eq!(o.status.code(), Some(2), "{}", text(&o));
+    assert!(
+        text(&o).contains("/srv/link is a symlink in the view"),
+        "{}",
+        text(&o)
+    );
     no_leftovers(t.path());
 }
