@@ -148,35 +148,48 @@ pub fn compose(store: &LocalStore, atoms: &[Digest]) -> Result<Composition> {
     Ok(c)
 }
 
-/// The tree `lower` without what the tree `upper` holds: where both have
-/// a directory, its entries are shadowed in turn; any other entry of
-/// `upper` removes `lower`'s of that name (and all below it). Composed
-/// together, `upper` and the result never clash, and every path resolves
-/// as in `upper` over `lower` — how a client's input root sits over a
-/// toolchain and takes precedence. Only directories both have are read
-/// and rewritten; the rest of `lower` is shared by digest, and a `lower`
-/// that `upper` does not touch comes back as it is.
+/// Each tree of `lowers` without what the tree `upper` holds: where both
+/// have a directory, its entries are shadowed in turn; any other entry of
+/// `upper` removes the lower tree's of that name (and all below it).
+/// Composed together, `upper` and the results never clash, and every path
+/// resolves as in `upper` over `lowers` — how a client's input root sits
+/// over a toolchain's atoms and takes precedence. Only directories both
+/// have are read and rewritten; the rest is shared by digest, and a lower
+/// tree that `upper` does not touch comes back as it is.
 ///
-/// Recursive, over the directories the two trees share only: as deep as
-/// the shallower of them, and `lower` is a toolchain its operator made.
-pub fn shadowed(store: &LocalStore, lower: &Digest, upper: &Digest) -> Result<Digest> {
-    // A pure function of the two trees (see `store::memo`): a worker asks
-    // it again for every action on the same input root.
-    let mut key = lower.as_bytes().to_vec();
-    key.extend_from_slice(upper.as_bytes());
+/// Recursive, over the directories the trees share only: as deep as the
+/// shallower, and the lower trees are a toolchain its operator made.
+pub fn shadowed(store: &LocalStore, lowers: &[Digest], upper: &Digest) -> Result<Vec<Digest>> {
+    // A pure function of the trees (see `store::memo`), remembered for the
+    // whole list: a worker asks it again for every action on the same
+    // input root, one recall rather than one per atom.
+    let mut key = upper.as_bytes().to_vec();
+    for l in lowers {
+        key.extend_from_slice(l.as_bytes());
+    }
     let key = Digest::of(&key);
-    let recalled = store
-        .recall(SHADOWED, &key)
-        .and_then(|b| std::str::from_utf8(&b).ok()?.parse::<Digest>().ok())
-        .filter(|d| store.has_directory(d).unwrap_or(false));
-    if let Some(d) = recalled {
-        return Ok(d);
+    let recalled = store.recall(SHADOWED, &key).and_then(|b| {
+        let text = String::from_utf8(b).ok()?;
+        let ds: Vec<Digest> = text
+            .lines()
+            .map(|l| l.parse().ok())
+            .collect::<Option<_>>()?;
+        let whole =
+            ds.len() == lowers.len() && ds.iter().all(|d| store.has_directory(d).unwrap_or(false));
+        whole.then_some(ds)
+    });
+    if let Some(ds) = recalled {
+        return Ok(ds);
     }
     let txn = store.txn()?;
-    let (root, _) = shadow(store, &txn, lower, upper)?;
+    let mut out = Vec::with_capacity(lowers.len());
+    for lower in lowers {
+        out.push(shadow(store, &txn, lower, upper)?.0);
+    }
     txn.commit()?;
-    let _ = store.remember(SHADOWED, &key, root.to_string().as_bytes());
-    Ok(root)
+    let answer: Vec<String> = out.iter().map(Digest::to_string).collect();
+    let _ = store.remember(SHADOWED, &key, answer.join("\n").as_bytes());
+    Ok(out)
 }
 
 /// The memos of [`shadowed`].

@@ -212,8 +212,8 @@ fn a_shadowed_tree_composes_under_the_tree_that_shadows_it() {
     write(&root.join("opt/x"), b"file", 0o644);
     let input = import_path(&env.store, &root, &()).unwrap().root;
 
-    let lower = castore::compose::shadowed(&env.store, &toolchain_with_link, &input).unwrap();
-    let c = compose(&env.store, &[input, lower]).unwrap();
+    let lower = castore::compose::shadowed(&env.store, &[toolchain_with_link], &input).unwrap();
+    let c = compose(&env.store, &[input, lower[0]]).unwrap();
     let out = env.path("out");
     castore::export::export(&env.store, &c.root, &out, &()).unwrap();
     for (p, want) in [
@@ -235,15 +235,25 @@ fn a_shadowed_tree_composes_under_the_tree_that_shadows_it() {
     write(&other.join("srv/data"), b"d", 0o644);
     let other = import_path(&env.store, &other, &()).unwrap().root;
     assert_eq!(
-        castore::compose::shadowed(&env.store, &toolchain, &other).unwrap(),
-        toolchain
+        castore::compose::shadowed(&env.store, &[toolchain], &other).unwrap(),
+        [toolchain]
     );
     // Shadowed by itself, only its directories are left: composed under
     // it, the tree is itself.
-    let dirs = castore::compose::shadowed(&env.store, &toolchain, &toolchain).unwrap();
-    assert_ne!(dirs, toolchain);
+    let dirs = castore::compose::shadowed(&env.store, &[toolchain], &toolchain).unwrap();
+    assert_ne!(dirs, [toolchain]);
     assert_eq!(
-        compose(&env.store, &[toolchain, dirs]).unwrap().root,
+        compose(&env.store, &[toolchain, dirs[0]]).unwrap().root,
         toolchain
+    );
+    // A list of atoms at once, each shadowed alone; asked again, the same
+    // answer (remembered for the list).
+    let both = [toolchain, toolchain_with_link];
+    let first = castore::compose::shadowed(&env.store, &both, &input).unwrap();
+    assert_eq!(first.len(), 2);
+    assert_eq!(first[1], lower[0]);
+    assert_eq!(
+        castore::compose::shadowed(&env.store, &both, &input).unwrap(),
+        first
     );
 }

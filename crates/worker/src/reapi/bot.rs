@@ -577,16 +577,27 @@ async fn execute_inner(
     );
     let store = ctx.cas.store().clone();
     let dirs = plan.dirs.clone();
-    let atoms = plan.toolchain.iter().flat_map(|(_, a)| a.clone()).collect();
+    let atoms: Vec<Digest> = plan.toolchain.iter().flat_map(|(_, a)| a.clone()).collect();
     let slash = matches!(plan.root, Root::Slash { .. });
+    let whole_root = matches!(
+        plan.root,
+        Root::Slash {
+            whole_root: true,
+            ..
+        }
+    );
     let (source, toolchain, top) = tokio::task::spawn_blocking(move || {
         let source = cas::with_dirs(&store, &tree, &dirs)?;
         let toolchain = if slash {
-            shadowed_by(&store, atoms, &source)?
+            castore::compose::shadowed(&store, &atoms, &source)?
         } else {
             atoms
         };
-        Ok::<_, CasError>((source, toolchain, top_level_dirs(&store, &source)?))
+        let top = match whole_root {
+            true => top_level_dirs(&store, &source)?,
+            false => Vec::new(),
+        };
+        Ok::<_, CasError>((source, toolchain, top))
     })
     .await
     .map_err(|e| Refusal::new(Code::Internal, e.to_string()))?
@@ -702,19 +713,6 @@ fn whole_root_after(
         after.insert(name.clone(), node)?;
     }
     Ok(store.put_directory(&after)?)
-}
-
-/// Each toolchain atom without what the input root `upper` holds, so the
-/// input root as `/` takes precedence over the toolchain it sits on.
-fn shadowed_by(
-    store: &castore::LocalStore,
-    atoms: Vec<Digest>,
-    upper: &Digest,
-) -> Result<Vec<Digest>, CasError> {
-    atoms
-        .iter()
-        .map(|a| Ok(castore::compose::shadowed(store, a, upper)?))
-        .collect()
 }
 
 /// The record and its read set in the engine's CAS, named in
