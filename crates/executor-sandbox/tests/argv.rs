@@ -253,7 +253,10 @@ fn a_placed_scratch_is_bound_and_landlocked_only_at_its_places() {
     let at = |seq: &[&str]| argv.windows(seq.len()).position(|w| w == seq);
     let work = at(&["--ro-bind", "/mnt/view/work", "/work"]).expect("the view's /work");
     let place = at(&["--bind", "/scratch/b1/w", "/work/p"]).expect("the place");
-    assert!(work < place, "a place is bound over the view's entry, after it");
+    assert!(
+        work < place,
+        "a place is bound over the view's entry, after it"
+    );
     assert!(has_seq(&argv, &["--bind", "/scratch/b1/i", "/install"]));
     assert!(has_seq(&argv, &["--ro-bind", "/mnt/view/build", "/build"]));
     assert!(!has_seq(&argv, &["--bind", "/scratch/b1", "/build"]));
