@@ -299,8 +299,9 @@ impl Outputs {
     }
 }
 
-/// Where an output may not be placed: what the sandbox itself mounts.
-const UNPLACEABLE: &[&str] = &["/proc", "/dev", "/tmp", "/run", "/sys"];
+/// The top-level directories the sandbox mounts itself, where an output
+/// may not be placed (nothing written there is kept).
+pub const SANDBOX_OWN: &[&str] = &["proc", "dev", "tmp", "run", "sys"];
 
 /// Check an `[outputs] at` path: absolute, normal (no empty, `.` or `..`
 /// component, no trailing `/`), not `/` and not at or under what the
@@ -320,11 +321,9 @@ fn check_placement(name: &OutputName, path: &str) -> Result<(), String> {
     {
         return bad("is not a normal path (no empty, `.` or `..` component, no trailing `/`)");
     }
-    if let Some(m) = UNPLACEABLE
-        .iter()
-        .find(|m| path == **m || path.starts_with(&format!("{m}/")))
-    {
-        return bad(&format!("lies in {m}, which the sandbox mounts itself"));
+    let top = rest.split('/').next().unwrap_or_default();
+    if SANDBOX_OWN.contains(&top) {
+        return bad(&format!("lies in /{top}, which the sandbox mounts itself"));
     }
     Ok(())
 }
@@ -726,6 +725,12 @@ impl<I> ActionOf<I> {
                 }
             }
         }
+        if o.names.is_empty() && (o.in_place.is_some() || self.inputs.source.is_some()) {
+            return Err(
+                "[outputs] names is empty, so there is no /build and no /build/src: give the tree the build works in as part of the closure instead of [inputs] source"
+                    .into(),
+            );
+        }
         if o.in_place.is_some() || self.inputs.source.is_some() {
             return Err(
                 "[outputs] at places the outputs in the root, where there is no /build/src: give the tree the build works in as part of the closure instead of [inputs] source (and no in_place)"
@@ -914,6 +919,12 @@ mod tests {
         let with_source = t.replace("[run]", &format!("source = \"{D}\"\n[run]"));
         let e = parse(&with_source).unwrap_err().to_string();
         assert!(e.contains("no /build/src"), "{e}");
+        // An action that makes nothing has no /build either.
+        let nothing = format!(
+            "[inputs]\nclosure = [\"{D}\"]\nsource = \"{D}\"\n[run]\ncommand = [\"x\"]\nworkdir = \"/w\"\n[outputs]\nnames = []\n"
+        );
+        let e = parse(&nothing).unwrap_err().to_string();
+        assert!(e.contains("names is empty, so there is no /build"), "{e}");
     }
 
     #[test]

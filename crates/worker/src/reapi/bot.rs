@@ -579,13 +579,7 @@ async fn execute_inner(
     let dirs = plan.dirs.clone();
     let atoms: Vec<Digest> = plan.toolchain.iter().flat_map(|(_, a)| a.clone()).collect();
     let slash = matches!(plan.root, Root::Slash { .. });
-    let whole_root = matches!(
-        plan.root,
-        Root::Slash {
-            whole_root: true,
-            ..
-        }
-    );
+    let whole_root = plan.whole_root();
     let (source, toolchain, top) = tokio::task::spawn_blocking(move || {
         let source = cas::with_dirs(&store, &tree, &dirs)?;
         let toolchain = if slash {
@@ -777,14 +771,7 @@ async fn result(
         .into_iter()
         .map(|(name, out)| Some((name, *rec.outputs.get(&out)?)))
         .collect();
-    let asked = matches!(
-        plan.root,
-        Root::Slash {
-            whole_root: true,
-            ..
-        }
-    );
-    let whole = (asked && !rec.outputs.is_empty())
+    let whole = (plan.whole_root() && !rec.outputs.is_empty())
         .then_some(replaced)
         .flatten()
         .map(|r| (*source, r));

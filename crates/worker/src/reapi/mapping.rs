@@ -182,14 +182,11 @@ pub enum Root {
     /// one (the input root's entries shadow the toolchain's); the scratch
     /// is placed at these directories (relative to the input root,
     /// [`paths::places`]), each holding at first what the input root has
-    /// there and afterwards output `dirN`. `whole_root`: an output is the
-    /// whole input root, so every top-level directory of it is a place
-    /// ([`Plan::widen`]) and the output is the input root with them
-    /// replaced by what they hold afterwards.
-    Slash {
-        places: Vec<String>,
-        whole_root: bool,
-    },
+    /// there and afterwards output `dirN`. When an output is the whole
+    /// input root ([`Plan::whole_root`]), every top-level directory of it
+    /// is a place ([`Plan::widen`]) and that output is the input root with
+    /// them replaced by what they hold afterwards.
+    Slash { places: Vec<String> },
 }
 
 impl Plan {
@@ -206,14 +203,19 @@ impl Plan {
         }
     }
 
+    /// Whether the input root is `/` and an output is all of it (what
+    /// BuildStream asks for when it runs commands with the root writable).
+    pub fn whole_root(&self) -> bool {
+        matches!(self.root, Root::Slash { .. }) && self.outputs.iter().any(|o| o.in_root.is_empty())
+    }
+
     /// For an action that writes its whole root: every top-level directory
     /// `top` of its input root (with the places made) is a place too.
     pub fn widen(&mut self, top: impl IntoIterator<Item = String>) {
-        if let Root::Slash {
-            places,
-            whole_root: true,
-        } = &mut self.root
-        {
+        if !self.whole_root() {
+            return;
+        }
+        if let Root::Slash { places } = &mut self.root {
             *places = paths::with_top_level(std::mem::take(places), top);
         }
     }
@@ -409,9 +411,7 @@ pub fn plan(action: &re::Action, command: &re::Command, policy: &Policy) -> Resu
         let places = paths::places(&resolved)?;
         // A place is a mount point: the input root has a directory there.
         let dirs: BTreeSet<String> = resolved.dirs.iter().chain(&places).cloned().collect();
-        let whole_root = paths::whole_root(&resolved);
-        let root = Root::Slash { places, whole_root };
-        (root, dirs.into_iter().collect())
+        (Root::Slash { places }, dirs.into_iter().collect())
     } else {
         (Root::Worktree, resolved.dirs)
     };
@@ -1040,8 +1040,7 @@ mod tests {
         assert_eq!(
             p.root,
             Root::Slash {
-                places: vec!["buildstream/p/e".into(), "buildstream-install".into()],
-                whole_root: false,
+                places: vec!["buildstream/p/e".into(), "buildstream-install".into()]
             }
         );
         // The mount points are made in the input root (with the outputs'
@@ -1102,13 +1101,7 @@ mod tests {
         bare.working_directory = String::new();
         bare.output_paths.clear();
         let p = plan(&a, &bare, &policy()).unwrap();
-        assert_eq!(
-            p.root,
-            Root::Slash {
-                places: vec![],
-                whole_root: false
-            }
-        );
+        assert_eq!(p.root, Root::Slash { places: vec![] });
         assert_eq!(p.workdir(), "/");
         let fa = fhsx_action(&p, src, Vec::new(), &Limits::default()).unwrap();
         assert!(fa.outputs.names.is_empty() && fa.outputs.placed());
@@ -1123,10 +1116,10 @@ mod tests {
         assert_eq!(
             p.root,
             Root::Slash {
-                places: vec!["buildstream".into(), "etc".into(), "usr".into()],
-                whole_root: true
+                places: vec!["buildstream".into(), "etc".into(), "usr".into()]
             }
         );
+        assert!(p.whole_root());
         assert_eq!(p.locate(""), None);
         let top: Vec<(String, String)> = p
             .top_level_places()

@@ -39,6 +39,8 @@
 
 use std::collections::BTreeSet;
 
+use executor_core::action::SANDBOX_OWN;
+
 use super::mapping::Refusal;
 use super::proto::{re, Code};
 
@@ -177,17 +179,13 @@ pub fn resolve_command(command: &re::Command) -> Result<Resolved, Refusal> {
     })
 }
 
-/// Top-level directories the sandbox mounts itself, where no output of an
-/// action whose input root is `/` can be kept.
-pub const SANDBOX_OWN: &[&str] = &["proc", "dev", "tmp", "run", "sys"];
-
 /// Where the scratch is placed when the input root is the action's `/`
 /// (relative to the input root, outermost only, in component order): the
 /// working directory, and for each output outside every place so far its
 /// parent directory — or the output itself, for an `output_directories`
 /// entry or an `output_paths` entry directly below the root, whose parent
 /// is the root. An output that is the whole input root is left to the
-/// caller ([`whole_root`]: every top-level directory then is a place). A
+/// caller (every top-level directory then is a place, [`with_top_level`]). A
 /// file directly in the root is refused (`INVALID_ARGUMENT`: the root's
 /// own entries cannot be made), as is an output in what the sandbox
 /// mounts itself (`/tmp`, `/proc`, …). Each place holds, at the start,
@@ -222,14 +220,6 @@ pub fn places(resolved: &Resolved) -> Result<Vec<String>, Refusal> {
         }
     }
     Ok(outermost(places))
-}
-
-/// Whether an output is the whole input root (BuildStream asks for it when
-/// it runs commands with the root writable, as its integration commands):
-/// then every top-level directory of the input root is a place
-/// ([`with_top_level`]).
-pub fn whole_root(resolved: &Resolved) -> bool {
-    resolved.outputs.iter().any(|o| o.in_root.is_empty())
 }
 
 /// `places` widened by the input root's top-level directories `top` (but
@@ -451,7 +441,6 @@ mod tests {
         }
         // The whole root: left to the caller, widened by the top level.
         let r = resolve_command(&command("b/p/e", &[".", "../../.."], &[], &[])).unwrap();
-        assert!(whole_root(&r));
         let got = places(&r).unwrap();
         assert_eq!(got, ["b/p/e"]);
         let top = ["b", "usr", "tmp", "proc", "etc"].map(String::from);
