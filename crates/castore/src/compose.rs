@@ -163,11 +163,9 @@ pub fn shadowed(store: &LocalStore, lowers: &[Digest], upper: &Digest) -> Result
     // A pure function of the trees (see `store::memo`), remembered for the
     // whole list: a worker asks it again for every action on the same
     // input root, one recall rather than one per atom.
-    let mut key = upper.as_bytes().to_vec();
-    for l in lowers {
-        key.extend_from_slice(l.as_bytes());
-    }
-    let key = Digest::of(&key);
+    let mut trees = vec![*upper];
+    trees.extend_from_slice(lowers);
+    let key = atoms_key(&trees);
     let recalled = store.recall(SHADOWED, &key).and_then(|b| {
         let text = String::from_utf8(b).ok()?;
         let ds: Vec<Digest> = text
