@@ -562,4 +562,79 @@ mod tests {
         );
         assert!(Directory::decode(&[0xff, 0xff]).is_err());
     }
+
+    /// The hand-written reader, tried as an attacker would: every prefix
+    /// and every single-byte change of a valid encoding is refused or is
+    /// exactly the canonical encoding of what it decodes to; and the
+    /// malformed shapes the reader itself must catch are refused.
+    #[test]
+    fn decode_accepts_only_canonical_bytes() {
+        let mut d = Directory::new();
+        let digest = Digest::of(b"x");
+        d.insert(
+            Name::new(b"a").unwrap(),
+            Node::File {
+                digest,
+                size: 5,
+                executable: true,
+            },
+        )
+        .unwrap();
+        d.insert(
+            Name::new(b"d").unwrap(),
+            Node::Directory { digest, size: 3 },
+        )
+        .unwrap();
+        d.insert(
+            Name::new(b"s").unwrap(),
+            Node::Symlink {
+                target: SymlinkTarget::new(b"t").unwrap(),
+            },
+        )
+        .unwrap();
+        let good = d.encode();
+        assert_eq!(Directory::decode(&good).unwrap(), d);
+        let canonical_or_refused = |bytes: &[u8]| {
+            if let Ok(back) = Directory::decode(bytes) {
+                assert_eq!(back.encode(), bytes, "non-canonical bytes accepted");
+            }
+        };
+        for n in 0..good.len() {
+            canonical_or_refused(&good[..n]);
+        }
+        for i in 0..good.len() {
+            for b in [
+                0x00, 0x01, 0x02, 0x08, 0x0a, 0x10, 0x12, 0x18, 0x1a, 0x22, 0x7f, 0x80, 0xff,
+            ] {
+                let mut m = good.clone();
+                m[i] = b;
+                canonical_or_refused(&m);
+            }
+        }
+        let symlink = |fields: &[u8]| {
+            let mut v = vec![0x1a, fields.len() as u8];
+            v.extend_from_slice(fields);
+            v
+        };
+        for (what, bytes) in [
+            (
+                "a size on a symlink",
+                symlink(&[0x0a, 1, b's', 0x12, 1, b't', 0x18, 1]),
+            ),
+            (
+                "a name twice",
+                symlink(&[0x0a, 1, b's', 0x0a, 1, b's', 0x12, 1, b't']),
+            ),
+            (
+                "an unknown field in an entry",
+                symlink(&[0x0a, 1, b's', 0x12, 1, b't', 0x28, 1]),
+            ),
+            ("a varint at the top", vec![0x08, 1]),
+            ("a fourth list", vec![0x22, 0]),
+            ("a length past the end", vec![0x1a, 5, 0x0a]),
+            ("a varint that never ends", vec![0x1a, 0x80, 0x80, 0x80]),
+        ] {
+            assert!(Directory::decode(&bytes).is_err(), "{what} accepted");
+        }
+    }
 }
