@@ -36,11 +36,19 @@ pub fn escaped(bytes: &[u8]) -> String {
 }
 
 /// `\xNN` for the byte `b`.
-fn push_hex(out: &mut String, b: u8) {
+fn hex(b: u8) -> [u8; 4] {
     const HEX: &[u8; 16] = b"0123456789abcdef";
-    out.push_str("\\x");
-    out.push(char::from(HEX[usize::from(b >> 4)]));
-    out.push(char::from(HEX[usize::from(b & 15)]));
+    [
+        b'\\',
+        b'x',
+        HEX[usize::from(b >> 4)],
+        HEX[usize::from(b & 15)],
+    ]
+}
+
+/// [`hex`] of `b`, onto a string.
+fn push_hex(out: &mut String, b: u8) {
+    out.extend(hex(b).map(char::from));
 }
 
 /// The build's own output as it may reach a terminal live: every byte as
@@ -54,16 +62,10 @@ pub fn terminal_safe(bytes: &[u8]) -> Cow<'_, [u8]> {
     }
     // Binary output (a build piping /dev/zero to stderr) is all controls:
     // four bytes out for each, with no allocation per byte.
-    const HEX: &[u8; 16] = b"0123456789abcdef";
     let mut out = Vec::with_capacity(bytes.len() + bytes.len() / 4);
     for &b in bytes {
         if unsafe_byte(b) {
-            out.extend_from_slice(&[
-                b'\\',
-                b'x',
-                HEX[usize::from(b >> 4)],
-                HEX[usize::from(b & 15)],
-            ]);
+            out.extend_from_slice(&hex(b));
         } else {
             out.push(b);
         }
