@@ -1113,12 +1113,33 @@ mod tests {
         let held = fs::File::create(live.join(LOCK)).unwrap();
         // SAFETY: flock on an fd we own.
         assert_eq!(unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX) }, 0);
+        // A scratch an earlier version parked, its lock free: swept too.
+        let parked = tmp.path().join("fhsx-parked-old");
+        fs::create_dir_all(parked.join("build")).unwrap();
+        fs::write(parked.join(LOCK), b"").unwrap();
+        // A creator killed before its rename, ten minutes ago; one at work.
+        let staged = |name: &str, age: u64| {
+            let d = tmp.path().join(format!("{STAGING}{name}"));
+            fs::create_dir_all(d.join("x")).unwrap();
+            let then = std::time::SystemTime::now() - std::time::Duration::from_secs(age);
+            fs::File::open(&d).unwrap().set_modified(then).unwrap();
+            d
+        };
+        let (old_staged, new_staged) = (staged("old", 601), staged("new", 0));
         let mut swept = sweep_abandoned(tmp.path());
         swept.sort();
-        assert_eq!(swept, vec![half.clone()]);
+        assert_eq!(swept, vec![half.clone(), parked.clone()]);
         assert!(
             !half.exists() && !bare.exists(),
             "a killed remover's area is left"
+        );
+        assert!(
+            !old_staged.exists(),
+            "a dead creator's staging area is left"
+        );
+        assert!(
+            new_staged.exists(),
+            "a creator at work lost its staging area"
         );
         assert!(kept.join("build/deep/f").exists(), "a kept area was swept");
         assert!(live.join("build/deep/f").exists(), "a live area was swept");
