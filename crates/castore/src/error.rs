@@ -87,7 +87,8 @@ pub enum Error {
     #[error("tree {root} nests directories more than {limit} deep; the store takes trees at most {limit} deep: make it shallower")]
     TreeTooDeep { root: Digest, limit: usize },
 
-    #[error("{op} {path}")]
+    /// Its path may hold names a build chose: shown escaped.
+    #[error("{op} {}", crate::shown::escaped(.path.as_os_str().as_encoded_bytes()))]
     Io {
         op: &'static str,
         path: PathBuf,

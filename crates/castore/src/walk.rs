@@ -99,7 +99,8 @@ pub fn lookup_bytes(store: &dyn DirectoryStore, root: &Digest, path: &[u8]) -> R
         if !walked.is_empty() {
             walked.push('/');
         }
-        walked.push_str(&String::from_utf8_lossy(comp));
+        // A stored name may be one a build chose: shown escaped.
+        walked.push_str(&crate::shown::escaped(comp));
         node = dir.get(comp).cloned().ok_or_else(|| Error::BadTreePath {
             path: walked.clone(),
             reason: "no such file or directory in the tree".into(),
@@ -170,6 +171,29 @@ mod tests {
             top = holding(&s, Some(top), &["d"], None);
         }
         assert!(check_depth(&s, &top, 1024).is_err());
+    }
+
+    /// A stored name a build chose (an escape sequence) reaches no message
+    /// raw: not a lookup's path, not an I/O error's.
+    #[test]
+    fn names_in_errors_are_escaped() {
+        let t = tempfile::tempdir().unwrap();
+        let s = LocalStore::open(t.path()).unwrap();
+        let leaf = holding(&s, None, &[], Some(Digest::of(b"x")));
+        let top = holding(&s, Some(leaf), &["\x1b]52;c;x\x07"], None);
+        let err = lookup(&s, &top, "\x1b]52;c;x\x07/f/deeper")
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("\\x1b]52;c;x\\x07/f") && !err.contains('\x1b'),
+            "{err}"
+        );
+        let io = crate::error::io("open", "/out/\x1b[2J")(std::io::Error::other("gone"));
+        let shown = io.to_string();
+        assert!(
+            shown.contains("\\x1b[2J") && !shown.contains('\x1b'),
+            "{shown}"
+        );
     }
 
     /// Sixty levels of two names each for the same child: 2^60 paths, 61
