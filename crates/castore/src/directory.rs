@@ -136,8 +136,8 @@ impl Directory {
     /// answers false; whether it took every entry.
     fn encode_each(&self, sink: &mut dyn FnMut(&[u8]) -> bool) -> bool {
         let mut entry = Vec::new();
-        for (list, kind) in [(1u8, Kind::Directory), (2, Kind::File), (3, Kind::Symlink)] {
-            for (name, node) in self.entries.iter().filter(|(_, n)| Kind::of(n) == kind) {
+        for list in 1..=3 {
+            for (name, node) in self.entries.iter().filter(|(_, n)| list_of(n) == list) {
                 entry.clear();
                 let out = &mut entry;
                 put_bytes_header(out, list, message_len(name, node));
@@ -228,20 +228,13 @@ impl Directory {
     }
 }
 
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Kind {
-    Directory,
-    File,
-    Symlink,
-}
-
-impl Kind {
-    fn of(n: &Node) -> Kind {
-        match n {
-            Node::Directory { .. } => Kind::Directory,
-            Node::File { .. } => Kind::File,
-            Node::Symlink { .. } => Kind::Symlink,
-        }
+/// The protobuf list (field of `Directory`) a node is written in:
+/// directories 1, files 2, symlinks 3.
+fn list_of(n: &Node) -> u8 {
+    match n {
+        Node::Directory { .. } => 1,
+        Node::File { .. } => 2,
+        Node::Symlink { .. } => 3,
     }
 }
 
