@@ -75,6 +75,17 @@ pub struct GraphNode {
     /// Its canonical path (the node's identity).
     canonical: PathBuf,
     pub action: ActionFile,
+    /// Each file it refers to, as written, and that file's node: found
+    /// once at load, so resolving a reference touches no file.
+    refers: HashMap<PathBuf, usize>,
+}
+
+impl GraphNode {
+    /// Its canonical path: the node's identity, the same however it is
+    /// referred to.
+    pub fn canonical(&self) -> &Path {
+        &self.canonical
+    }
 }
 
 /// An action file and every action it refers to, dependencies first.
@@ -111,6 +122,25 @@ impl ActionGraph {
         &self.nodes
     }
 
+    /// The nodes node `i` refers to (each once; every one before `i`).
+    pub fn dependencies(&self, i: usize) -> Vec<usize> {
+        let mut d: Vec<usize> = self.nodes[i].refers.values().copied().collect();
+        d.sort_unstable();
+        d.dedup();
+        d
+    }
+
+    /// For each node, the nodes that refer to it (each once).
+    pub fn dependents(&self) -> Vec<Vec<usize>> {
+        let mut out = vec![Vec::new(); self.nodes.len()];
+        for i in 0..self.nodes.len() {
+            for j in self.dependencies(i) {
+                out[j].push(i);
+            }
+        }
+        out
+    }
+
     pub fn root(&self) -> &GraphNode {
         // `load` always pushes the root.
         &self.nodes[self.nodes.len() - 1]
@@ -126,12 +156,12 @@ impl ActionGraph {
         mut import: impl FnMut(&Path) -> Result<Vec<Digest>, E>,
         mut build: impl FnMut(&GraphNode, Action, bool) -> Result<(BTreeMap<OutputName, Digest>, T), E>,
     ) -> Result<T, E> {
-        let mut built: HashMap<PathBuf, BTreeMap<OutputName, Digest>> = HashMap::new();
+        let mut built: Vec<BTreeMap<OutputName, Digest>> = Vec::with_capacity(self.nodes.len());
         let mut last = None;
         for (i, node) in self.nodes.iter().enumerate() {
-            let action = resolve(node, &built, &mut import)?;
+            let action = self.resolve(i, |j| built.get(j), &mut import)?;
             let (outputs, t) = build(node, action, i + 1 == self.nodes.len())?;
-            built.insert(node.canonical.clone(), outputs);
+            built.push(outputs);
             last = Some(t);
         }
         // `load` never makes an empty graph.
@@ -143,47 +173,50 @@ impl ActionGraph {
     }
 }
 
-fn resolve<E: From<GraphError>>(
-    node: &GraphNode,
-    built: &HashMap<PathBuf, BTreeMap<OutputName, Digest>>,
-    import: &mut impl FnMut(&Path) -> Result<Vec<Digest>, E>,
-) -> Result<Action, E> {
-    let dir = node.canonical.parent().unwrap_or(Path::new("/"));
-    let shown = node.file.display().to_string();
-    node.action.clone().resolve(
-        |_: InputList, r| match r {
-            InputRef::Output { file, output } => {
-                let target = std::fs::canonicalize(dir.join(file)).map_err(|source| {
-                    GraphError::Missing {
-                        chain: vec![shown.clone()],
+impl ActionGraph {
+    /// Node `i`'s action with every input a digest: a reference is the
+    /// output `outputs_of` gives for the node it names (which must be
+    /// built), a path is what `import` makes of it.
+    pub fn resolve<'b, E: From<GraphError>>(
+        &self,
+        i: usize,
+        outputs_of: impl Fn(usize) -> Option<&'b BTreeMap<OutputName, Digest>>,
+        import: &mut impl FnMut(&Path) -> Result<Vec<Digest>, E>,
+    ) -> Result<Action, E> {
+        let node = &self.nodes[i];
+        let dir = node.canonical.parent().unwrap_or(Path::new("/"));
+        let shown = node.file.display().to_string();
+        node.action.clone().resolve(
+            |_: InputList, r| match r {
+                InputRef::Output { file, output } => {
+                    let target = node.refers.get(file).copied();
+                    let digest = target
+                        .and_then(&outputs_of)
+                        .and_then(|outs| outs.get(output));
+                    Ok(vec![*digest.ok_or_else(|| GraphError::UnknownOutput {
+                        chain: vec![format!("{shown}#{output}")],
                         file: file.clone(),
-                        source,
-                    }
-                })?;
-                let digest = built.get(&target).and_then(|outs| outs.get(output));
-                Ok(vec![*digest.ok_or_else(|| GraphError::UnknownOutput {
-                    chain: vec![format!("{shown}#{output}")],
-                    file: file.clone(),
-                    output: output.clone(),
-                    declared: Vec::new(),
-                })?])
-            }
-            InputRef::Path(p) => import(&dir.join(p)),
-            InputRef::Digest(d) => Ok(vec![*d]),
-        },
-        |i, n| {
-            E::from(GraphError::Source {
-                chain: vec![shown.clone()],
-                input: i.to_string(),
-                trees: n,
-            })
-        },
-    )
+                        output: output.clone(),
+                        declared: Vec::new(),
+                    })?])
+                }
+                InputRef::Path(p) => import(&dir.join(p)),
+                InputRef::Digest(d) => Ok(vec![*d]),
+            },
+            |i, n| {
+                E::from(GraphError::Source {
+                    chain: vec![shown.clone()],
+                    input: i.to_string(),
+                    trees: n,
+                })
+            },
+        )
+    }
 }
 
 struct Loader {
-    /// Loaded nodes by canonical path → their output names.
-    done: HashMap<PathBuf, Vec<OutputName>>,
+    /// Loaded nodes by canonical path → their output names and index.
+    done: HashMap<PathBuf, (Vec<OutputName>, usize)>,
     order: Vec<GraphNode>,
     /// Canonical paths on the current path from the root, for cycles.
     path: Vec<PathBuf>,
@@ -195,9 +228,9 @@ impl Loader {
         shown: &Path,
         canonical: PathBuf,
         chain: &[String],
-    ) -> Result<Vec<OutputName>, GraphError> {
-        if let Some(names) = self.done.get(&canonical) {
-            return Ok(names.clone());
+    ) -> Result<(Vec<OutputName>, usize), GraphError> {
+        if let Some(done) = self.done.get(&canonical) {
+            return Ok(done.clone());
         }
         if self.path.contains(&canonical) {
             return Err(GraphError::Cycle {
@@ -228,6 +261,7 @@ impl Loader {
                 });
             }
         }
+        let mut refers: HashMap<PathBuf, usize> = HashMap::new();
         for (_, file, output) in action.references() {
             let mut link = chain.to_vec();
             link.push(format!("{}#{output}", shown_dir.join(file).display()));
@@ -237,7 +271,8 @@ impl Loader {
                     file: file.to_path_buf(),
                     source,
                 })?;
-            let declared = self.visit(&shown_dir.join(file), target, &link)?;
+            let (declared, index) = self.visit(&shown_dir.join(file), target, &link)?;
+            refers.insert(file.to_path_buf(), index);
             if !declared.contains(output) {
                 return Err(GraphError::UnknownOutput {
                     chain: link,
@@ -249,13 +284,15 @@ impl Loader {
         }
         self.path.pop();
         let names = action.outputs.names.clone();
-        self.done.insert(canonical.clone(), names.clone());
+        let index = self.order.len();
+        self.done.insert(canonical.clone(), (names.clone(), index));
         self.order.push(GraphNode {
             file: shown.to_path_buf(),
             canonical,
             action,
+            refers,
         });
-        Ok(names)
+        Ok((names, index))
     }
 }
 

@@ -15,6 +15,7 @@ pub mod action;
 mod error;
 pub mod graph;
 pub mod record;
+pub mod schedule;
 pub mod vary;
 
 pub use action::{
@@ -79,6 +80,10 @@ pub struct BuildRequest {
     /// `stderr_digest` names stderr (REAPI's two fields), where otherwise
     /// one log keeps both in the order they came.
     pub split_streams: bool,
+    /// Among builds waiting for a token of the executor's pool (see
+    /// `fhs_executor::jobserver`), the highest goes first; a graph gives
+    /// its remaining critical path in milliseconds.
+    pub priority: u64,
 }
 
 impl BuildRequest {
@@ -98,6 +103,7 @@ impl BuildRequest {
             diffoscope: false,
             failed_outputs: false,
             split_streams: false,
+            priority: 0,
         }
     }
 }

@@ -679,6 +679,19 @@ impl Runtime {
             .as_ref()
             .map(|f| sys::dup_at_least(f.as_raw_fd(), 10))
             .transpose()?;
+        // The jobserver, opened here: its read end on the spares, its write
+        // end on the returns, both blocking, as make expects.
+        let jobserver_hi = match spec.jobserver_fifos() {
+            Some((spares, returns)) => {
+                let read = open_jobserver_end(spares, libc::O_RDONLY)?;
+                let write = open_jobserver_end(returns, libc::O_WRONLY)?;
+                Some((
+                    sys::dup_at_least(read.as_raw_fd(), 10)?,
+                    sys::dup_at_least(write.as_raw_fd(), 10)?,
+                ))
+            }
+            None => None,
+        };
         let in_hi = stdin_fd
             .as_ref()
             .map(|f| sys::dup_at_least(f.as_raw_fd(), 10))
@@ -730,6 +743,9 @@ impl Runtime {
             args: args_hi.as_raw_fd(),
             supervisor: supervisor_hi.as_raw_fd(),
             seccomp: seccomp_hi.as_ref().map(|f| f.as_raw_fd()),
+            jobserver: jobserver_hi
+                .as_ref()
+                .map(|(r, w)| (r.as_raw_fd(), w.as_raw_fd())),
             new_pgrp: opts.cancel.is_some(),
             run_as: spec.run_as,
         };
@@ -1144,13 +1160,15 @@ struct ChildFds {
     /// The supervisor's executable (`O_PATH`), for bwrap to exec.
     supervisor: RawFd,
     seccomp: Option<RawFd>,
+    /// The jobserver's read and write ends, for [`crate::spec::JOBSERVER_FDS`].
+    jobserver: Option<(RawFd, RawFd)>,
     /// Start bwrap in a process group of its own (see `RunOptions::cancel`).
     new_pgrp: bool,
     /// Become this build user last, right before exec.
     run_as: Option<RunAs>,
 }
 
-/// In the forked child: join the cgroup, arrange fds 0-6, close every
+/// In the forked child: join the cgroup, arrange fds 0-8, close every
 /// other inherited descriptor, impose the pristine process state (see
 /// `pristine`), exec bwrap. Never returns.
 ///
@@ -1182,6 +1200,8 @@ unsafe fn exec_child(
             (Some(fds.args), ARGS_FD),
             (fds.seccomp, crate::spec::SECCOMP_FD),
             (Some(fds.supervisor), crate::spec::SUPERVISOR_FD),
+            (fds.jobserver.map(|j| j.0), crate::spec::JOBSERVER_FDS.0),
+            (fds.jobserver.map(|j| j.1), crate::spec::JOBSERVER_FDS.1),
         ];
         for (from, to) in moves {
             if let Some(f) = from {
@@ -1191,7 +1211,7 @@ unsafe fn exec_child(
             }
         }
         // Nothing else crosses: bwrap hands every open fd to the sandbox.
-        let first = (crate::spec::SUPERVISOR_FD + 1) as libc::c_uint;
+        let first = (crate::spec::JOBSERVER_FDS.1 + 1) as libc::c_uint;
         if libc::syscall(libc::SYS_close_range, first, libc::c_uint::MAX, 0) != 0 {
             for fd in first as RawFd..65536 {
                 libc::close(fd);
@@ -1217,4 +1237,27 @@ unsafe fn exec_child(
         libc::execve(bwrap.as_ptr(), argv.as_ptr(), envp.as_ptr());
         libc::_exit(127);
     }
+}
+
+/// One end of a jobserver FIFO, blocking (opened without waiting: the pool
+/// holds the FIFO open for reading and writing).
+fn open_jobserver_end(fifo: &Path, mode: libc::c_int) -> Result<fs::File, SandboxError> {
+    let f = fs::OpenOptions::new()
+        .read(mode == libc::O_RDONLY)
+        .write(mode == libc::O_WRONLY)
+        .custom_flags(libc::O_NONBLOCK | libc::O_CLOEXEC)
+        .open(fifo)
+        .map_err(|e| io_err("opening the jobserver", e))?;
+    // SAFETY: F_GETFL/F_SETFL on a descriptor we own.
+    let ok = unsafe {
+        let flags = libc::fcntl(f.as_raw_fd(), libc::F_GETFL);
+        flags >= 0 && libc::fcntl(f.as_raw_fd(), libc::F_SETFL, flags & !libc::O_NONBLOCK) == 0
+    };
+    if !ok {
+        return Err(io_err(
+            "making the jobserver blocking",
+            std::io::Error::last_os_error(),
+        ));
+    }
+    Ok(f)
 }

@@ -75,6 +75,21 @@ pub const FHSX_RUN_DIR: &str = "/run/fhsx";
 /// Where the fetch proxy's host socket appears inside
 /// ([`SandboxSpec::proxy`]); the supervisor connects to it.
 pub const PROXY_SOCKET_PATH: &str = "/run/fhsx/proxy.sock";
+/// Where a build's jobserver FIFO appears inside ([`SandboxSpec::jobserver`]).
+pub const JOBSERVER_PATH: &str = "/run/fhsx/jobserver";
+/// The descriptors the jobserver is inherited on inside, read end (the
+/// FIFO at [`JOBSERVER_PATH`]) and write end (the pool's returns), for
+/// makes that know only `R,W`.
+pub const JOBSERVER_FDS: (i32, i32) = (7, 8);
+/// `MAKEFLAGS` with a jobserver: `-j` without a number (the pool bounds
+/// the jobs), the FIFO for make >= 4.4, ninja >= 1.13 and the `jobserver`
+/// crate (they take the last `--jobserver-auth`), then the descriptors as
+/// `--jobserver-fd`, getopt's abbreviation of `--jobserver-fds`, which
+/// make <= 4.3 takes (the last wins there too, and it cannot parse a
+/// FIFO) and ninja ignores (it would take them, and refuse them). The
+/// same text in every build.
+pub const JOBSERVER_MAKEFLAGS: &str =
+    "-j --jobserver-auth=fifo:/run/fhsx/jobserver --jobserver-fd=7,8";
 /// The port the supervisor's proxy forwarder listens on by default
 /// (`127.0.0.1:3128` inside the sandbox's own network namespace).
 pub const DEFAULT_PROXY_PORT: u16 = 3128;
@@ -252,6 +267,7 @@ pub struct SandboxSpec {
     pub(crate) nproc: Option<u64>,
     pub(crate) limits: Limits,
     pub(crate) proxy: Option<ProxyForward>,
+    pub(crate) jobserver: Option<(PathBuf, PathBuf)>,
     pub(crate) files: Vec<(PathBuf, PathBuf)>,
     pub(crate) features: BwrapFeatures,
     pub(crate) seccomp: bool,
@@ -284,6 +300,7 @@ impl SandboxSpec {
             nproc: None,
             limits: Limits::default(),
             proxy: None,
+            jobserver: None,
             files: Vec::new(),
             features: BwrapFeatures::ALL,
             seccomp: crate::seccomp::filter_bytes().is_some(),
@@ -690,6 +707,34 @@ impl SandboxSpec {
         self.files.clone()
     }
 
+    /// Give the command a GNU make jobserver: two FIFOs on the host, one
+    /// its jobs take tokens from (`spares`, shown at [`JOBSERVER_PATH`] and
+    /// inherited as the read end of [`JOBSERVER_FDS`]) and one they give
+    /// them back to (`returns`, the write end only); `MAKEFLAGS` is
+    /// [`JOBSERVER_MAKEFLAGS`] unless the caller sets one. The FIFO inside
+    /// is writable (it is a pipe, not a file): a client that knows only
+    /// the path gives tokens back into it.
+    pub fn jobserver(&mut self, spares: &Path, returns: &Path) -> Result<&mut Self, SandboxError> {
+        for (p, role) in [
+            (spares, "the jobserver"),
+            (returns, "the jobserver's returns"),
+        ] {
+            if self.fs.kind(p) != Some(FileKind::Other) {
+                return Err(bad_path(p, role, "it is not a FIFO"));
+            }
+        }
+        self.jobserver = Some((spares.to_path_buf(), returns.to_path_buf()));
+        Ok(self)
+    }
+
+    /// The jobserver's FIFOs on the host (spares, returns), if the command
+    /// has one.
+    pub fn jobserver_fifos(&self) -> Option<(&Path, &Path)> {
+        self.jobserver
+            .as_ref()
+            .map(|(s, r)| (s.as_path(), r.as_path()))
+    }
+
     /// Install the no-setuid-bits seccomp filter (see [`crate::seccomp`]);
     /// on by default where this crate has a filter for the architecture.
     pub fn seccomp(&mut self, on: bool) -> &mut Self {
@@ -776,6 +821,14 @@ impl SandboxSpec {
         for p in layers::mounts::WRITE_EXISTING_INSIDE {
             a.push("--landlock-files");
             a.push(p);
+        }
+        if self.jobserver.is_some() {
+            a.push("--landlock-files");
+            a.push(JOBSERVER_PATH);
+            for fd in [JOBSERVER_FDS.0, JOBSERVER_FDS.1] {
+                a.push("--keep-fd");
+                a.push(fd.to_string());
+            }
         }
         if self.umask != 0o022 {
             a.push("--umask");

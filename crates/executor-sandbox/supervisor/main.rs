@@ -194,11 +194,17 @@ struct Args {
     n_files: usize,
     /// The command's umask (0022 unless varied on purpose).
     umask: u32,
+    /// Inherited descriptors the command keeps (the jobserver's ends).
+    keep_fds: [i32; MAX_KEPT_FDS],
+    n_keep: usize,
     /// The command's argv: NULL-terminated, within the process's own.
     command: *const CStr,
 }
 
-const USAGE: &[u8] = b"usage: fhsx-supervisor [--control-fd N] [--umask OCTAL] [--nproc N] [--rlimit-fsize N] [--rlimit-nofile N] [--rlimit-as N] [--proxy-port P --proxy-socket PATH] [--landlock-rw PATH]... [--landlock-files PATH]... -- CMD [ARGS...]";
+/// At most this many `--keep-fd`s: the jobserver's two ends.
+const MAX_KEPT_FDS: usize = 2;
+
+const USAGE: &[u8] = b"usage: fhsx-supervisor [--control-fd N] [--keep-fd N]... [--umask OCTAL] [--nproc N] [--rlimit-fsize N] [--rlimit-nofile N] [--rlimit-as N] [--proxy-port P --proxy-socket PATH] [--landlock-rw PATH]... [--landlock-files PATH]... -- CMD [ARGS...]";
 
 fn number(flag: &[u8], v: Option<&[u8]>, radix: u64) -> u64 {
     let parsed = v.filter(|v| !v.is_empty() && v.len() <= 20).and_then(|v| {
@@ -237,6 +243,8 @@ unsafe fn parse_args(argc: usize, argv: *const CStr) -> Args {
         landlock_files: [core::ptr::null(); MAX_PATHS],
         n_files: 0,
         umask: 0o022,
+        keep_fds: [-1; MAX_KEPT_FDS],
+        n_keep: 0,
         command: core::ptr::null(),
     };
     let arg = |i: usize| (i < argc).then(|| sys::bytes_of(*argv.add(i)));
@@ -248,6 +256,17 @@ unsafe fn parse_args(argc: usize, argv: *const CStr) -> Args {
                 a.control_fd = Some(number(flag, value, 10).min(i32::MAX as u64) as i32)
             }
             b"--umask" => a.umask = number(flag, value, 8) as u32 & 0o777,
+            b"--keep-fd" => {
+                if a.n_keep == MAX_KEPT_FDS {
+                    die(&[b"too many --keep-fd flags"]);
+                }
+                let fd = number(flag, value, 10);
+                if !(3..=i32::MAX as u64).contains(&fd) {
+                    die(&[b"--keep-fd needs a descriptor above 2"]);
+                }
+                a.keep_fds[a.n_keep] = fd as i32;
+                a.n_keep += 1;
+            }
             b"--nproc" => a.nproc = Some(number(flag, value, 10)),
             b"--rlimit-fsize" | b"--rlimit-nofile" | b"--rlimit-as" => {
                 let res = match flag {
@@ -402,6 +421,34 @@ fn standard_fds_open() {
     }
 }
 
+/// Close every descriptor above 2 but the control channel and the kept
+/// ones (which stay inheritable, as they came).
+fn close_all_but(args: &Args) {
+    let mut keep = [0i32; MAX_KEPT_FDS + 1];
+    let mut n = 0;
+    for fd in args
+        .control_fd
+        .iter()
+        .chain(&args.keep_fds[..args.n_keep])
+    {
+        if *fd >= 3 {
+            keep[n] = *fd;
+            n += 1;
+        }
+    }
+    let keep = &mut keep[..n];
+    keep.sort_unstable();
+    let mut next = 3u32;
+    for &fd in keep.iter() {
+        let fd = fd as u32;
+        if fd > next {
+            sys::close_range(next, fd - 1);
+        }
+        next = next.max(fd + 1);
+    }
+    sys::close_range(next, u32::MAX);
+}
+
 unsafe fn main(argc: usize, argv: *const CStr, envp: *const CStr) -> ! {
     standard_fds_open();
     // Writes to a control channel or a proxy connection whose peer is gone
@@ -416,16 +463,11 @@ unsafe fn main(argc: usize, argv: *const CStr, envp: *const CStr) -> ! {
         die(&[b"must run as PID 1 of its own PID namespace (bwrap --unshare-pid --as-pid-1); refusing to start, since it signals every process it can see"]);
     }
 
-    // Close every inherited descriptor but stdio and the control channel.
-    match args.control_fd {
-        Some(fd) if fd >= 3 => {
-            if fd > 3 {
-                sys::close_range(3, (fd - 1) as u32);
-            }
-            sys::close_range((fd + 1) as u32, u32::MAX);
-            let _ = sys::fcntl(fd, sys::F_SETFD, sys::FD_CLOEXEC);
-        }
-        _ => sys::close_range(3, u32::MAX),
+    // Close every inherited descriptor but stdio, the control channel and
+    // those the command keeps.
+    close_all_but(&args);
+    if let Some(fd) = args.control_fd.filter(|&fd| fd >= 3) {
+        let _ = sys::fcntl(fd, sys::F_SETFD, sys::FD_CLOEXEC);
     }
     let control = Control(args.control_fd.filter(|&fd| fd >= 3));
 

@@ -114,6 +114,11 @@ pub struct FhsExecutor {
     /// faster for many small actions that each read a large compiler once
     /// (`fhsx worker`'s default).
     pub zero_message_open: bool,
+    /// The process's CPU budget ([`crate::jobserver`]): each build waits
+    /// for a token before its scratch is made, holds it until its sandbox
+    /// is gone, and its build gets a jobserver on the same pool. `None`:
+    /// builds start at once and get no jobserver.
+    pub jobserver: Option<Arc<crate::jobserver::TokenPool>>,
 }
 
 /// The fixed environment every build starts from (the action's `env`
@@ -190,6 +195,7 @@ impl FhsExecutor {
             input_depths: None,
             scratch_medium: ScratchMedium::Disk,
             zero_message_open: true,
+            jobserver: None,
         })
     }
 
@@ -254,9 +260,22 @@ impl FhsExecutor {
             true => BuildLog::split(&self.store, plan.action.limits.log)?,
             false => BuildLog::new(&self.store, plan.action.limits.log)?,
         };
+        // A CPU token first: from here on the build uses the machine.
+        let waiting = Instant::now();
+        let mut lease = match &self.jobserver {
+            Some(pool) => Some(pool.acquire(req.priority, self.cancel.as_deref())?),
+            None => None,
+        };
+        let waited = waiting.elapsed();
+        clock.mark("token");
         let mut work = self.prepare(&plan)?;
+        if let Some(lease) = lease.as_mut() {
+            work.open_jobserver(lease)?;
+        }
         clock.mark("prepare");
         let ran = self.run(&plan, &view, &mut work, &roots, &mut log, live)?;
+        // Every token the build's jobs took comes back with the sandbox gone.
+        drop(lease);
         clock.mark("run");
         let violations = violations(&ran, &mut log, live);
         if let Some(f) = &ran.fetch {
@@ -335,7 +354,9 @@ impl FhsExecutor {
             variations: plan.variations.clone(),
             diffoscope: check.as_ref().and_then(|c| c.diffoscope),
             resources: ResourceUse {
-                wall_ms: started.elapsed().as_millis() as u64,
+                // Its own time, not the wait for a token (the scheduler
+                // reads it as this action's expected duration).
+                wall_ms: started.elapsed().saturating_sub(waited).as_millis() as u64,
                 ..ResourceUse::default()
             },
             executor: self.executor_name(),
@@ -782,6 +803,9 @@ impl FhsExecutor {
         )?;
         if let Some(user) = work.build_user() {
             spec.build_user(user);
+        }
+        if let Some(js) = work.jobserver() {
+            spec.jobserver(&js.spares, &js.returns)?;
         }
         let outputs = &action.outputs;
         if outputs.placed() {

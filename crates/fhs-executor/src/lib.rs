@@ -7,7 +7,8 @@
 //! the fetch proxy session (`fetch`), the build's size-capped working area
 //! ([`scratch`]) and the pool a worker keeps such areas in between builds
 //! ([`pool`]), ingesting each declared output as an atom ([`ingest`]),
-//! the interface manifest ([`manifest`]), signing and checking BuildRecords
+//! the token pool every build of a process shares as its make jobserver
+//! ([`jobserver`]), the interface manifest ([`manifest`]), signing and checking BuildRecords
 //! ([`sign`], [`keys`]), the action cache ([`cache`]: exact hits, and hits
 //! of the same command whose read set holds in the new view, [`validate`]),
 //! `--check` comparison ([`check`]) and pruning an action to its read set
@@ -24,7 +25,9 @@ pub mod cache;
 pub mod check;
 mod error;
 mod fetch;
+pub mod history;
 pub mod ingest;
+pub mod jobserver;
 pub mod keys;
 mod log;
 pub mod manifest;

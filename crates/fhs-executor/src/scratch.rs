@@ -106,6 +106,8 @@ pub struct WorkArea {
     /// it can be made as new. Dropped otherwise (a build that failed, an
     /// error on the way), it is removed.
     pool: Option<std::sync::Arc<crate::pool::ScratchPool>>,
+    /// The build's jobserver FIFO in the area, once opened.
+    jobserver: Option<crate::jobserver::Jobserver>,
     /// As root: the build user the build runs as, held while the area
     /// lives (declared last: released only once the area is gone).
     user: Option<BuildUser>,
@@ -223,6 +225,7 @@ impl WorkArea {
             disk: DiskLimit::NotEnforced(String::new()),
             requested: disk_bytes,
             pool: None,
+            jobserver: None,
             user,
         };
         area.admit_user()?;
@@ -341,6 +344,7 @@ impl WorkArea {
             disk: self.disk.clone(),
             requested: self.requested,
             pool: None,
+            jobserver: None,
             user: None,
         })
     }
@@ -362,6 +366,19 @@ impl WorkArea {
     /// The build user the build runs as (as root), held by this area.
     pub fn build_user(&self) -> Option<&BuildUser> {
         self.user.as_ref()
+    }
+
+    /// Make the build's jobserver for `lease` in this area, the build
+    /// user's (see [`crate::jobserver`]); the lease removes it.
+    pub fn open_jobserver(&mut self, lease: &mut crate::jobserver::Lease) -> Result<(), Error> {
+        let owner = self.user.as_ref().map(|u| (u.uid(), u.gid()));
+        self.jobserver = Some(lease.open_jobserver(self.path(), owner)?);
+        Ok(())
+    }
+
+    /// The build's jobserver, once opened.
+    pub fn jobserver(&self) -> Option<&crate::jobserver::Jobserver> {
+        self.jobserver.as_ref()
     }
 
     /// Keep everything for inspection (`--keep-failed`): nothing is

@@ -7,6 +7,7 @@
 mod cmd;
 mod exit;
 mod progress;
+mod watch;
 
 use clap::Parser;
 

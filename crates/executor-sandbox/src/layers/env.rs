@@ -1,12 +1,14 @@
 //! Environment: cleared, then the whitelist — `allow` names copied from the
-//! host if set there, `set` pairs — then `WF_RPC_SOCK`. A denied name (the
+//! host if set there, `set` pairs — then `WF_RPC_SOCK`, and `MAKEFLAGS`
+//! naming the jobserver where there is one and the caller set none. A denied name (the
 //! tool's home) never passes, nor does any value containing its host value.
 
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 
 use crate::spec::{
-    Argv, HostEnv, SandboxSpec, DENIED_ENV, DSH_HOME_ENV, RPC_SOCKET_ENV, RPC_SOCKET_PATH,
+    Argv, HostEnv, SandboxSpec, DENIED_ENV, DSH_HOME_ENV, JOBSERVER_MAKEFLAGS, RPC_SOCKET_ENV,
+    RPC_SOCKET_PATH,
 };
 
 fn contains(hay: &OsStr, needle: &OsStr) -> bool {
@@ -38,4 +40,7 @@ pub(crate) fn emit(spec: &SandboxSpec, host_env: &HostEnv, a: &mut Argv) {
         }
     }
     a.flag3("--setenv", RPC_SOCKET_ENV, RPC_SOCKET_PATH);
+    if spec.jobserver.is_some() && !spec.env.set.contains_key("MAKEFLAGS") {
+        a.flag3("--setenv", "MAKEFLAGS", JOBSERVER_MAKEFLAGS);
+    }
 }

@@ -2,17 +2,23 @@
 //! by reference (`other.toml#out`), in dependency order, each taken from the
 //! cache where it can be — and print the root's signed record.
 
+use std::io::{IsTerminal, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use anyhow::Context;
-use std::path::PathBuf;
-
+use castore::store::ObjectKind;
 use clap::Args;
+use executor_core::schedule::{self, End, Step};
 use executor_core::{
     Action, ActionGraph, BuildOutcome, BuildRecord, BuildRequest, CachePolicy, CheckReport,
     Executor, ExitClass, GraphNode,
 };
+use fhs_executor::history::{Entry, History};
+use fhs_executor::jobserver::TokenPool;
 use fhs_executor::pool::ScratchPool;
 use fhs_executor::FhsExecutor;
 use serde_json::json;
@@ -20,6 +26,7 @@ use serde_json::json;
 use super::store::open_store;
 use super::Globals;
 use crate::exit::Classified;
+use crate::watch::{GraphWatch, Shown};
 
 #[derive(Args, Debug)]
 pub struct BuildArgs {
@@ -88,6 +95,33 @@ pub struct BuildArgs {
     /// With --remote: the worker's access token (the file given to `fhsx worker --token-file`).
     #[arg(long, value_name = "FILE", requires = "remote")]
     pub token_file: Option<PathBuf>,
+    /// Run up to N ready actions at once, and share N CPU tokens among
+    /// them as one GNU make jobserver (each running action holds one; a
+    /// `make` without `-j` in any of them takes more as they are free).
+    /// Default: the CPUs fhsx may use.
+    #[arg(
+        short = 'j',
+        long,
+        value_name = "N",
+        env = "FHSX_JOBS",
+        conflicts_with = "remote"
+    )]
+    pub jobs: Option<usize>,
+    /// Go on past a failure: build every action whose inputs can be made,
+    /// then name each failure, its log and what it left unbuilt (exit 1).
+    /// Without it nothing new starts after a failure, and the actions
+    /// already running finish.
+    #[arg(short = 'k', long, conflicts_with = "remote")]
+    pub keep_going: bool,
+    /// Write one JSON object per line for each event of the graph (an
+    /// action queued, started, finished, cached, failed, left unbuilt) to
+    /// FILE, `-` for stdout.
+    #[arg(long, value_name = "FILE", conflicts_with = "remote")]
+    pub events: Option<PathBuf>,
+    /// Write a Chrome trace of the graph to FILE (open it in Perfetto): a
+    /// track per slot, and a counter of the CPU tokens in use.
+    #[arg(long, value_name = "FILE", conflicts_with = "remote")]
+    pub trace: Option<PathBuf>,
 }
 
 impl BuildArgs {
@@ -131,9 +165,17 @@ pub enum OpensArg {
 }
 
 /// A built action: the outcome, plus what the remote path adds.
-struct Built {
-    outcome: BuildOutcome,
-    remote: Option<serde_json::Value>,
+pub(crate) struct Built {
+    pub(crate) outcome: BuildOutcome,
+    pub(crate) remote: Option<serde_json::Value>,
+    /// Its log, a file of the store a person can open.
+    pub(crate) log_path: PathBuf,
+}
+
+/// `--jobs`' default: the CPUs this process may run on (its affinity and
+/// its cgroup's quota, as `nproc` counts them).
+fn default_jobs() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
 }
 
 /// The outputs of the action in `file`, built (with what it refers to) or
@@ -158,6 +200,10 @@ pub fn outputs_of(
         remote: None,
         trust: Vec::new(),
         token_file: None,
+        jobs: None,
+        keep_going: false,
+        events: None,
+        trace: None,
     };
     let graph = ActionGraph::load(file)?;
     let built = build_local(g, &a, &graph)?;
@@ -187,9 +233,14 @@ pub fn run(g: &Globals, a: BuildArgs) -> anyhow::Result<i32> {
 
 fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Result<Built> {
     let store = open_store(g)?;
+    let jobs = a.jobs.unwrap_or_else(default_jobs);
+    if jobs == 0 {
+        return Err(Classified(ExitClass::Usage, "--jobs 0: give at least 1".into()).into());
+    }
     let mut exec = FhsExecutor::open(store)?;
-    // SIGINT/SIGTERM stop the build gracefully (the sandbox is torn down,
-    // the view unmounted, scratch removed) instead of killing fhsx mid-way.
+    // SIGINT/SIGTERM stop the build gracefully (every sandbox torn down,
+    // every view unmounted, every scratch removed) instead of killing fhsx
+    // mid-way; nothing new starts.
     let cancel = Arc::new(AtomicBool::new(false));
     let signals = castore_fuse::TerminationSignals::block().context("blocking SIGINT/SIGTERM")?;
     let flag = cancel.clone();
@@ -198,13 +249,13 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
             flag.store(true, Ordering::SeqCst);
         }
     });
-    exec.cancel = Some(cancel);
+    let pool = TokenPool::new(jobs)?;
+    exec.cancel = Some(cancel.clone());
     exec.keep_failed = a.keep_failed;
     exec.scratch_medium = a.scratch.into();
     exec.scratch_pool = (a.scratch_pool > 0).then(|| ScratchPool::new(a.scratch_pool));
     exec.zero_message_open = a.opens == OpensArg::Kernel;
-    // The build's own output goes to stderr, so stdout stays the result.
-    let mut sink = std::io::stderr();
+    exec.jobserver = Some(pool.clone());
     let store = exec.store().clone();
     let vary = match &a.vary {
         Some(list) => Some(
@@ -215,39 +266,107 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     };
     // What the graph imports and builds stays in the store until it is done.
     let hold = Arc::new(store.temp_roots(&[])?);
-    let built = graph.build_all(
-        |p| import(&store, &hold, p),
-        |node, action, is_root| {
-            let req = BuildRequest {
-                hold: Some(hold.clone()),
-                pruned_from: None,
-                vary: if is_root { vary.clone() } else { None },
-                diffoscope: is_root && a.diffoscope,
-                lock_path: node.action.lock_path(&node.file),
-                record: is_root && a.record,
-                upstream_ca: a.upstream_ca.clone(),
-                cache: a.policy(is_root),
-                trust: a.trust.clone(),
-                failed_outputs: false,
-                split_streams: false,
-                action,
-            };
-            let outcome = if req.vary.is_some() {
-                fhs_executor::check::check_varied(&exec, &req, &mut sink)
-            } else {
-                exec.build(&req, &mut sink)
-            }
-            .with_context(|| building(node, is_root))?;
-            dependency_ok(node, is_root, &outcome.record.record)?;
-            Ok::<_, anyhow::Error>((
-                outcome.record.record.outputs.clone(),
-                Built {
-                    outcome,
-                    remote: None,
-                },
-            ))
-        },
+    let history = History::open(&store);
+    let keys: Vec<castore::Digest> = (graph.nodes().iter())
+        .map(|n| History::key(n.canonical().as_os_str().as_bytes()))
+        .collect();
+    let (expected, known) = expected_ms(&history, &keys);
+    let priority = schedule::priorities(graph, &expected);
+    let n = graph.nodes().len();
+    let terminal = std::io::stderr().is_terminal();
+    let shown = Shown {
+        live: n > 1 && terminal,
+        lines: n > 1,
+        events: a.events.as_deref().map(open_events).transpose()?,
+        trace: a.trace.is_some(),
+    };
+    let watch = GraphWatch::new(
+        graph,
+        expected,
+        known,
+        priority.clone(),
+        jobs,
+        a.keep_going,
+        Some(pool.clone()),
+        shown,
     );
+    // Logs of actions that may run side by side, or under the live view,
+    // are shown a line at a time, each named; one action's goes as it is.
+    let named_logs = n > 1 && (jobs > 1 || terminal);
+    let options = schedule::Options {
+        jobs,
+        keep_going: a.keep_going,
+        cancel: Some(cancel.clone()),
+    };
+    let build_one = |i: usize, node: &GraphNode, action: Action, _slot: usize| {
+        let is_root = i + 1 == n;
+        let req = BuildRequest {
+            hold: Some(hold.clone()),
+            pruned_from: None,
+            vary: if is_root { vary.clone() } else { None },
+            diffoscope: is_root && a.diffoscope,
+            lock_path: node.action.lock_path(&node.file),
+            record: is_root && a.record,
+            upstream_ca: a.upstream_ca.clone(),
+            cache: a.policy(is_root),
+            trust: a.trust.clone(),
+            failed_outputs: false,
+            split_streams: false,
+            priority: priority[i].remaining_ms,
+            action,
+        };
+        let mut sink = ActionLog::new(named_logs.then_some(i), &watch);
+        let outcome = if req.vary.is_some() {
+            fhs_executor::check::check_varied(&exec, &req, &mut sink)
+        } else {
+            exec.build(&req, &mut sink)
+        }
+        .with_context(|| building(node, is_root))?;
+        drop(sink);
+        let rec = &outcome.record.record;
+        if !outcome.cached && rec.reused.is_none() && rec.succeeded() {
+            // A hint for the next schedule: losing it costs a guess.
+            let entry = Entry {
+                record: outcome.record_digest,
+                wall_ms: rec.resources.wall_ms,
+            };
+            let _ = history.put(&keys[i], &entry);
+        }
+        let log_path = store.object_path(ObjectKind::Blob, &rec.log_digest);
+        Ok::<_, anyhow::Error>(Step {
+            outputs: rec.succeeded().then(|| rec.outputs.clone()),
+            value: Built {
+                outcome,
+                remote: None,
+                log_path,
+            },
+        })
+    };
+    let ticking = watch_ticks(n > 1 && terminal, a.trace.is_some());
+    let done = AtomicBool::new(false);
+    let ends = std::thread::scope(|scope| {
+        if let Some(every) = ticking {
+            let (watch, done) = (&watch, &done);
+            scope.spawn(move || {
+                while !done.load(Ordering::SeqCst) {
+                    watch.tick();
+                    std::thread::sleep(every);
+                }
+            });
+        }
+        let ends = schedule::run_graph(
+            graph,
+            &priority,
+            &options,
+            &watch,
+            |p| import(&store, &hold, p),
+            build_one,
+        );
+        done.store(true, Ordering::SeqCst);
+        ends
+    });
+    watch.tick();
+    watch.finish(a.trace.as_deref())?;
     if let (Some(pool), Some(_)) = (&exec.scratch_pool, std::env::var_os("FHSX_TIMINGS")) {
         eprintln!(
             "fhsx: timings: {} of the graph's builds ran on a recycled scratch",
@@ -256,7 +375,153 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     }
     // The pool and what it holds go now, before fhsx exits.
     drop(exec);
-    built
+    root_of(graph, ends, cancel.load(Ordering::SeqCst))
+}
+
+/// How often the live view is redrawn and the token counter sampled, if
+/// either is wanted.
+fn watch_ticks(live: bool, trace: bool) -> Option<Duration> {
+    match (live, trace) {
+        (true, _) => Some(Duration::from_millis(100)),
+        (false, true) => Some(Duration::from_millis(50)),
+        (false, false) => None,
+    }
+}
+
+/// Each action's expected milliseconds: its last run where the history
+/// has one, else the mean of those known (1 s where none is), so an
+/// unknown action counts as a typical one; and whether any was known.
+fn expected_ms(history: &History, keys: &[castore::Digest]) -> (Vec<u64>, bool) {
+    let known: Vec<Option<u64>> = keys
+        .iter()
+        .map(|k| history.get(k).map(|e| e.wall_ms))
+        .collect();
+    let (sum, count) = known
+        .iter()
+        .flatten()
+        .fold((0u64, 0u64), |(s, c), ms| (s.saturating_add(*ms), c + 1));
+    let guess = sum.checked_div(count).unwrap_or(1000);
+    (
+        known.iter().map(|k| k.unwrap_or(guess)).collect(),
+        count > 0,
+    )
+}
+
+/// `--events FILE`: the file, or stdout for `-`.
+fn open_events(path: &Path) -> anyhow::Result<Box<dyn Write + Send>> {
+    if path == Path::new("-") {
+        return Ok(Box::new(std::io::stdout()));
+    }
+    let f = std::fs::File::create(path).map_err(|e| {
+        Classified(
+            ExitClass::Usage,
+            format!("--events {}: {e}", path.display()),
+        )
+    })?;
+    Ok(Box::new(std::io::LineWriter::new(f)))
+}
+
+/// The root's result: its own outcome where it ran, else the failure that
+/// kept it from running (a dependency's error as it was, or its failed
+/// build named with its log).
+fn root_of(
+    graph: &ActionGraph,
+    mut ends: Vec<End<Built, anyhow::Error>>,
+    cancelled: bool,
+) -> anyhow::Result<Built> {
+    let because = match ends.pop() {
+        Some(End::Made(b)) | Some(End::Failed(b)) => return Ok(b),
+        Some(End::Error(e)) => return Err(e),
+        Some(End::Unbuilt { because }) => because,
+        Some(End::NotStarted) | None => {
+            return Err(Classified(
+                ExitClass::BuildFailed,
+                if cancelled {
+                    "interrupted (SIGINT or SIGTERM): the running actions were stopped and nothing more started".into()
+                } else {
+                    "the graph stopped before its root could start".into()
+                },
+            )
+            .into())
+        }
+    };
+    match std::mem::replace(&mut ends[because], End::NotStarted) {
+        End::Error(e) => Err(e),
+        End::Failed(b) => {
+            let rec = &b.outcome.record.record;
+            Err(Classified(
+                ExitClass::BuildFailed,
+                format!(
+                    "{} failed ({}), so what refers to it cannot be built; its log is blob {}",
+                    graph.nodes()[because].file.display(),
+                    how_it_failed(rec),
+                    rec.log_digest
+                ),
+            )
+            .into())
+        }
+        _ => Err(Classified(
+            ExitClass::BuildFailed,
+            "an action the root refers to was not built".into(),
+        )
+        .into()),
+    }
+}
+
+/// An action's live log: straight to stderr, or, where several actions'
+/// logs meet, a line at a time, each line named `ACTION> ` (as `nix
+/// build -L` does) and printed above the live view. The executor has
+/// already escaped what the build wrote; a line longer than
+/// [`ActionLog::MAX_LINE`] is shown in pieces.
+struct ActionLog<'w> {
+    named: Option<(String, &'w GraphWatch)>,
+    line: Vec<u8>,
+}
+
+impl<'w> ActionLog<'w> {
+    const MAX_LINE: usize = 4096;
+
+    fn new(node: Option<usize>, watch: &'w GraphWatch) -> ActionLog<'w> {
+        ActionLog {
+            named: node.map(|i| (format!("{}> ", watch.name(i)), watch)),
+            line: Vec::new(),
+        }
+    }
+
+    fn emit(&mut self) {
+        if let Some((prefix, watch)) = &self.named {
+            let text = String::from_utf8_lossy(&self.line);
+            watch.say(&format!("{prefix}{}", text.trim_end_matches('\n')));
+        }
+        self.line.clear();
+    }
+}
+
+impl Write for ActionLog<'_> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        if self.named.is_none() {
+            return std::io::stderr().write(buf);
+        }
+        for &b in buf {
+            self.line.push(b);
+            if b == b'\n' || self.line.len() >= Self::MAX_LINE {
+                self.emit();
+            }
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for ActionLog<'_> {
+    fn drop(&mut self) {
+        if !self.line.is_empty() {
+            self.emit();
+        }
+    }
 }
 
 /// `fhsx build --remote ADDR`: the same graph, each action built by a
@@ -325,11 +590,13 @@ fn build_remote(
                 cached: out.cached,
                 check: out.check,
             };
+            let log_path = store.object_path(ObjectKind::Blob, &outcome.record.record.log_digest);
             Ok::<_, anyhow::Error>((
                 outcome.record.record.outputs.clone(),
                 Built {
                     outcome,
                     remote: Some(remote),
+                    log_path,
                 },
             ))
         },

@@ -1,6 +1,6 @@
 //! Subcommands, one module each. `dispatch` returns the process exit code.
 
-mod build;
+pub(crate) mod build;
 mod closure_bloat;
 mod compose;
 mod key;
