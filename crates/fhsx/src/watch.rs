@@ -427,7 +427,7 @@ impl Watch<Built, anyhow::Error> for GraphWatch {
             End::Made(b) if b.outcome.cached => {
                 t.cached += 1;
                 let v = json!({"event": "cached", "action": name, "time": self.secs(now),
-                    "record": b.outcome.record_digest});
+                    "record": b.outcome.record_digest, "outputs": b.outcome.record.record.outputs});
                 (v, format!("cached   {name}"))
             }
             End::Made(b) => {
@@ -435,7 +435,7 @@ impl Watch<Built, anyhow::Error> for GraphWatch {
                 let reused = b.outcome.record.record.reused.is_some();
                 let v = json!({"event": "finished", "action": name, "time": self.secs(now),
                     "slot": slot, "seconds": ran.as_secs_f64(), "record": b.outcome.record_digest,
-                    "validated": reused});
+                    "outputs": b.outcome.record.record.outputs, "validated": reused});
                 let how = if reused { "validated" } else { "built   " };
                 (v, format!("{how} {name} in {}", clock(ran)))
             }

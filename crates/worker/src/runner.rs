@@ -1,7 +1,10 @@
 //! The job runner both front doors share: at most `jobs` builds at once
-//! (the rest queue for a slot), a cancel flag per build, the call into
-//! [`FhsExecutor`] with its action cache and limits, and a shutdown that
-//! lets running builds finish up to a deadline before cancelling them.
+//! (the rest queue for a slot), one token pool every build's sandbox sees
+//! as its make jobserver (so `jobs` builds together run as many jobs as
+//! the pool has tokens, not each as many as the machine has CPUs), a
+//! cancel flag per build, the call into [`FhsExecutor`] with its action
+//! cache and limits, and a shutdown that lets running builds finish up to
+//! a deadline before cancelling them.
 //!
 //! A build holds its slot until its sandbox is torn down, so the number of
 //! live builds never exceeds `jobs`, cancelled ones included. Builds run on
@@ -82,6 +85,10 @@ pub struct BuildOptions {
     /// Open the view's files without a message to its daemon (see
     /// `FhsExecutor::zero_message_open`; a worker's default is off).
     pub zero_message_open: bool,
+    /// CPU tokens every build shares (`fhs_executor::jobserver`); 0: the
+    /// larger of `jobs` and the CPUs this process may use, so every job
+    /// can run and their makes share the rest.
+    pub tokens: usize,
 }
 
 pub struct Runner {
@@ -90,6 +97,8 @@ pub struct Runner {
     builds: BuildOptions,
     /// Emptied scratch file systems kept for the next builds, if asked for.
     scratch_pool: Option<Arc<fhs_executor::pool::ScratchPool>>,
+    /// The CPU budget every build shares as its jobserver.
+    tokens: Arc<fhs_executor::jobserver::TokenPool>,
     /// Input trees (uploaded by clients) found shallow enough to build on.
     input_depths: Arc<fhs_executor::build::InputDepths>,
     slots: Arc<Semaphore>,
@@ -101,20 +110,34 @@ pub struct Runner {
 }
 
 impl Runner {
-    pub fn new(store: LocalStore, jobs: usize, builds: BuildOptions) -> Arc<Runner> {
+    pub fn new(
+        store: LocalStore,
+        jobs: usize,
+        builds: BuildOptions,
+    ) -> Result<Arc<Runner>, fhs_executor::Error> {
         let jobs = jobs.max(1);
-        Arc::new(Runner {
+        let tokens = match builds.tokens {
+            0 => jobs.max(std::thread::available_parallelism().map_or(1, |n| n.get())),
+            n => n,
+        };
+        Ok(Arc::new(Runner {
             store,
             jobs,
             builds,
             scratch_pool: (builds.scratch_pool > 0)
                 .then(|| fhs_executor::pool::ScratchPool::new(builds.scratch_pool)),
+            tokens: fhs_executor::jobserver::TokenPool::new(tokens)?,
             input_depths: Arc::default(),
             slots: Arc::new(Semaphore::new(jobs)),
             running: Arc::new(Mutex::new(HashMap::new())),
             next: AtomicU64::new(0),
             stats: RunnerStats::default(),
-        })
+        }))
+    }
+
+    /// The token pool the builds share.
+    pub fn tokens(&self) -> &fhs_executor::jobserver::TokenPool {
+        &self.tokens
     }
 
     pub fn jobs(&self) -> usize {
@@ -163,10 +186,16 @@ impl Runner {
         let builds = self.builds;
         let pool = self.scratch_pool.clone();
         let depths = self.input_depths.clone();
+        let tokens = self.tokens.clone();
         let handle = tokio::task::spawn_blocking(move || {
             let now = running.lock().map(|m| m.len()).unwrap_or(0);
             eprintln!("fhsx worker: build {id} started ({now}/{jobs} slots busy)");
-            let r = run_build(store, job, cancel, log, builds, pool.clone(), depths);
+            let shared = Shared {
+                scratch_pool: pool.clone(),
+                input_depths: depths,
+                tokens,
+            };
+            let r = run_build(store, job, cancel, log, builds, shared);
             // Totals, not this build's share: with several slots a counter
             // read around one build also counts its neighbours'.
             if let Some(p) = &pool {
@@ -244,14 +273,20 @@ impl Write for ChannelWriter {
     }
 }
 
+/// What every build of the runner shares.
+struct Shared {
+    scratch_pool: Option<Arc<fhs_executor::pool::ScratchPool>>,
+    input_depths: Arc<fhs_executor::build::InputDepths>,
+    tokens: Arc<fhs_executor::jobserver::TokenPool>,
+}
+
 fn run_build(
     store: LocalStore,
     job: Job,
     cancel: Arc<AtomicBool>,
     log: mpsc::Sender<Vec<u8>>,
     builds: BuildOptions,
-    scratch_pool: Option<Arc<fhs_executor::pool::ScratchPool>>,
-    input_depths: Arc<fhs_executor::build::InputDepths>,
+    shared: Shared,
 ) -> JobResult {
     let failed = |class, message: String| JobResult::Failed { class, message };
     let dir = match tempfile::Builder::new().prefix("fhsx-remote-").tempdir() {
@@ -283,8 +318,9 @@ fn run_build(
     if builds.hash_every_build {
         exec.verified = Arc::default();
     }
-    exec.scratch_pool = scratch_pool;
-    exec.input_depths = Some(input_depths);
+    exec.scratch_pool = shared.scratch_pool;
+    exec.input_depths = Some(shared.input_depths);
+    exec.jobserver = Some(shared.tokens);
     exec.scratch_medium = builds.scratch;
     exec.zero_message_open = builds.zero_message_open;
     let mut req = BuildRequest::new(job.action, lock_path);

@@ -367,7 +367,7 @@ async fn serve_async(
     };
     let shared = Rc::new(Shared {
         store: config.store.clone(),
-        runner: Runner::new(config.store.clone(), config.jobs, config.builds),
+        runner: Runner::new(config.store.clone(), config.jobs, config.builds)?,
         public_key: exec.public_key(),
         tls_binding: tls_cert
             .as_deref()
@@ -1484,7 +1484,7 @@ mod tests {
 
     fn shared(store: LocalStore) -> Rc<Shared> {
         Rc::new(Shared {
-            runner: Runner::new(store.clone(), 1, crate::runner::BuildOptions::default()),
+            runner: Runner::new(store.clone(), 1, crate::runner::BuildOptions::default()).unwrap(),
             store,
             public_key: String::new(),
             tls_binding: Vec::new(),

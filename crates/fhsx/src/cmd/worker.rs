@@ -31,6 +31,13 @@ pub struct WorkerArgs {
     /// Builds run at once; more are queued (default: the number of cores).
     #[arg(long, value_name = "N")]
     pub jobs: Option<usize>,
+    /// CPU tokens the builds share: each running build holds one, and a
+    /// `make` without `-j` in any of them takes more as they are free (one
+    /// GNU make jobserver for every sandbox). Fewer than --jobs makes
+    /// builds wait for a token, with their inputs already fetched.
+    /// Default: the larger of --jobs and the CPUs the worker may use.
+    #[arg(long, value_name = "N")]
+    pub tokens: Option<usize>,
     /// On SIGTERM, how long running builds may go on before they are cancelled ("90s", "5m").
     #[arg(long, value_name = "DURATION", default_value = "60s")]
     pub shutdown_grace: String,
@@ -228,6 +235,7 @@ fn build_options(a: &WorkerArgs, jobs: usize) -> ::worker::runner::BuildOptions 
         scratch_pool: a.scratch_pool.unwrap_or(jobs),
         scratch: a.scratch.into(),
         zero_message_open: a.opens == super::build::OpensArg::Kernel,
+        tokens: a.tokens.unwrap_or(0),
     }
 }
 

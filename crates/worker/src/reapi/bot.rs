@@ -199,7 +199,7 @@ async fn run_async(config: BotConfig, ready: impl FnOnce(&str)) -> Result<(), Er
         config.store.clone(),
         max_batch,
     );
-    let runner = Runner::new(config.store.clone(), config.jobs, config.builds);
+    let runner = Runner::new(config.store.clone(), config.jobs, config.builds)?;
     let ctx = Arc::new(Ctx {
         runner: runner.clone(),
         cas,
