@@ -556,3 +556,44 @@ fn events_and_trace_say_what_ran_where_and_json_still_prints_one_result() {
     assert!(o.status.success(), "{}", text(&o));
     assert_eq!(named(&events, "cached").count(), 3);
 }
+
+#[test]
+fn a_workers_jobs_share_one_token_pool() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("client");
+    let root = three_makes(t.path(), &store, 6, 0.3);
+    drop(root);
+    let wtmp = t.path().join("wtmp");
+    fs::create_dir_all(&wtmp).unwrap();
+    // Three jobs at once, four tokens: the makes share one more.
+    let (mut worker, addr) = support::spawn_worker(
+        &t.path().join("wstore"),
+        &wtmp,
+        &["--jobs", "3", "--tokens", "4", "--scratch-pool", "0"],
+        Stdio::inherit(),
+    );
+    let clients: Vec<_> = ["a", "b", "c"]
+        .iter()
+        .map(|n| {
+            fhsx(&store)
+                .args(["--json", "build", "--remote", &addr])
+                .arg(t.path().join(format!("{n}.toml")))
+                .stdout(Stdio::piped())
+                .stderr(Stdio::piped())
+                .spawn()
+                .unwrap()
+        })
+        .collect();
+    let outs: Vec<String> = clients
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().unwrap();
+            assert!(o.status.success(), "{}", text(&o));
+            let v: Value = serde_json::from_slice(&o.stdout).unwrap();
+            v["outputs"]["out"].as_str().unwrap().to_owned()
+        })
+        .collect();
+    let _ = worker.kill();
+    let _ = worker.wait();
+    assert_eq!(most_at_once(&store, &outs), 4);
+}
