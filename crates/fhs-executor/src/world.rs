@@ -12,6 +12,21 @@
 //! `PATH`, `SOURCE_DATE_EPOCH=0`, `USER=build`). The caller's process
 //! state never reaches a build (executor-sandbox's `pristine`).
 //!
+//! What `--check --vary` varies, each from fhsx's side, never by asking
+//! the build:
+//!
+//! | variation | applied by | value |
+//! |---|---|---|
+//! | `readdir` | castore-fuse: each listing shuffled from the seed and the directory's digest, replayable | seeded shuffle |
+//! | `readdir-reverse` | castore-fuse | reversed |
+//! | `env` | the environment | `TZ=FHSX-14` (POSIX, needs no zoneinfo), `LANG=LC_ALL=C`, a suffix on `PATH`, `HOME=/build/.fhsx-vary-home` |
+//! | `user` | bwrap's uid/gid, the synthetic passwd/group, `USER` | uid 2000 gid 200 `fhsxvary` |
+//! | `hostname` | the UTS namespace | `fhsx-vary` |
+//! | `umask` | the runner and the supervisor | 0002 |
+//! | `cpus` | affinity before bwrap (so `nproc`) | 1 CPU, where the host has several |
+//! | `aslr` | `personality` before bwrap, inherited | on |
+//! | `mtime` | castore-fuse | 1 000 000 000 |
+//!
 //! Not varied, on purpose: wall-clock time (a time namespace cannot shift
 //! `CLOCK_REALTIME`, and faketime means `LD_PRELOAD` into the build; builds
 //! get `SOURCE_DATE_EPOCH`); the build path (`/build` is part of fhsx's
