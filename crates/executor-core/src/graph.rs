@@ -13,7 +13,7 @@
 //! inputs have equal digests wherever their files live and however they
 //! were written.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 
 use castore::Digest;
@@ -75,6 +75,8 @@ pub struct GraphNode {
     /// Its canonical path (the node's identity).
     canonical: PathBuf,
     pub action: ActionFile,
+    /// BLAKE3 of the file's bytes: whether it changed since a run.
+    pub file_digest: Digest,
     /// Each file it refers to, as written, and that file's node: found
     /// once at load, so resolving a reference touches no file.
     refers: HashMap<PathBuf, usize>,
@@ -102,7 +104,7 @@ impl ActionGraph {
         let mut loader = Loader {
             done: HashMap::new(),
             order: Vec::new(),
-            path: Vec::new(),
+            path: HashSet::new(),
         };
         let chain = vec![root.display().to_string()];
         let canonical = std::fs::canonicalize(root).map_err(|source| {
@@ -219,7 +221,7 @@ struct Loader {
     done: HashMap<PathBuf, (Vec<OutputName>, usize)>,
     order: Vec<GraphNode>,
     /// Canonical paths on the current path from the root, for cycles.
-    path: Vec<PathBuf>,
+    path: HashSet<PathBuf>,
 }
 
 impl Loader {
@@ -237,17 +239,26 @@ impl Loader {
                 chain: chain.to_vec(),
             });
         }
-        let action = ActionFile::read(&canonical).map_err(|source| {
-            if chain.len() < 2 {
-                GraphError::Root(source)
-            } else {
-                GraphError::Action {
-                    chain: chain.to_vec(),
-                    source,
+        let text = std::fs::read_to_string(&canonical).map_err(|source| ActionError::Read {
+            file: canonical.clone(),
+            source,
+        });
+        let file_digest = text
+            .as_ref()
+            .map_or(Digest::of(b""), |t| Digest::of(t.as_bytes()));
+        let action = text
+            .and_then(|t| ActionFile::from_text(&t, &canonical))
+            .map_err(|source| {
+                if chain.len() < 2 {
+                    GraphError::Root(source)
+                } else {
+                    GraphError::Action {
+                        chain: chain.to_vec(),
+                        source,
+                    }
                 }
-            }
-        })?;
-        self.path.push(canonical.clone());
+            })?;
+        self.path.insert(canonical.clone());
         let dir = canonical.parent().unwrap_or(Path::new("/")).to_path_buf();
         let shown_dir = shown.parent().unwrap_or(Path::new("")).to_path_buf();
         for (_, p) in action.paths() {
@@ -282,7 +293,7 @@ impl Loader {
                 });
             }
         }
-        self.path.pop();
+        self.path.remove(&canonical);
         let names = action.outputs.names.clone();
         let index = self.order.len();
         self.done.insert(canonical.clone(), (names.clone(), index));
@@ -290,6 +301,7 @@ impl Loader {
             file: shown.to_path_buf(),
             canonical,
             action,
+            file_digest,
             refers,
         });
         Ok((names, index))

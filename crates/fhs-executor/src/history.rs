@@ -2,7 +2,7 @@
 //! the longest remaining path first.
 //!
 //! ```text
-//! STORE/history/ab/ab12…(key)   {"record":"b3:…","wall_ms":1234}
+//! STORE/history/ab/ab12…(key)   {"file":"b3:…","record":"b3:…","wall_ms":1234}
 //! ```
 //!
 //! A scheduler must know an action's duration before the action can be
@@ -11,7 +11,10 @@
 //! action (`fhsx build` hashes the action file's canonical path), stable
 //! across edits, as BuildXL keys its historic timings by a pip's stable
 //! name. Each entry names the record that ran last, with its wall time as
-//! that record states it (its own time, not a wait for a token). Only a
+//! that record states it (its own time, not a wait for a token), and the
+//! digest of the action file as it was then, so a scheduler can tell an
+//! action that will likely run again (its file changed, or something it
+//! depends on will run) from one the cache will likely answer. Only a
 //! build that ran and succeeded writes one; a hit changes nothing.
 //!
 //! An entry is a hint like every index here: written whole (a temporary
@@ -29,10 +32,12 @@ use serde::{Deserialize, Serialize};
 use crate::Error;
 
 /// No entry is read past this.
-pub const MAX_ENTRY_BYTES: u64 = 256;
+pub const MAX_ENTRY_BYTES: u64 = 512;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
+    /// The action file's bytes' digest when it ran.
+    pub file: Digest,
     /// The record of the run timed.
     pub record: Digest,
     pub wall_ms: u64,
@@ -102,6 +107,7 @@ mod tests {
         let k = History::key(b"/src/zlib/build.toml");
         assert_eq!(h.get(&k), None);
         let e = |ms| Entry {
+            file: Digest::of(b"f"),
             record: Digest::of(b"r"),
             wall_ms: ms,
         };

@@ -356,10 +356,11 @@ fn waiting_bytes(pipe: &File) -> Option<usize> {
 /// Read and drop up to `n` bytes of a non-blocking pipe; how many there
 /// were.
 fn drain(pipe: &mut File, n: usize) -> usize {
-    let mut buf = [0u8; 256];
+    let mut buf = [0u8; 4096];
     let mut got = 0;
     while got < n {
-        match pipe.read(&mut buf[..(n - got).min(256)]) {
+        let want = (n - got).min(buf.len());
+        match pipe.read(&mut buf[..want]) {
             Ok(0) | Err(_) => break,
             Ok(k) => got += k,
         }

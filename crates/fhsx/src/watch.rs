@@ -265,6 +265,9 @@ impl GraphWatch {
     /// Clear the live view and print the summary; write the trace.
     pub fn finish(&self, trace: Option<&Path>) -> anyhow::Result<()> {
         if let Some(live) = &self.shown.live {
+            for bar in std::iter::once(&live.header).chain(&live.slots) {
+                bar.finish_and_clear();
+            }
             let _ = live.multi.clear();
         }
         let t = self.tally();

@@ -245,7 +245,8 @@ fn the_same_graph_makes_the_same_outputs_at_one_job_and_at_four() {
     assert!(o.status.success(), "{}", text(&o));
     let s2 = t.path().join("s2");
     assert_eq!(mk(&s2), bb);
-    let (o, four) = build_watched(&s2, &root, 4, &[]);
+    // With scratch file systems reused between the graph's actions.
+    let (o, four) = build_watched(&s2, &root, 4, &["--scratch-pool", "2"]);
     assert!(o.status.success(), "{}", text(&o));
     let (a, b) = (outputs(&one), outputs(&four));
     assert_eq!(a.len(), 7);
@@ -596,4 +597,41 @@ fn a_workers_jobs_share_one_token_pool() {
     let _ = worker.kill();
     let _ = worker.wait();
     assert_eq!(most_at_once(&store, &outs), 4);
+}
+
+#[test]
+fn a_build_flooding_its_jobserver_neither_grows_the_pool_nor_stalls_the_others() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    make_toolchain(&store, t.path());
+    probe_makefile(t.path(), 6, 0.3);
+    let bb = busybox(&store);
+    // flood writes tokens it never took into both ends of its jobserver,
+    // and reads what it can, for four seconds.
+    write(
+        t.path(),
+        "flood.toml",
+        &format!(
+            "[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"end=$(( $(date +%s) + 4 )); while [ $(date +%s) -lt $end ]; do head -c 65536 /dev/zero >&8; head -c 65536 /dev/zero > /run/fhsx/jobserver & head -c 4096 <&7 >/dev/null & wait; done; mkdir $out\"]\ntimeout = \"60s\"\n"
+        ),
+    );
+    make_action(t.path(), "probe", &format!("\"{bb}\""), "", "");
+    let root = write(
+        t.path(),
+        "root.toml",
+        &format!("[inputs]\nclosure = [\"{bb}\", \"flood.toml#out\", \"probe.toml#out\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"mkdir $out\"]\n"),
+    );
+    let (o, events) = build_watched(&store, &root, 2, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let probe = outputs(&events)
+        .into_iter()
+        .find(|(n, _)| n == "probe.toml")
+        .unwrap();
+    // Two tokens, one each: whatever flood writes, probe's make (done
+    // well within flood's four seconds) never gets a second.
+    assert_eq!(
+        most_at_once(&store, &[probe.1["out"].as_str().unwrap().to_owned()]),
+        1
+    );
+    no_leftovers(t.path());
 }

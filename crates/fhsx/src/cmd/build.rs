@@ -270,7 +270,7 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     let keys: Vec<castore::Digest> = (graph.nodes().iter())
         .map(|n| History::key(n.canonical().as_os_str().as_bytes()))
         .collect();
-    let (expected, known) = expected_ms(&history, &keys);
+    let (expected, known) = expected_ms(graph, &history, &keys);
     let priority = schedule::priorities(graph, &expected);
     let n = graph.nodes().len();
     let terminal = std::io::stderr().is_terminal();
@@ -327,6 +327,7 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
         if !outcome.cached && rec.reused.is_none() && rec.succeeded() {
             // A hint for the next schedule: losing it costs a guess.
             let entry = Entry {
+                file: node.file_digest,
                 record: outcome.record_digest,
                 wall_ms: rec.resources.wall_ms,
             };
@@ -388,23 +389,38 @@ fn watch_ticks(live: bool, trace: bool) -> Option<Duration> {
     }
 }
 
-/// Each action's expected milliseconds: its last run where the history
-/// has one, else the mean of those known (1 s where none is), so an
-/// unknown action counts as a typical one; and whether any was known.
-fn expected_ms(history: &History, keys: &[castore::Digest]) -> (Vec<u64>, bool) {
-    let known: Vec<Option<u64>> = keys
-        .iter()
-        .map(|k| history.get(k).map(|e| e.wall_ms))
-        .collect();
-    let (sum, count) = known
-        .iter()
-        .flatten()
-        .fold((0u64, 0u64), |(s, c), ms| (s.saturating_add(*ms), c + 1));
+/// What a cache hit costs, as an expected time: next to nothing.
+const HIT_MS: u64 = 1;
+
+/// Each action's expected milliseconds, and whether any was known. An
+/// action that will likely run — never timed, its file changed since its
+/// last run, or something it depends on will likely run — is expected to
+/// take its last run's time (never timed: the mean of those timed, or 1 s
+/// where none is); one the cache will likely answer, next to nothing. So
+/// after an edit, the chain that must rebuild starts first.
+fn expected_ms(
+    graph: &ActionGraph,
+    history: &History,
+    keys: &[castore::Digest],
+) -> (Vec<u64>, bool) {
+    let last: Vec<Option<Entry>> = keys.iter().map(|k| history.get(k)).collect();
+    let (sum, count) = last.iter().flatten().fold((0u64, 0u64), |(s, c), e| {
+        (s.saturating_add(e.wall_ms), c + 1)
+    });
     let guess = sum.checked_div(count).unwrap_or(1000);
-    (
-        known.iter().map(|k| k.unwrap_or(guess)).collect(),
-        count > 0,
-    )
+    let mut runs = vec![false; keys.len()];
+    let mut out = Vec::with_capacity(keys.len());
+    // Dependencies come first: each one's verdict is known when asked.
+    for (i, node) in graph.nodes().iter().enumerate() {
+        runs[i] = last[i].is_none_or(|e| e.file != node.file_digest)
+            || graph.dependencies(i).iter().any(|&d| runs[d]);
+        out.push(match (runs[i], last[i]) {
+            (false, _) => HIT_MS,
+            (true, Some(e)) => e.wall_ms,
+            (true, None) => guess,
+        });
+    }
+    (out, count > 0)
 }
 
 /// `--events FILE`: the file, or stdout for `-`.
