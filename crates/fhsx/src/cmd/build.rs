@@ -103,7 +103,6 @@ pub struct BuildArgs {
         short = 'j',
         long,
         value_name = "N",
-        env = "FHSX_JOBS",
         conflicts_with = "remote"
     )]
     pub jobs: Option<usize>,
