@@ -2,7 +2,8 @@
 //!
 //! This crate owns the names — [`Action`] (what a build may depend on,
 //! parsed strictly), the [`ActionGraph`] of action files that name each
-//! other's outputs, [`BuildRecord`] (what it did, in the canonical form that
+//! other's outputs and the order its ready actions run in
+//! ([`schedule`]: slots on threads, no I/O of its own), [`BuildRecord`] (what it did, in the canonical form that
 //! is signed, with its [`ExitStatus`]), [`SandboxError`] and [`ExitClass`] —
 //! and nothing that touches the outside world beyond reading action files. A type here can be built
 //! and inspected in a unit test without a store, a mount or a sandbox.

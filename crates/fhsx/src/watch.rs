@@ -305,7 +305,7 @@ impl GraphWatch {
             t.cached,
             t.failed.len(),
             t.unbuilt.len(),
-            self.names.len() - t.done,
+            self.names.len() - t.done - t.unbuilt.len(),
             self.jobs
         )];
         for &f in &t.failed {

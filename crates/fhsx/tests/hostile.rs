@@ -1204,7 +1204,7 @@ fn host_isolation_nothing_of_the_callers_process_state_crosses() {
 /// own `/proc/self/exe` is the command. Every other file bound from the
 /// host is unreadable too, or public: the fetch proxy's CA certificate,
 /// which the build must trust, and which is exactly the store's
-/// `ca/ca.crt`, no key.
+/// `ca/ca.crt`, no key; and the build's own jobserver, a FIFO.
 #[test]
 fn no_read_outside_declared_closure_the_supervisor_and_every_bound_host_file() {
     let w = World::new();
@@ -1221,6 +1221,7 @@ fn no_read_outside_declared_closure_the_supervisor_and_every_bound_host_file() {
         while read mp fstype; do
           case "$fstype" in fuse*|proc|sysfs|tmpfs|devtmpfs|devpts|mqueue|cgroup*) continue;; esac
           if [ -S "$mp" ]; then echo "BOUND socket $mp"
+          elif [ -p "$mp" ]; then echo "BOUND fifo $mp"
           elif [ -d "$mp" ]; then echo "BOUND dir $mp"
           elif [ -f "$mp" ]; then
             if busybox head -c 1 "$mp" >/dev/null 2>&1; then echo "BOUND readable $mp $(busybox md5sum < "$mp")"
@@ -1253,6 +1254,8 @@ fn no_read_outside_declared_closure_the_supervisor_and_every_bound_host_file() {
             let (kind, mp) = (f.next().unwrap_or(""), f.next().unwrap_or(""));
             match kind {
                 "unreadable" | "socket" => {}
+                // The build's own jobserver: a pipe, no file of the host's.
+                "fifo" => assert_eq!(mp, "/run/fhsx/jobserver", "{mode}: a FIFO is bound: {b}"),
                 "dir" => assert_eq!(mp, "/build", "{mode}: a host directory is bound: {b}"),
                 "readable" => assert_eq!(
                     (mode, mp),

@@ -607,12 +607,13 @@ fn a_build_flooding_its_jobserver_neither_grows_the_pool_nor_stalls_the_others()
     probe_makefile(t.path(), 6, 0.3);
     let bb = busybox(&store);
     // flood writes tokens it never took into both ends of its jobserver,
-    // and reads what it can, for four seconds.
+    // and reads what it can (waiting a second at most: the pool drains
+    // what it wrote), for four seconds.
     write(
         t.path(),
         "flood.toml",
         &format!(
-            "[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"end=$(( $(date +%s) + 4 )); while [ $(date +%s) -lt $end ]; do head -c 65536 /dev/zero >&8; head -c 65536 /dev/zero > /run/fhsx/jobserver & head -c 4096 <&7 >/dev/null & wait; done; mkdir $out\"]\ntimeout = \"60s\"\n"
+            "[inputs]\nclosure = [\"{bb}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"end=$(( $(date +%s) + 4 )); while [ $(date +%s) -lt $end ]; do head -c 65536 /dev/zero >&8; head -c 65536 /dev/zero > /run/fhsx/jobserver; timeout 1 head -c 4096 <&7 >/dev/null; done; mkdir $out\"]\ntimeout = \"60s\"\n"
         ),
     );
     make_action(t.path(), "probe", &format!("\"{bb}\""), "", "");

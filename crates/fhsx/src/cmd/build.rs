@@ -99,12 +99,7 @@ pub struct BuildArgs {
     /// them as one GNU make jobserver (each running action holds one; a
     /// `make` without `-j` in any of them takes more as they are free).
     /// Default: the CPUs fhsx may use.
-    #[arg(
-        short = 'j',
-        long,
-        value_name = "N",
-        conflicts_with = "remote"
-    )]
+    #[arg(short = 'j', long, value_name = "N", conflicts_with = "remote")]
     pub jobs: Option<usize>,
     /// Go on past a failure: build every action whose inputs can be made,
     /// then name each failure, its log and what it left unbuilt (exit 1).
