@@ -12,7 +12,7 @@
 #  pair      two independent actions of 3 s and a join: -j1 against -jN.
 #  packages  unmodified upstream packages from Debian bookworm's sources:
 #            zlib, and libpng and file linking it (a chain), sed, diffutils,
-#            grep, m4, patch, xz-utils, gawk, each `./configure && make &&
+#            grep, m4, patch, xz-utils, gzip, each `./configure && make &&
 #            make install` with `make` without -j (its jobs come from the
 #            jobserver), on a toolchain of bookworm's gcc, make and
 #            libc6-dev (natively: the host's same packages):
@@ -104,7 +104,7 @@ if want packages; then
   store=$WORK/pkg-store
   "$F" --store "$store" toolchain apt --essential gcc make libc6-dev --deb-cache "$debs" -o "$pk/gcc.toolchain" >/dev/null 2>&1
   srcdir=${BENCH_SRC:-$PWD/target/bench-src}
-  pkgs="zlib libpng1.6 file sed diffutils grep m4 patch xz-utils gawk"
+  pkgs="zlib libpng1.6 file sed diffutils grep m4 patch xz-utils gzip"
   common="--prefix=/usr --disable-nls --disable-dependency-tracking"
   # What configure gets beyond $common, by package; Z is zlib's prefix.
   flags() {
@@ -124,7 +124,7 @@ if want packages; then
     cat >"$pk/$p.toml" <<A
 [inputs]
 toolchain = ["gcc.toolchain"]
-closure = [${deps# , }]
+closure = [${deps#, }]
 source = "$src"
 [run]
 command = ["/bin/sh", "-c", "cd */ && Z=$z && ./configure $(flags "$p") >/dev/null && make >/dev/null && make install DESTDIR=\$out >/dev/null"]
@@ -135,9 +135,12 @@ A
     rm -rf "$WORK/native-src/$p"; mkdir -p "$WORK/native-src/$p"
     "$F" --store "$store" store export "$src" "$WORK/native-src/$p" >/dev/null
   done
+  # The root lists what they installed, on busybox (the toolchain would
+  # clash with what they install).
   roots=
   for p in $pkgs; do roots="$roots, \"$p.toml#out\""; done
-  printf '[inputs]\ntoolchain = ["gcc.toolchain"]\nclosure = [%s]\n[run]\ncommand = ["/bin/sh", "-c", "mkdir $out && ls /usr/bin > $out/bin"]\n' "${roots#, }" >"$pk/all.toml"
+  bb=$(busybox_atom "$store")
+  printf '[inputs]\nclosure = ["%s"%s]\n[run]\ncommand = ["/bin/busybox", "sh", "-c", "mkdir $out && ls /usr/bin > $out/bin"]\n' "$bb" "$roots" >"$pk/all.toml"
   # Natively: the same commands; zlib's prefix is its staged install.
   native_cmd() { # PKG OUT
     local z=$WORK/native/zlib-out/usr
