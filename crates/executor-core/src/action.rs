@@ -342,24 +342,30 @@ impl Default for Outputs {
     }
 }
 
-/// Resource limits for the build. Defaults are generous but finite.
+/// Resource limits for the build. Defaults are generous but finite. A size
+/// is a number of bytes or a string with a unit (`"64 MiB"`, `"1.5 GiB"`,
+/// `"100 MB"`); either way the digest sees the bytes, so `disk = "64 MiB"`
+/// and `disk = 67108864` are one action.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Limits {
     #[serde(default = "Limits::default_pids")]
     pub pids: u64,
     /// Bytes of memory.
-    #[serde(default = "Limits::default_memory")]
+    #[serde(default = "Limits::default_memory", deserialize_with = "size::bytes")]
     pub memory: u64,
     /// Largest file the build may write, bytes.
-    #[serde(default = "Limits::default_file_size")]
+    #[serde(
+        default = "Limits::default_file_size",
+        deserialize_with = "size::bytes"
+    )]
     pub file_size: u64,
     #[serde(default = "Limits::default_open_files")]
     pub open_files: u64,
     /// Bytes the build may keep in its scratch directory at once (all
     /// files together), enforced by a file system of that size where the
     /// host allows it.
-    #[serde(default = "Limits::default_disk")]
+    #[serde(default = "Limits::default_disk", deserialize_with = "size::bytes")]
     pub disk: u64,
     /// Distinct paths the build may observe (its read set's entries): past
     /// it, new paths fail with `ENOMEM` inside and the build fails as a
@@ -369,18 +375,22 @@ pub struct Limits {
     /// Bytes of output (stdout and stderr together) kept in the log: past
     /// it fhsx stops the build as a limit failure, as Nix's
     /// `max-build-log-size` does.
-    #[serde(default = "Limits::default_log")]
+    #[serde(default = "Limits::default_log", deserialize_with = "size::bytes")]
     pub log: u64,
     /// Bytes a recording (`--record`) may store, all bodies together (and
     /// so any one body): past it the recording aborts as a violation.
-    #[serde(default = "Limits::default_fetch")]
+    #[serde(default = "Limits::default_fetch", deserialize_with = "size::bytes")]
     pub fetch: u64,
     /// Bytes the outputs may hold, all files together at their apparent
     /// size (a sparse file counts as long as it reads): past it ingest
     /// refuses them, and nothing of them reaches the store. Unset, `disk`.
     /// (Unset is left out of the action digest, so actions written before
     /// it keep theirs.)
-    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "size::some_bytes"
+    )]
     pub output: Option<u64>,
     /// Entries (files, directories, symlinks) the outputs may hold, all
     /// together. Unset, [`Limits::DEFAULT_OUTPUT_ENTRIES`].
@@ -796,6 +806,97 @@ mod duration_str {
 
 pub use duration_str::parse as parse_duration;
 
+/// Sizes in `[limits]`: bytes, or text with a unit.
+mod size {
+    use serde::{Deserialize, Deserializer};
+
+    const UNITS: &[(&str, u64)] = &[
+        ("B", 1),
+        ("KiB", 1 << 10),
+        ("MiB", 1 << 20),
+        ("GiB", 1 << 30),
+        ("TiB", 1 << 40),
+        ("kB", 1_000),
+        ("KB", 1_000),
+        ("MB", 1_000_000),
+        ("GB", 1_000_000_000),
+        ("TB", 1_000_000_000_000),
+    ];
+
+    #[derive(Deserialize)]
+    #[serde(untagged)]
+    enum Raw {
+        Bytes(u64),
+        Text(String),
+    }
+
+    pub fn bytes<'de, D: Deserializer<'de>>(d: D) -> Result<u64, D::Error> {
+        match Raw::deserialize(d)? {
+            Raw::Bytes(n) => Ok(n),
+            Raw::Text(t) => parse(&t).ok_or_else(|| {
+                serde::de::Error::custom(format!(
+                    "bad size {t:?}: write bytes (67108864) or a number with one of B, KiB, MiB, GiB, TiB (powers of 1024) or kB, MB, GB, TB (of 1000): \"64 MiB\", \"1.5 GiB\""
+                ))
+            }),
+        }
+    }
+
+    pub fn some_bytes<'de, D: Deserializer<'de>>(d: D) -> Result<Option<u64>, D::Error> {
+        bytes(d).map(Some)
+    }
+
+    /// `"64 MiB"`, `"1.5GiB"`, `"100 MB"`: whole bytes (a fraction of a
+    /// byte is dropped), or `None` for anything else or past `u64`.
+    pub fn parse(t: &str) -> Option<u64> {
+        let t = t.trim();
+        let split = t.find(|c: char| !(c.is_ascii_digit() || c == '.'))?;
+        let (num, unit) = (t[..split].trim(), t[split..].trim());
+        let mul = UNITS.iter().find(|(u, _)| *u == unit)?.1;
+        let (whole, frac) = num.split_once('.').unwrap_or((num, ""));
+        if whole.is_empty() || frac.len() > 9 || !frac.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        let whole: u128 = whole.parse().ok()?;
+        let scale = 10u128.pow(frac.len() as u32);
+        let frac: u128 = if frac.is_empty() {
+            0
+        } else {
+            frac.parse().ok()?
+        };
+        let n = whole * u128::from(mul) + frac * u128::from(mul) / scale;
+        u64::try_from(n).ok()
+    }
+
+    #[cfg(test)]
+    mod tests {
+        use super::parse;
+
+        #[test]
+        fn sizes_take_binary_and_decimal_units() {
+            assert_eq!(parse("64 MiB"), Some(64 << 20));
+            assert_eq!(parse("64MiB"), Some(64 << 20));
+            assert_eq!(parse("1.5 GiB"), Some(3 << 29));
+            assert_eq!(parse("100 MB"), Some(100_000_000));
+            assert_eq!(parse("7 B"), Some(7));
+            assert_eq!(parse("16 TiB"), Some(16 << 40));
+            for bad in [
+                "",
+                "MiB",
+                "64",
+                "64 mib",
+                "64 M",
+                "1.2.3 GiB",
+                "-1 GiB",
+                ".5 GiB",
+                "99999999999 TiB",
+                "1.0000000001 GiB",
+            ] {
+                assert_eq!(parse(bad), None, "{bad:?}");
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -859,6 +960,26 @@ mod tests {
         assert_ne!(a.digest(None), c.digest(None));
         let lock = Digest::of(b"lock");
         assert_ne!(a.digest(None), a.digest(Some(&lock)));
+    }
+
+    #[test]
+    fn sizes_with_units_are_the_same_action_as_their_bytes() {
+        let t = |limits: &str| {
+            parse(&format!(
+                "[inputs]\nclosure = [\"{D}\"]\n[run]\ncommand = [\"a\"]\n[limits]\n{limits}\n"
+            ))
+        };
+        let units = t("disk = \"64 MiB\"\nmemory = \"1.5 GiB\"\noutput = \"10 MB\"").unwrap();
+        let bytes = t("disk = 67108864\nmemory = 1610612736\noutput = 10000000").unwrap();
+        assert_eq!(units.limits, bytes.limits);
+        assert_eq!(units.digest(None), bytes.digest(None));
+        let e = t("disk = \"64 megabytes\"").unwrap_err().to_string();
+        assert!(
+            e.contains("line 6")
+                && e.contains("bad size \"64 megabytes\"")
+                && e.contains("\"64 MiB\""),
+            "{e}"
+        );
     }
 
     #[test]
