@@ -3,6 +3,7 @@
 pub(crate) mod build;
 mod closure_bloat;
 mod compose;
+mod doctor;
 mod key;
 mod lock;
 mod materialize;
@@ -73,6 +74,8 @@ pub enum Command {
     Toolchain(toolchain::ToolchainCmd),
     /// Realise a view outside the store: Fast tier (read-only link farm) or Export (tarball, OCI layout).
     Materialize(materialize::MaterializeArgs),
+    /// Try each mechanism fhsx relies on and say which guarantees hold here, with the fix for each that does not.
+    Doctor(doctor::DoctorArgs),
 }
 
 impl Command {
@@ -93,7 +96,8 @@ impl Command {
             | Command::Mount(_)
             | Command::Proxy(_)
             | Command::Worker(_)
-            | Command::Toolchain(_) => false,
+            | Command::Toolchain(_)
+            | Command::Doctor(_) => false,
         }
     }
 
@@ -132,6 +136,7 @@ pub fn dispatch(cli: Cli) -> anyhow::Result<i32> {
         Command::Lock(c) => lock::run(&g, c),
         Command::Worker(a) => worker::run(&g, a),
         Command::Materialize(a) => materialize::run(&g, a),
+        Command::Doctor(a) => doctor::run(&g, a),
         Command::Toolchain(c) => toolchain::run(&g, c),
     }
 }
