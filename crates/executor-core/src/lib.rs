@@ -119,6 +119,8 @@ pub struct BuildOutcome {
     /// earlier record of the same command whose read set holds here, named
     /// in the record's `reused`).
     pub cached: bool,
+    /// The remote cache whose record answered (its name), if one did.
+    pub remote: Option<String>,
     /// With [`CachePolicy::Check`]: how the rebuild compares.
     pub check: Option<CheckReport>,
 }

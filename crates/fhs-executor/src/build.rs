@@ -74,6 +74,7 @@ use crate::cache::{ActionCache, Found};
 use crate::fetch::{FetchResult, FetchSession, Network};
 use crate::ingest::Ingested;
 use crate::log::BuildLog;
+use crate::remote::{Key, Remote, RemoteCache};
 use crate::scratch::{DiskLimit, ScratchMedium, WorkArea};
 use crate::world::World;
 use crate::{ahead, check, ingest, keys, manifest, sign, view, Error};
@@ -119,6 +120,10 @@ pub struct FhsExecutor {
     /// is gone, and its build gets a jobserver on the same pool. `None`:
     /// builds start at once and get no jobserver.
     pub jobserver: Option<Arc<crate::jobserver::TokenPool>>,
+    /// A remote cache ([`crate::remote`]): consulted after the local one,
+    /// asked for inputs the store lacks, and, with `push`, sent what this
+    /// executor builds. `None`: the local store is all there is.
+    pub remote: Option<Remote>,
 }
 
 /// The fixed environment every build starts from (the action's `env`
@@ -196,6 +201,7 @@ impl FhsExecutor {
             scratch_medium: ScratchMedium::Disk,
             zero_message_open: true,
             jobserver: None,
+            remote: None,
         })
     }
 
@@ -230,7 +236,7 @@ impl FhsExecutor {
         let started = Instant::now();
         let mut clock = Stages::new(started);
         let plan = self.resolve(req)?;
-        let cache = self.cache(&req.trust)?;
+        let cache = self.cache(&req.trust)?.with_remote(self.remote_cache());
         let against = match self.consult_cache(&plan, &cache, live)? {
             Consulted::Hit(outcome) => return Ok(*outcome),
             Consulted::Run { against } => against,
@@ -239,7 +245,7 @@ impl FhsExecutor {
         // Everything the build reads or makes is a temporary gc root from
         // here until its record is stored (and the caller holds it).
         let roots = Arc::new(self.store.temp_roots(&plan.inputs())?);
-        self.check_inputs(&plan)?;
+        self.check_inputs(&plan, live)?;
         let mount_points: Vec<&str> = plan
             .action
             .outputs
@@ -362,6 +368,7 @@ impl FhsExecutor {
             executor: self.executor_name(),
         };
         let (record_digest, signed) = self.sign(&plan, &cache, &roots, record)?;
+        self.push(&plan, &record_digest, &signed.record, live);
         clock.mark("sign");
         if let Some(hold) = &req.hold {
             hold.add(&roots.digests())?;
@@ -390,6 +397,7 @@ impl FhsExecutor {
             record_digest,
             record: signed,
             cached: false,
+            remote: None,
             check,
         })
     }
@@ -455,8 +463,27 @@ impl FhsExecutor {
     }
 
     /// Stage 3a, inputs: every input is in the store (a cache hit needs
-    /// none of them).
-    fn check_inputs(&self, plan: &Plan<'_>) -> Result<(), Error> {
+    /// none of them); what is not is fetched from the remote cache, if it
+    /// holds it.
+    fn check_inputs(&self, plan: &Plan<'_>, live: &mut (dyn Write + Send)) -> Result<(), Error> {
+        if let Some(remote) = self.remote_cache() {
+            let mut absent = Vec::new();
+            for (_, d) in plan.action.inputs.iter() {
+                if !self.store.has_directory(d)? {
+                    absent.push(*d);
+                }
+            }
+            if !absent.is_empty() {
+                if let Err(e) = remote.fetch_trees(&absent) {
+                    let _ = writeln!(
+                        live,
+                        "fhsx: warning: the remote cache {}: {} input(s) this build needs could not be fetched: {e}",
+                        remote.name(),
+                        absent.len()
+                    );
+                }
+            }
+        }
         for (list, d) in plan.action.inputs.iter() {
             if !self.store.has_directory(d)? {
                 return Err(Error::MissingInput {
@@ -490,8 +517,12 @@ impl FhsExecutor {
         match plan.req.cache {
             CachePolicy::Rebuild => Ok(Consulted::Run { against: None }),
             CachePolicy::Use => {
-                let Some(hit) = cache.lookup(&plan.action_digest)?.hit else {
-                    return Ok(Consulted::Run { against: None });
+                let (hit, remote) = match cache.lookup(&plan.action_digest)?.hit {
+                    Some(hit) => (hit, None),
+                    None => match self.remote_hit(plan, cache, log)? {
+                        Some(hit) => hit,
+                        None => return Ok(Consulted::Run { against: None }),
+                    },
                 };
                 if let Some(hold) = &plan.req.hold {
                     let mut keep: Vec<Digest> =
@@ -499,15 +530,24 @@ impl FhsExecutor {
                     keep.push(hit.digest);
                     hold.add(&keep)?;
                 }
+                let from = match &remote {
+                    Some(name) => format!(" from the remote cache {name}"),
+                    None => String::new(),
+                };
+                if remote.is_none() {
+                    // Built here before: the remote may lack it yet.
+                    self.push(plan, &hit.digest, &hit.record.record, log);
+                }
                 let _ = writeln!(
                     log,
-                    "fhsx: cached: action {} → record {}; nothing ran (--rebuild runs it)",
+                    "fhsx: cached: action {} → record {}{from}; nothing ran (--rebuild runs it)",
                     plan.action_digest, hit.digest
                 );
                 Ok(Consulted::Hit(Box::new(BuildOutcome {
                     record_digest: hit.digest,
                     record: hit.record,
                     cached: true,
+                    remote,
                     check: None,
                 })))
             }
@@ -955,6 +995,101 @@ impl FhsExecutor {
         Ok((digest, signed))
     }
 
+    fn remote_cache(&self) -> Option<&dyn RemoteCache> {
+        self.remote.as_ref().map(|r| &*r.cache)
+    }
+
+    /// Stage 2b, the remote cache: a record it holds for this action that
+    /// answers here as a local one would (trusted signer, this action, a
+    /// success); its outputs stay remote until something needs them. The
+    /// record is indexed here, so the next lookup is local.
+    fn remote_hit(
+        &self,
+        plan: &Plan<'_>,
+        cache: &ActionCache<'_>,
+        log: &mut (dyn Write + Send),
+    ) -> Result<Option<(Found, Option<String>)>, Error> {
+        let Some(remote) = self.remote_cache() else {
+            return Ok(None);
+        };
+        let records = self.remote_records(remote, Key::Action(plan.action_digest), log);
+        let found = cache.answer(&plan.action_digest, records);
+        for (record, why) in &found.rejected {
+            let _ = writeln!(
+                log,
+                "fhsx: warning: the remote cache {} holds record {record} for this action, refused: {why}; building locally",
+                remote.name()
+            );
+        }
+        let Some(hit) = found.hit else {
+            return Ok(None);
+        };
+        cache.insert(&plan.action_digest, &hit.digest)?;
+        Ok(Some((hit, Some(remote.name().to_owned()))))
+    }
+
+    /// The records `remote` holds under `key`; none, with a warning, when
+    /// it cannot say.
+    fn remote_records(
+        &self,
+        remote: &dyn RemoteCache,
+        key: Key,
+        log: &mut (dyn Write + Send),
+    ) -> Vec<Digest> {
+        match remote.records(key) {
+            Ok(records) => records,
+            Err(e) => {
+                let _ = writeln!(
+                    log,
+                    "fhsx: warning: the remote cache {}: {e}; building locally",
+                    remote.name()
+                );
+                Vec::new()
+            }
+        }
+    }
+
+    /// Send a successful build's record and what it names to the remote
+    /// cache, if this executor pushes. A push that fails is reported; the
+    /// build stands.
+    fn push(
+        &self,
+        plan: &Plan<'_>,
+        record_digest: &Digest,
+        record: &BuildRecord,
+        log: &mut (dyn Write + Send),
+    ) {
+        let Some(remote) = self.remote.as_ref().filter(|r| r.push) else {
+            return;
+        };
+        if !record.succeeded() || record.check_of.is_some() || plan.recording() {
+            return;
+        }
+        // A record whose outputs are only held remotely is there already.
+        if !(record.outputs.values()).all(|o| self.store.has_directory(o).unwrap_or(false)) {
+            return;
+        }
+        let command = record.reused.is_none().then_some(&plan.command_digest);
+        match remote.cache.push(record_digest, command) {
+            Ok(sent) => {
+                let _ = writeln!(
+                    log,
+                    "fhsx: pushed record {record_digest} to the remote cache {} ({} objects, {} bytes sent)",
+                    remote.cache.name(),
+                    sent.objects,
+                    sent.bytes
+                );
+            }
+            Err(e) => {
+                let _ = writeln!(
+                    log,
+                    "fhsx: warning: pushing record {record_digest} to the remote cache {} failed: {e}; the build stands",
+                    remote.cache.name()
+                );
+            }
+        }
+    }
+
     fn executor_name(&self) -> String {
         format!("fhsx {} {}", env!("CARGO_PKG_VERSION"), self.public_key())
     }
@@ -976,7 +1111,16 @@ impl FhsExecutor {
             return Ok(None);
         }
         let mut rejected = Vec::new();
-        let Some(hit) = cache.validated(&plan.command_digest, &view.root, &mut rejected)? else {
+        let mut remote = None;
+        let mut found = cache.validated(&plan.command_digest, &view.root, &mut rejected)?;
+        if found.is_none() {
+            if let Some(r) = self.remote_cache() {
+                let records = self.remote_records(r, Key::Command(plan.command_digest), live);
+                found = cache.validated_among(records, &view.root, &mut rejected)?;
+                remote = found.as_ref().map(|_| r.name().to_owned());
+            }
+        }
+        let Some(hit) = found else {
             for (record, why) in rejected.iter().take(3) {
                 let _ = writeln!(
                     live,
@@ -1016,18 +1160,24 @@ impl FhsExecutor {
             executor: self.executor_name(),
         };
         let (record_digest, signed) = self.sign(plan, cache, roots, record)?;
+        self.push(plan, &record_digest, &signed.record, live);
         if let Some(hold) = &plan.req.hold {
             hold.add(&roots.digests())?;
         }
+        let from = match &remote {
+            Some(name) => format!(" (from the remote cache {name})"),
+            None => String::new(),
+        };
         let _ = writeln!(
             live,
-            "fhsx: cached: action {} → record {record_digest}, reusing record {} of the same command, whose read set holds in this view; nothing ran (--rebuild runs it)",
+            "fhsx: cached: action {} → record {record_digest}, reusing record {}{from} of the same command, whose read set holds in this view; nothing ran (--rebuild runs it)",
             plan.action_digest, hit.digest
         );
         Ok(Some(BuildOutcome {
             record_digest,
             record: signed,
             cached: true,
+            remote,
             check: None,
         }))
     }

@@ -9,7 +9,8 @@
 //! the current format, its signature verifies, its signer is trusted (the
 //! executor's own key, plus `--trust`), it names this action digest, the
 //! build succeeded with no violation, it is not a `--check` rebuild's
-//! record, and every object of every output is present. So a stale,
+//! record, and every object of every output is present (or, with a remote
+//! cache, held there: see [`crate::remote`]). So a stale,
 //! forged or half-collected entry costs a lookup, never a wrong answer.
 //!
 //! Every record is indexed, failed ones too, so a `--check` of an action
@@ -32,12 +33,16 @@ use ed25519_dalek::VerifyingKey;
 use executor_core::record::RECORD_FORMAT;
 use executor_core::SignedRecord;
 
+use crate::remote::RemoteCache;
 use crate::{keys, sign, Error};
 
 /// The action index of one store, and whom it trusts.
 pub struct ActionCache<'s> {
     store: &'s LocalStore,
     trust: Vec<VerifyingKey>,
+    /// Outputs this remote holds count as present (Build without the
+    /// Bytes: they are fetched, and checked, when something needs them).
+    remote: Option<&'s dyn RemoteCache>,
 }
 
 /// A record found for an action.
@@ -68,7 +73,17 @@ impl<'s> ActionCache<'s> {
         for t in trust {
             keys.push(keys::parse_public_key(t)?);
         }
-        Ok(ActionCache { store, trust: keys })
+        Ok(ActionCache {
+            store,
+            trust: keys,
+            remote: None,
+        })
+    }
+
+    /// The same cache, counting outputs `remote` holds as present.
+    pub fn with_remote(mut self, remote: Option<&'s dyn RemoteCache>) -> Self {
+        self.remote = remote;
+        self
     }
 
     /// Note that `record` is a record of `action`.
@@ -95,7 +110,18 @@ impl<'s> ActionCache<'s> {
         view: &Digest,
         rejected: &mut Vec<(Digest, String)>,
     ) -> Result<Option<Found>, Error> {
-        for digest in self.indexed(Index::Commands, command)? {
+        self.validated_among(self.indexed(Index::Commands, command)?, view, rejected)
+    }
+
+    /// The first of `records` (records of one command, in the store) whose
+    /// read set holds in `view`.
+    pub fn validated_among(
+        &self,
+        records: Vec<Digest>,
+        view: &Digest,
+        rejected: &mut Vec<(Digest, String)>,
+    ) -> Result<Option<Found>, Error> {
+        for digest in records {
             let checked = self.usable(&digest, None).and_then(|record| {
                 let rs = castore_fuse::ReadSet::load(
                     self.store,
@@ -138,8 +164,14 @@ impl<'s> ActionCache<'s> {
 
     /// Find a record that answers `action`.
     pub fn lookup(&self, action: &Digest) -> Result<Lookup, Error> {
+        Ok(self.answer(action, self.records(action)?))
+    }
+
+    /// The first of `records` (in the store, from wherever they came) that
+    /// answers `action`, and why each before it does not.
+    pub fn answer(&self, action: &Digest, records: Vec<Digest>) -> Lookup {
         let mut found = Lookup::default();
-        for digest in self.records(action)? {
+        for digest in records {
             match self.usable(&digest, Some(action)) {
                 Ok(record) => {
                     found.hit = Some(Found { digest, record });
@@ -148,7 +180,7 @@ impl<'s> ActionCache<'s> {
                 Err(why) => found.rejected.push((digest, why)),
             }
         }
-        Ok(found)
+        found
     }
 
     /// The record `digest`, if it may answer a build at all — current
@@ -205,6 +237,9 @@ impl<'s> ActionCache<'s> {
             return Err("its signature does not verify".into());
         }
         for (name, out) in &r.outputs {
+            if self.remote.is_some_and(|remote| remote.holds(out)) {
+                continue;
+            }
             if let Some(missing) = first_missing(self.store, out) {
                 return Err(format!(
                     "its output {name} is incomplete in the store ({missing} is missing)"

@@ -12,7 +12,8 @@
 //! ([`sign`], [`keys`]), the action cache ([`cache`]: exact hits, and hits
 //! of the same command whose read set holds in the new view, [`validate`]),
 //! `--check` comparison ([`check`]) and pruning an action to its read set
-//! ([`prune`]).
+//! ([`prune`]), and the narrow interface through which a remote cache is
+//! consulted and fed ([`remote`]; the REAPI one is the `worker` crate's).
 //!
 //! It does not own the store (`castore`), the FUSE view and read-set capture
 //! (`castore-fuse`), the bubblewrap sandbox (`executor-sandbox`) or the fetch
@@ -33,6 +34,7 @@ mod log;
 pub mod manifest;
 pub mod pool;
 pub mod prune;
+pub mod remote;
 pub mod scratch;
 pub mod sign;
 pub mod validate;

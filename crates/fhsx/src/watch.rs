@@ -430,8 +430,13 @@ impl Watch<Built, anyhow::Error> for GraphWatch {
             End::Made(b) if b.outcome.cached => {
                 t.cached += 1;
                 let v = json!({"event": "cached", "action": name, "time": self.secs(now),
-                    "record": b.outcome.record_digest, "outputs": b.outcome.record.record.outputs});
-                (v, format!("cached   {name}"))
+                    "record": b.outcome.record_digest, "outputs": b.outcome.record.record.outputs,
+                    "source": crate::cmd::build::source(&b.outcome), "remote_cache": b.outcome.remote});
+                let from = match &b.outcome.remote {
+                    Some(cache) => format!(" (from {cache})"),
+                    None => String::new(),
+                };
+                (v, format!("cached   {name}{from}"))
             }
             End::Made(b) => {
                 t.built += 1;

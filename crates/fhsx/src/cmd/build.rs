@@ -23,6 +23,7 @@ use fhs_executor::pool::ScratchPool;
 use fhs_executor::FhsExecutor;
 use serde_json::json;
 
+use super::cache::CacheArgs;
 use super::store::open_store;
 use super::Globals;
 use crate::exit::Classified;
@@ -86,8 +87,10 @@ pub struct BuildArgs {
     pub upstream_ca: Vec<PathBuf>,
     /// Run on the worker at ADDR (`HOST:PORT` or `unix:PATH`, see `fhsx worker`):
     /// upload what it lacks, stream the log, download the record and output.
-    #[arg(long, value_name = "ADDR", conflicts_with_all = ["record", "keep_failed", "upstream_ca", "vary", "diffoscope"])]
+    #[arg(long, value_name = "ADDR", conflicts_with_all = ["record", "keep_failed", "upstream_ca", "vary", "diffoscope", "cache"])]
     pub remote: Option<String>,
+    #[command(flatten)]
+    pub cache: CacheArgs,
     /// Records signed by this key (`ed25519:<hex>`) are cache hits too, and
     /// with --remote only a worker whose key is listed is accepted. Repeatable.
     #[arg(long, value_name = "KEY")]
@@ -198,6 +201,7 @@ pub fn outputs_of(
         keep_going: false,
         events: None,
         trace: None,
+        cache: CacheArgs::default(),
     };
     let graph = ActionGraph::load(file)?;
     let built = build_local(g, &a, &graph)?;
@@ -250,6 +254,10 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     exec.scratch_pool = (a.scratch_pool > 0).then(|| ScratchPool::new(a.scratch_pool));
     exec.zero_message_open = a.opens == OpensArg::Kernel;
     exec.jobserver = Some(pool.clone());
+    exec.remote = a.cache.open(exec.store())?;
+    // With a remote cache, an input named by digest need not be here: a
+    // hit needs none, and a build that must run fetches what it lacks.
+    let inputs_here = exec.remote.is_none();
     let store = exec.store().clone();
     let vary = match &a.vary {
         Some(list) => Some(
@@ -292,8 +300,13 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
         keep_going: a.keep_going,
         cancel: Some(cancel.clone()),
     };
+    // What each action resolved to and made: an action that must run and
+    // cannot fetch a dependency's output from the remote cache rebuilds
+    // that dependency here (`rewind`).
+    let made: std::sync::Mutex<Vec<Option<Made>>> = std::sync::Mutex::new(vec![None; n]);
     let build_one = |i: usize, node: &GraphNode, action: Action, _slot: usize| {
         let is_root = i + 1 == n;
+        let resolved = action.clone();
         let req = BuildRequest {
             hold: Some(hold.clone()),
             pruned_from: None,
@@ -310,14 +323,25 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
             action,
         };
         let mut sink = ActionLog::new(named_logs.then_some(i), &watch);
-        let outcome = if req.vary.is_some() {
+        let mut outcome = if req.vary.is_some() {
             fhs_executor::check::check_varied(&exec, &req, &mut sink)
         } else {
             exec.build(&req, &mut sink)
+        };
+        if let Err(fhs_executor::Error::MissingInput { digest, .. }) = &outcome {
+            if exec.remote.is_some() && rewind(&exec, graph, &made, i, digest, &req, &mut sink)? {
+                outcome = exec.build(&req, &mut sink);
+            }
         }
-        .with_context(|| building(node, is_root))?;
+        let outcome = outcome.with_context(|| building(node, is_root))?;
         drop(sink);
         let rec = &outcome.record.record;
+        if let Ok(mut m) = made.lock() {
+            m[i] = Some(Made {
+                action: resolved,
+                outputs: rec.outputs.clone(),
+            });
+        }
         if !outcome.cached && rec.reused.is_none() && rec.succeeded() {
             // A hint for the next schedule: losing it costs a guess.
             let entry = Entry {
@@ -354,7 +378,7 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
             &priority,
             &options,
             &watch,
-            |p| import(&store, &hold, p),
+            |p| import(&store, &hold, p, inputs_here),
             build_one,
         );
         done.store(true, Ordering::SeqCst);
@@ -371,6 +395,71 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
     // The pool and what it holds go now, before fhsx exits.
     drop(exec);
     root_of(graph, ends, cancel.load(Ordering::SeqCst))
+}
+
+/// An action of the graph as it was resolved, and what it made.
+#[derive(Clone)]
+struct Made {
+    action: Action,
+    outputs: std::collections::BTreeMap<executor_core::OutputName, castore::Digest>,
+}
+
+/// Action rewinding (Bazel's word): the action `i` must run, and its
+/// input `missing` — a dependency's output, held by the remote cache — did
+/// not come (the cache lost it, or refused it as not the record's). Build
+/// that dependency here, and say whether `i` may try again: only if the
+/// rebuild made what its cached record named, else `i` would be resolved
+/// against outputs that no longer exist.
+fn rewind(
+    exec: &FhsExecutor,
+    graph: &ActionGraph,
+    made: &std::sync::Mutex<Vec<Option<Made>>>,
+    i: usize,
+    missing: &castore::Digest,
+    req: &BuildRequest,
+    sink: &mut ActionLog<'_>,
+) -> anyhow::Result<bool> {
+    let found = {
+        let m = made.lock().map_err(|_| anyhow::anyhow!("a build thread panicked"))?;
+        graph.dependencies(i).into_iter().find_map(|j| {
+            let d = m[j].as_ref()?;
+            d.outputs.values().any(|o| o == missing).then(|| (j, d.clone()))
+        })
+    };
+    let Some((j, dep)) = found else {
+        return Ok(false);
+    };
+    let node = &graph.nodes()[j];
+    let _ = writeln!(
+        sink,
+        "fhsx: {} made {missing}, which the remote cache did not give: building {} here",
+        node.file.display(),
+        node.file.display()
+    );
+    let again = BuildRequest {
+        action: dep.action.clone(),
+        lock_path: node.action.lock_path(&node.file),
+        cache: CachePolicy::Rebuild,
+        vary: None,
+        diffoscope: false,
+        record: false,
+        ..req.clone()
+    };
+    let rebuilt = exec
+        .build(&again, sink)
+        .with_context(|| building(node, false))?;
+    if rebuilt.record.record.outputs != dep.outputs {
+        return Err(Classified(
+            ExitClass::BuildFailed,
+            format!(
+                "{} was built here because the remote cache could not give its output, and it made other outputs than its cached record names (it does not reproduce): run the build again, and `fhsx build --check {}` to see how it differs",
+                node.file.display(),
+                node.file.display()
+            ),
+        )
+        .into());
+    }
+    Ok(true)
 }
 
 /// How often the live view is redrawn and the token counter sampled, if
@@ -564,7 +653,7 @@ fn build_remote(
         ::worker::client::Client::connect(&endpoint, &token, &a.trust).map_err(classify)?;
     let hold = store.temp_roots(&[])?;
     graph.build_all(
-        |p| import(&store, &hold, p),
+        |p| import(&store, &hold, p, true),
         |node, action: Action, is_root| {
             let lock = node.action.lock_path(&node.file);
             let out = client
@@ -598,6 +687,7 @@ fn build_remote(
                 record_digest: out.record_digest,
                 record: out.record,
                 cached: out.cached,
+                remote: None,
                 check: out.check,
             };
             let log_path = store.object_path(ObjectKind::Blob, &outcome.record.record.log_digest);
@@ -628,9 +718,10 @@ fn import(
     store: &castore::LocalStore,
     hold: &castore::TempRoots,
     path: &std::path::Path,
+    present: bool,
 ) -> anyhow::Result<Vec<castore::Digest>> {
     let atoms = if path.extension().is_some_and(|e| e == "toolchain") {
-        toolchain_atoms(store, path)?
+        toolchain_atoms(store, path, present)?
     } else {
         let imported = hold
             .rooted(
@@ -644,14 +735,16 @@ fn import(
     Ok(atoms)
 }
 
-/// A toolchain file's atoms, each of which must be in the store.
+/// A toolchain file's atoms, each of which must be in the store if
+/// `present`.
 fn toolchain_atoms(
     store: &castore::LocalStore,
     path: &std::path::Path,
+    present: bool,
 ) -> anyhow::Result<Vec<castore::Digest>> {
     let usage = |m: String| anyhow::Error::from(Classified(ExitClass::Usage, m));
     let t = debian::Toolchain::read(path).map_err(|e| usage(castore::Chain(&e).to_string()))?;
-    for p in &t.packages {
+    for p in t.packages.iter().filter(|_| present) {
         if !castore::DirectoryStore::has_directory(store, &p.atom)? {
             return Err(usage(format!(
                 "{}: package {} {} (atom {}) is not in this store: make the toolchain here with `fhsx toolchain apt {} -o {}`",
@@ -723,8 +816,12 @@ fn report(g: &Globals, built: &Built) -> anyhow::Result<i32> {
             "exit": rec.exit,
             "action": rec.action_digest,
             "cached": out.cached,
+            "source": source(out),
         });
         if let Some(m) = v.as_object_mut() {
+            if let Some(cache) = &out.remote {
+                m.insert("remote_cache".into(), json!(cache));
+            }
             if let Some(r) = &built.remote {
                 m.insert("remote".into(), r.clone());
             }
@@ -740,7 +837,11 @@ fn report(g: &Globals, built: &Built) -> anyhow::Result<i32> {
         println!(
             "record  {}{}",
             out.record_digest,
-            if out.cached { " (cached)" } else { "" }
+            match (&out.remote, out.cached) {
+                (Some(cache), _) => format!(" (cached, from the remote cache {cache})"),
+                (None, true) => " (cached)".into(),
+                (None, false) => String::new(),
+            }
         );
         if rec.outputs.is_empty() {
             println!("output  (none: the build failed)");
@@ -790,6 +891,16 @@ fn report(g: &Globals, built: &Built) -> anyhow::Result<i32> {
         )
         .into()),
         _ => Ok(0),
+    }
+}
+
+/// Where a result came from, for `--json`: `built` (it ran), `local`
+/// (this store's cache), `remote` (the remote cache's record).
+pub(crate) fn source(out: &BuildOutcome) -> &'static str {
+    match (out.cached, &out.remote) {
+        (_, Some(_)) => "remote",
+        (true, None) => "local",
+        (false, None) => "built",
     }
 }
 

@@ -1,6 +1,7 @@
 //! Subcommands, one module each. `dispatch` returns the process exit code.
 
 pub(crate) mod build;
+mod cache;
 mod closure_bloat;
 mod compose;
 mod doctor;

@@ -9,6 +9,7 @@ use castore::{Digest, Node};
 use clap::Subcommand;
 use serde_json::json;
 
+use super::cache::{fetch_if_absent, CacheArgs};
 use super::Globals;
 use crate::exit::Classified;
 use crate::progress::Bar;
@@ -26,13 +27,26 @@ pub enum StoreCmd {
     Ls {
         digest: Digest,
         path: Option<String>,
+        #[command(flatten)]
+        cache: CacheArgs,
     },
     /// Write a file of a stored tree to stdout (verified before the first byte).
-    Cat { digest: Digest, path: String },
+    Cat {
+        digest: Digest,
+        path: String,
+        #[command(flatten)]
+        cache: CacheArgs,
+    },
     /// Write a blob (a build log, a read set, a record) to stdout, verified.
     Blob { digest: Digest },
-    /// Write a stored tree out to a new directory.
-    Export { digest: Digest, dest: PathBuf },
+    /// Write a stored tree out to a new directory (with --cache, one the
+    /// store lacks is fetched from the remote cache first).
+    Export {
+        digest: Digest,
+        dest: PathBuf,
+        #[command(flatten)]
+        cache: CacheArgs,
+    },
     /// Re-hash the whole store, or one tree, and report every corrupt or missing object by path.
     Verify { digest: Option<Digest> },
     /// Delete everything not reachable from a root: the persistent roots
@@ -105,7 +119,12 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        StoreCmd::Ls { digest, path } => {
+        StoreCmd::Ls {
+            digest,
+            path,
+            cache,
+        } => {
+            fetch_if_absent(&cache, &store, &digest)?;
             let path = path.unwrap_or_default();
             let node = castore::walk::lookup(&store, &digest, &path)?;
             let rows: Vec<(String, Node)> = match &node {
@@ -129,7 +148,13 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
             }
             Ok(0)
         }
-        StoreCmd::Cat { digest, path } => match castore::walk::lookup(&store, &digest, &path)? {
+        StoreCmd::Cat {
+            digest,
+            path,
+            cache,
+        } => match fetch_if_absent(&cache, &store, &digest)
+            .and_then(|()| Ok(castore::walk::lookup(&store, &digest, &path)?))?
+        {
             Node::File { digest: d, .. } => {
                 let mut r = store.open_blob(&d).map_err(|e| e.at_path(&path))?;
                 let mut out = std::io::stdout().lock();
@@ -153,7 +178,12 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
             out.flush()?;
             Ok(0)
         }
-        StoreCmd::Export { digest, dest } => {
+        StoreCmd::Export {
+            digest,
+            dest,
+            cache,
+        } => {
+            fetch_if_absent(&cache, &store, &digest)?;
             let bar = Bar::new("exporting");
             let r = castore::export::export(&store, &digest, &dest, &bar);
             bar.finish();

@@ -3,9 +3,11 @@
 #![allow(dead_code)]
 
 use std::fs;
+use std::net::TcpStream;
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
+use std::time::{Duration, Instant};
 
 /// The fhsx binary; `FHSX_HOSTILE_EXE` names a copy an unprivileged user
 /// can run (the hostile suite's non-root pass).
@@ -263,4 +265,132 @@ pub fn spawn_worker(
         .unwrap_or_else(|| panic!("the worker did not say where it listens: {line:?}"))
         .to_owned();
     (child, addr)
+}
+
+// ---- REAPI servers on loopback: BuildGrid, moto's S3, Bazel ----
+
+pub fn buildgrid() -> PathBuf {
+    let dir = std::env::var_os("FHSX_BUILDGRID")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from("/opt/fhsx-ci/buildgrid"));
+    let bgd = dir.join("bin/bgd");
+    assert!(
+        bgd.exists(),
+        "BuildGrid is not installed at {}: run .ci/setup (it makes that venv with Debian's python3: `python3 -m venv {} && {}/bin/pip install buildgrid==0.4.4 psycopg2-binary`), or set FHSX_BUILDGRID",
+        dir.display(),
+        dir.display(),
+        dir.display()
+    );
+    dir
+}
+
+pub fn bazel() -> PathBuf {
+    let p = std::env::var_os("FHSX_BAZEL")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            PathBuf::from(
+                "/opt/fhsx-ci/bazel/node_modules/@bazel/bazel-linux_x64/bazel-2.1.0-linux-x86_64",
+            )
+        });
+    assert!(
+        p.exists(),
+        "Bazel 2.1.0 is not installed at {}: run .ci/setup (it runs `npm install @bazel/bazel-linux_x64@2.1.0` in /opt/fhsx-ci/bazel), or set FHSX_BAZEL",
+        p.display()
+    );
+    p
+}
+
+pub fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+pub fn wait_port(port: u16, what: &str, log: &Path) {
+    let end = Instant::now() + Duration::from_secs(90);
+    while TcpStream::connect(("127.0.0.1", port)).is_err() {
+        assert!(
+            Instant::now() < end,
+            "{what} did not listen on {port}: {}",
+            fs::read_to_string(log).unwrap_or_default()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// moto's S3-compatible server on loopback, with the engine's bucket.
+pub struct S3 {
+    port: u16,
+    server: Child,
+}
+
+impl S3 {
+    pub const BUCKET: &'static str = "fhsx-cas";
+    pub const KEY: &'static str = "testing";
+
+    pub fn start(dir: &Path) -> S3 {
+        let moto = std::env::var_os("FHSX_MOTO")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/opt/fhsx-ci/moto"));
+        let bin = moto.join("bin/moto_server");
+        assert!(
+            bin.exists(),
+            "moto is not installed at {}: run .ci/setup (it makes that venv: `python3 -m venv {} && {}/bin/pip install 'moto[server]'`), or set FHSX_MOTO",
+            moto.display(),
+            moto.display(),
+            moto.display()
+        );
+        let port = free_port();
+        let log = dir.join("moto.log");
+        let server = Command::new(bin)
+            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+            .stdout(fs::File::create(&log).unwrap())
+            .stderr(Stdio::from(fs::File::create(&log).unwrap()))
+            .spawn()
+            .unwrap();
+        wait_port(port, "moto", &log);
+        let s3 = S3 { port, server };
+        s3.python(&format!("s3.create_bucket(Bucket={:?})", Self::BUCKET));
+        s3
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.port)
+    }
+
+    /// Run `code` with `s3`, a boto3 client of this server (BuildGrid's venv has boto3).
+    pub fn python(&self, code: &str) -> String {
+        let o = Command::new(buildgrid().join("bin/python"))
+            .arg("-c")
+            .arg(format!(
+                "import boto3\ns3 = boto3.client('s3', endpoint_url={:?}, aws_access_key_id={:?}, aws_secret_access_key={:?}, region_name='us-east-1')\n{code}",
+                self.endpoint(),
+                Self::KEY,
+                Self::KEY
+            ))
+            .output()
+            .unwrap();
+        ok(&o, "boto3");
+        String::from_utf8_lossy(&o.stdout).trim().to_owned()
+    }
+
+    pub fn objects(&self) -> usize {
+        self.python(&format!(
+            "print(sum(p.get('KeyCount', 0) for p in s3.get_paginator('list_objects_v2').paginate(Bucket={:?})))",
+            Self::BUCKET
+        ))
+        .parse()
+        .unwrap()
+    }
+}
+
+impl Drop for S3 {
+    fn drop(&mut self) {
+        let _ = self.server.kill();
+        let _ = self.server.wait();
+    }
+}
+
+
+fn ok(o: &Output, what: &str) {
+    assert!(o.status.success(), "{what}: {}", text(o));
 }

@@ -296,12 +296,40 @@ impl Index {
     }
 }
 
+/// A call's credentials: `authorization: Bearer TOKEN` on every request,
+/// where a token was given (an engine or cache behind an authenticating
+/// proxy, BuildGrid's JWT).
+#[derive(Clone, Default)]
+pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl Bearer {
+    /// The header for `token` (one line of printable ASCII).
+    pub fn new(token: &str) -> Result<Bearer, String> {
+        format!("Bearer {token}")
+            .parse()
+            .map(|v| Bearer(Some(v)))
+            .map_err(|_| "the token is not printable ASCII".to_owned())
+    }
+}
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut r: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(v) = &self.0 {
+            r.metadata_mut().insert("authorization", v.clone());
+        }
+        Ok(r)
+    }
+}
+
+/// A channel whose calls carry the [`Bearer`] credentials.
+pub type Transport = tonic::service::interceptor::InterceptedService<Channel, Bearer>;
+
 /// The engine's CAS, for one instance.
 #[derive(Clone)]
 pub struct Cas {
     instance: String,
-    cas: ContentAddressableStorageClient<Channel>,
-    bytestream: ByteStreamClient<Channel>,
+    cas: ContentAddressableStorageClient<Transport>,
+    bytestream: ByteStreamClient<Transport>,
     store: LocalStore,
     index: Index,
     /// The engine's `max_batch_total_size_bytes`.
@@ -325,13 +353,24 @@ pub enum Upload {
 
 impl Cas {
     pub fn new(channel: Channel, instance: String, store: LocalStore, max_batch: i64) -> Cas {
+        Self::with_bearer(channel, Bearer::default(), instance, store, max_batch)
+    }
+
+    /// The CAS at `channel`, each call carrying `bearer`.
+    pub fn with_bearer(
+        channel: Channel,
+        bearer: Bearer,
+        instance: String,
+        store: LocalStore,
+        max_batch: i64,
+    ) -> Cas {
         let limit = crate::MAX_MESSAGE_BYTES;
         Cas {
             instance,
-            cas: ContentAddressableStorageClient::new(channel.clone())
+            cas: ContentAddressableStorageClient::with_interceptor(channel.clone(), bearer.clone())
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
-            bytestream: ByteStreamClient::new(channel)
+            bytestream: ByteStreamClient::with_interceptor(channel, bearer)
                 .max_decoding_message_size(limit)
                 .max_encoding_message_size(limit),
             index: Index::open(&store),
@@ -453,11 +492,15 @@ impl Cas {
     async fn fetch_small(
         &self,
         digests: Vec<re::Digest>,
+        expect: &HashMap<re::Digest, Digest>,
         xfer: &mut Transfer,
     ) -> Result<Vec<(re::Digest, Digest)>, CasError> {
         let mut stored = Vec::with_capacity(digests.len());
         let mut batches = futures::stream::iter(self.batches(digests))
             .map(|b| async move {
+                let expected: HashMap<re::Digest, Digest> = (b.iter())
+                    .filter_map(|d| Some((d.clone(), *expect.get(d)?)))
+                    .collect();
                 let got = self.read_batch(b).await?;
                 let store = self.store.clone();
                 let index = self.index.clone();
@@ -467,7 +510,12 @@ impl Cas {
                     let txn = store.txn()?;
                     let mut out = Vec::with_capacity(got.len());
                     for (d, data) in &got {
-                        out.push((d.clone(), txn.put_blob(data)?));
+                        let b3 = txn.put_blob(data)?;
+                        if let Some(e) = expected.get(d).filter(|e| **e != b3) {
+                            // Dropping the transaction stores nothing.
+                            return Err(not_named(d, &e, &b3));
+                        }
+                        out.push((d.clone(), b3));
                     }
                     txn.commit()?;
                     for (d, b3) in &out {
@@ -609,10 +657,10 @@ impl Cas {
         let (small, large): (Vec<_>, Vec<_>) = missing
             .into_iter()
             .partition(|d| d.size_bytes + PER_BLOB <= self.max_batch);
-        blobs.extend(self.fetch_small(small, &mut xfer).await?);
+        blobs.extend(self.fetch_small(small, &HashMap::new(), &mut xfer).await?);
         let mut downloads = futures::stream::iter(large)
             .map(|d| async move {
-                let b3 = self.download_large(&d).await?;
+                let b3 = self.download_large(&d, None).await?;
                 Ok::<_, CasError>((d, b3))
             })
             .buffer_unordered(PARALLEL);
@@ -669,8 +717,41 @@ impl Cas {
         Ok((b3, xfer))
     }
 
-    /// Stream one large blob into the store, checking its SHA-256.
-    async fn download_large(&self, d: &re::Digest) -> Result<Digest, CasError> {
+    /// Fetch blobs into the store, each checked against its SHA-256 on
+    /// arrival and against the BLAKE3 digest a signed record's tree gives
+    /// it before it is committed: a blob that is not what the tree names
+    /// never enters the store.
+    pub async fn fetch_expecting(
+        &self,
+        wanted: Vec<(re::Digest, Digest)>,
+    ) -> Result<Transfer, CasError> {
+        let mut xfer = Transfer::default();
+        let expect: HashMap<re::Digest, Digest> = wanted.iter().cloned().collect();
+        let (small, large): (Vec<_>, Vec<_>) = wanted
+            .into_iter()
+            .partition(|(d, _)| d.size_bytes + PER_BLOB <= self.max_batch);
+        let small = small.into_iter().map(|(d, _)| d).collect();
+        self.fetch_small(small, &expect, &mut xfer).await?;
+        let mut downloads = futures::stream::iter(large)
+            .map(|(d, b3)| async move {
+                self.download_large(&d, Some(b3)).await?;
+                Ok::<_, CasError>(d.size_bytes as u64)
+            })
+            .buffer_unordered(PARALLEL);
+        while let Some(r) = downloads.next().await {
+            xfer.blobs += 1;
+            xfer.bytes += r?;
+        }
+        Ok(xfer)
+    }
+
+    /// Stream one large blob into the store, checking its SHA-256 (and,
+    /// given one, its BLAKE3 digest).
+    async fn download_large(
+        &self,
+        d: &re::Digest,
+        expect_b3: Option<Digest>,
+    ) -> Result<Digest, CasError> {
         let mut stream = self.read_stream(d).await?;
         let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
         let store = self.store.clone();
@@ -683,7 +764,7 @@ impl Cas {
                 sha: Sha256::new(),
                 n: 0,
             };
-            let (b3, _) = txn.put_blob_buffered(&mut r)?;
+            let (got_b3, _) = txn.put_blob_buffered(&mut r)?;
             let got = re::Digest {
                 hash: hex(&r.sha.finalize()),
                 size_bytes: r.n,
@@ -695,9 +776,12 @@ impl Cas {
                     want.hash, want.size_bytes, got.hash, got.size_bytes
                 )));
             }
+            if let Some(expected) = expect_b3.filter(|e| *e != got_b3) {
+                return Err(not_named(&want, &expected, &got_b3));
+            }
             txn.commit()?;
-            index.put_blob(&want, &b3);
-            Ok(b3)
+            index.put_blob(&want, &got_b3);
+            Ok(got_b3)
         });
         let mut failed = None;
         loop {
@@ -936,6 +1020,18 @@ impl Cas {
         }
         Ok(())
     }
+}
+
+/// A blob whose SHA-256 is right but which is not the file a signed tree
+/// names (a remote that swapped what a digest pair says).
+fn not_named(d: &re::Digest, expected: &Digest, got: &Digest) -> CasError {
+    CasError::Refused(Refusal::new(
+        Code::FailedPrecondition,
+        format!(
+            "blob {}/{} is {got}, not {expected} as the record's tree names it: refused",
+            d.hash, d.size_bytes
+        ),
+    ))
 }
 
 fn check(d: &re::Digest, bytes: &[u8]) -> Result<(), CasError> {

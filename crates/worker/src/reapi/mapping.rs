@@ -3,6 +3,13 @@
 //! network, no clock — every function here takes values and returns
 //! values, so each rule has a unit test.
 //!
+//! Known gaps: on a toolchain, an input root's size is paid at every
+//! action (exported, the working tree ingested); as `/`, only its places.
+//! Over a toolchain, the record names the shadowed atoms, so its
+//! `toolchain_digest` is the registered id only where nothing is
+//! shadowed. No LogStream; limits are the worker's defaults, not
+//! per-action.
+//!
 //! The mapping (DESIGN.md, "The REAPI worker"). Where the input root is
 //! ([`Root`]) is chosen per action, by its platform:
 //!

@@ -10,6 +10,8 @@
 //!   ActionResult; pure and unit-tested.
 //! - [`paths`]: output paths resolved against the working directory.
 //! - [`platform`]: the properties the worker advertises for matching.
+//! - [`cache`]: an REAPI ActionCache and CAS as `fhsx build --cache`'s
+//!   remote cache.
 //! - `cas`: the engine's CAS as the store sees it: SHA-256 on the wire,
 //!   BLAKE3 in the store, a persistent index between them.
 //! - `bot`: the bot session loop, one per slot.
@@ -17,6 +19,7 @@
 
 #[allow(deprecated)]
 mod bot;
+pub mod cache;
 mod cas;
 pub mod mapping;
 pub mod paths;
