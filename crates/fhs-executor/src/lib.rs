@@ -11,8 +11,9 @@
 //! ([`jobserver`]), the interface manifest ([`manifest`]), signing and checking BuildRecords
 //! ([`sign`], [`keys`]), the action cache ([`cache`]: exact hits, and hits
 //! of the same command whose read set holds in the new view, [`validate`]),
-//! `--check` comparison ([`check`]) and pruning an action to its read set
-//! ([`prune`]).
+//! `--check` comparison ([`check`]), pruning an action to its read set
+//! ([`prune`]) and moving records with what they name between stores or
+//! through a bundle file ([`copy`]).
 //!
 //! It does not own the store (`castore`), the FUSE view and read-set capture
 //! (`castore-fuse`), the bubblewrap sandbox (`executor-sandbox`) or the fetch
@@ -23,6 +24,7 @@ mod background;
 pub mod build;
 pub mod cache;
 pub mod check;
+pub mod copy;
 mod error;
 mod fetch;
 pub mod history;
