@@ -93,7 +93,7 @@ impl<'s> ActionCache<'s> {
 
     /// Note that `record`, a successful build, is a record of `command`.
     pub fn insert_command(&self, command: &Digest, record: &Digest) -> Result<(), Error> {
-        index_in(self.store, Index::Commands, command, record)
+        index_command(self.store, command, record)
     }
 
     /// The records indexed for `action`, in a stable order.
@@ -271,6 +271,13 @@ fn index_dir_of(store: &LocalStore, index: Index, key: &Digest) -> PathBuf {
 /// downloaded from a worker, say). Idempotent.
 pub fn index(store: &LocalStore, action: &Digest, record: &Digest) -> Result<(), Error> {
     index_in(store, Index::Actions, action, record)
+}
+
+/// Note in `store`'s command index that `record`, a successful build that
+/// is neither a check nor a reuse, is a record of `command` (a record
+/// received by `fhsx store copy`, say). Idempotent.
+pub fn index_command(store: &LocalStore, command: &Digest, record: &Digest) -> Result<(), Error> {
+    index_in(store, Index::Commands, command, record)
 }
 
 fn index_in(store: &LocalStore, index: Index, key: &Digest, record: &Digest) -> Result<(), Error> {

@@ -12,6 +12,9 @@ pub enum Error {
     Action(#[from] executor_core::ActionError),
     #[error(transparent)]
     Sandbox(#[from] executor_core::SandboxError),
+    /// Boxed: the largest variant sizes every `Result` of the crate.
+    #[error(transparent)]
+    Copy(Box<crate::copy::CopyError>),
     #[error("the action's {what} names {digest}, which is not in the store; import it first (`fhsx store import`)")]
     MissingInput {
         what: &'static str,
@@ -39,6 +42,12 @@ pub enum Error {
     Other(String),
 }
 
+impl From<crate::copy::CopyError> for Error {
+    fn from(e: crate::copy::CopyError) -> Self {
+        Error::Copy(Box::new(e))
+    }
+}
+
 impl Error {
     pub(crate) fn io(op: &'static str, path: &Path, source: std::io::Error) -> Self {
         Error::Io {
@@ -59,6 +68,7 @@ impl Error {
                 ExitClass::Usage
             }
             Error::Sandbox(e) => e.exit_class(),
+            Error::Copy(e) => e.exit_class(),
             Error::BadRecord(_) | Error::Containment(_) => ExitClass::Integrity,
             Error::BadOutput { .. } | Error::Io { .. } | Error::Other(_) => ExitClass::BuildFailed,
         }

@@ -11,9 +11,11 @@
 //! ([`jobserver`]), the interface manifest ([`manifest`]), signing and checking BuildRecords
 //! ([`sign`], [`keys`]), the action cache ([`cache`]: exact hits, and hits
 //! of the same command whose read set holds in the new view, [`validate`]),
-//! `--check` comparison ([`check`]) and pruning an action to its read set
-//! ([`prune`]), and the narrow interface through which a remote cache is
-//! consulted and fed ([`remote`]; the REAPI one is the `worker` crate's).
+//! `--check` comparison ([`check`]), pruning an action to its read set
+//! ([`prune`]), moving records with what they name between stores or
+//! through a bundle file ([`copy`]), and the narrow interface through
+//! which a remote cache is consulted and fed ([`remote`]; the REAPI one
+//! is the `worker` crate's).
 //!
 //! It does not own the store (`castore`), the FUSE view and read-set capture
 //! (`castore-fuse`), the bubblewrap sandbox (`executor-sandbox`) or the fetch
@@ -24,6 +26,7 @@ mod background;
 pub mod build;
 pub mod cache;
 pub mod check;
+pub mod copy;
 mod error;
 mod fetch;
 pub mod history;

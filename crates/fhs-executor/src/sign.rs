@@ -79,10 +79,15 @@ pub enum StoredRecord {
 
 /// Load a record blob of any format.
 pub fn load_any(store: &LocalStore, digest: &Digest) -> Result<StoredRecord, Error> {
-    let bytes = store.read_blob(digest)?;
+    parse_any(digest, &store.read_blob(digest)?)
+}
+
+/// Parse the bytes of the record blob `digest` (already checked to hash
+/// to it), of any format.
+pub fn parse_any(digest: &Digest, bytes: &[u8]) -> Result<StoredRecord, Error> {
     let not_a_record = |e: String| Error::BadRecord(format!("{digest} is not a BuildRecord: {e}"));
     let raw: serde_json::Value =
-        serde_json::from_slice(&bytes).map_err(|e| not_a_record(e.to_string()))?;
+        serde_json::from_slice(bytes).map_err(|e| not_a_record(e.to_string()))?;
     let format = raw["record"]["format"].as_u64().unwrap_or(0) as u32;
     if format == RECORD_FORMAT {
         return serde_json::from_value(raw)

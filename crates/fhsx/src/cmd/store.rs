@@ -1,4 +1,4 @@
-//! `fhsx store …`: import, inspect, export, verify and collect the store.
+//! `fhsx store …`: import, inspect, export, verify, collect and copy the store.
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -63,6 +63,71 @@ pub enum StoreCmd {
     /// Persistent gc roots: what `fhsx store gc` keeps.
     #[command(subcommand)]
     Root(RootCmd),
+    /// Copy records with everything they name (output trees, log, read set,
+    /// manifest, fetch lock, action) to another store or a bundle file, or
+    /// receive them into this store.
+    #[command(after_long_help = COPY_HELP)]
+    Copy(CopyArgs),
+}
+
+const COPY_HELP: &str = "\
+DEST and SRC are a store's directory (DEST is made if absent), or file:PATH for a bundle: one file \
+holding records and their objects, to carry to a machine no store can reach.
+
+  fhsx store copy --to file:hello.bundle b3:…                  write a bundle of one record
+  fhsx store copy --from file:hello.bundle --trust ed25519:…   receive it (on the other machine)
+  fhsx store copy --to /mnt/store --trust ed25519:… b3:…       copy into another store
+
+The receiving store takes a record only if it is signed by its own key or a --trust'ed one, every \
+object hashes to its digest, and every output is whole; else nothing is written. Objects it has \
+already are not copied again. A build there answers from the record when it trusts the signer \
+(`fhsx build --trust KEY`). The bundle format (`fhsx-bundle 1`: a header line, then framed objects) \
+is described in crates/fhs-executor/src/copy/bundle.rs.";
+
+#[derive(clap::Args, Debug)]
+pub struct CopyArgs {
+    /// Copy from this store (--store) to DEST: a store's directory, or file:PATH for a bundle.
+    #[arg(
+        long,
+        value_name = "DEST",
+        conflicts_with = "from",
+        required_unless_present = "from"
+    )]
+    to: Option<String>,
+    /// Receive into this store (--store) from SRC: a store's directory, or file:PATH for a bundle.
+    #[arg(long, value_name = "SRC")]
+    from: Option<String>,
+    /// Accept records signed by this key (`ed25519:<hex>`, as `fhsx key show` prints it), besides
+    /// the receiving store's own. Repeatable.
+    #[arg(long, value_name = "KEY")]
+    trust: Vec<String>,
+    /// Record digests. Required with --to and with a store as SRC; from a bundle every record in
+    /// it is received, and each RECORD named must be among them.
+    #[arg(value_name = "RECORD")]
+    records: Vec<Digest>,
+}
+
+/// Where `--to`/`--from` point.
+enum Place {
+    Store(PathBuf),
+    Bundle(PathBuf),
+}
+
+impl Place {
+    fn parse(s: &str) -> anyhow::Result<Place> {
+        let (place, path) = match s.strip_prefix("file:") {
+            Some(p) => (Place::Bundle(PathBuf::from(p)), p),
+            None => (Place::Store(PathBuf::from(s)), s),
+        };
+        if path.is_empty() {
+            return Err(Classified(
+                ExitClass::Usage,
+                "give a path: a store's directory, or file:PATH for a bundle".into(),
+            )
+            .into());
+        }
+        Ok(place)
+    }
 }
 
 #[derive(Subcommand, Debug)]
@@ -253,7 +318,69 @@ pub fn run(g: &Globals, cmd: StoreCmd) -> anyhow::Result<i32> {
             Ok(0)
         }
         StoreCmd::Root(cmd) => root(g, &store, cmd),
+        StoreCmd::Copy(args) => copy(g, &store, args),
     }
+}
+
+fn copy(g: &Globals, store: &LocalStore, a: CopyArgs) -> anyhow::Result<i32> {
+    use fhs_executor::copy;
+    let usage = |m: &str| anyhow::Error::from(Classified(ExitClass::Usage, m.to_owned()));
+    let (moved, place) = match (&a.to, &a.from) {
+        (Some(to), None) => {
+            if a.records.is_empty() {
+                return Err(usage("name the records to copy (RECORD…, `b3:…`)"));
+            }
+            let moved = match Place::parse(to)? {
+                Place::Bundle(path) => {
+                    if !a.trust.is_empty() {
+                        return Err(usage(
+                            "--trust is for the receiving side: a bundle is checked when it is received (`fhsx store copy --from file:PATH --trust KEY` there)",
+                        ));
+                    }
+                    copy::to_bundle(store, &a.records, &path)?
+                }
+                Place::Store(dir) => {
+                    let dest = copy::open_receiving_store(&dir)?;
+                    copy::to_store(store, &dest, &a.records, &a.trust)?
+                }
+            };
+            (moved, format!("to {to}"))
+        }
+        (None, Some(from)) => {
+            let moved = match Place::parse(from)? {
+                Place::Bundle(path) => copy::from_bundle(&path, store, &a.records, &a.trust)?,
+                Place::Store(dir) => {
+                    if a.records.is_empty() {
+                        return Err(usage(
+                            "name the records to copy from a store (RECORD…, `b3:…`)",
+                        ));
+                    }
+                    let source = copy::open_source_store(&dir)?;
+                    copy::to_store(&source, store, &a.records, &a.trust)?
+                }
+            };
+            (moved, format!("from {from}"))
+        }
+        _ => return Err(usage("give --to DEST or --from SRC")),
+    };
+    if g.json {
+        println!("{}", serde_json::to_string_pretty(&moved)?);
+    } else {
+        let n = moved.records.len();
+        println!(
+            "copied {n} record{} {}: {} objects, {} bytes{}",
+            if n == 1 { "" } else { "s" },
+            castore::shown::escaped(place.as_bytes()),
+            moved.objects,
+            moved.bytes,
+            if moved.present > 0 {
+                format!(" ({} objects already there)", moved.present)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(0)
 }
 
 /// The digests a `store root add` target names.
