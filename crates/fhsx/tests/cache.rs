@@ -163,7 +163,11 @@ fn small_graph(dir: &Path, word: &str) -> PathBuf {
     )
 }
 
-fn build(store: &Path, action: &Path, flags: &[&str]) -> (Output, serde_json::Value, Vec<serde_json::Value>) {
+fn build(
+    store: &Path,
+    action: &Path,
+    flags: &[&str],
+) -> (Output, serde_json::Value, Vec<serde_json::Value>) {
     let events = store.with_extension("events");
     let o = fhsx(store)
         .arg("--json")
@@ -230,8 +234,16 @@ fn a_graph_pushed_by_one_store_is_a_hit_in_a_fresh_one_fetching_only_what_is_nee
     let url = cache.url();
     let a = t.path().join("a");
     let b = t.path().join("b");
-    let (gcc, bb_tc) = (inputs().join("gcc.toolchain"), inputs().join("busybox.toolchain"));
-    let o = Command::new("cp").arg("-al").arg(inputs().join("store")).arg(&a).output().unwrap();
+    let (gcc, bb_tc) = (
+        inputs().join("gcc.toolchain"),
+        inputs().join("busybox.toolchain"),
+    );
+    let o = Command::new("cp")
+        .arg("-al")
+        .arg(inputs().join("store"))
+        .arg(&a)
+        .output()
+        .unwrap();
     ok(&o, "cp -al");
     for x in ["keys", "actions", "commands", "history", "remote"] {
         let _ = fs::remove_dir_all(a.join(x));
@@ -264,10 +276,18 @@ fn a_graph_pushed_by_one_store_is_a_hit_in_a_fresh_one_fetching_only_what_is_nee
     assert_eq!(v["source"], "remote", "{v}");
     assert_eq!(v["record"], pushed["record"]);
     assert_eq!(started(&events), 0, "no sandbox in B: {events:?}");
-    assert_eq!(sources(&events), ["remote", "remote", "remote"], "{events:?}");
+    assert_eq!(
+        sources(&events),
+        ["remote", "remote", "remote"],
+        "{events:?}"
+    );
     // Build without the Bytes: no output, not even the root's, came.
     assert!(!has_tree(&b, &greeting), "the root's output was fetched");
-    let blobs: usize = fs::read_dir(b.join("blobs")).map_or(0, |d| d.flatten().map(|s| fs::read_dir(s.path()).unwrap().count()).sum());
+    let blobs: usize = fs::read_dir(b.join("blobs")).map_or(0, |d| {
+        d.flatten()
+            .map(|s| fs::read_dir(s.path()).unwrap().count())
+            .sum()
+    });
     assert!(blobs <= 6, "B fetched {blobs} blobs for three records");
     eprintln!("B's graph from the cache: {took:?}");
     // A second pass is local: the records are B's now, the outputs held.
@@ -276,28 +296,63 @@ fn a_graph_pushed_by_one_store_is_a_hit_in_a_fresh_one_fetching_only_what_is_nee
     assert_eq!(v["source"], "local", "{v}");
     // Asked for, the output comes, byte-identical.
     let out = t.path().join("greeting");
-    let o = fhsx(&b).args(["store", "export", &greeting]).arg(&out).args(["--cache", &url]).output().unwrap();
+    let o = fhsx(&b)
+        .args(["store", "export", &greeting])
+        .arg(&out)
+        .args(["--cache", &url])
+        .output()
+        .unwrap();
     ok(&o, "store export from the cache");
-    let o = fhsx(&a).args(["store", "cat", &greeting, "greeting"]).output().unwrap();
+    let o = fhsx(&a)
+        .args(["store", "cat", &greeting, "greeting"])
+        .output()
+        .unwrap();
     assert_eq!(fs::read(out.join("greeting")).unwrap(), o.stdout);
     assert_eq!(o.stdout, b"Hello, world!\n");
 
     // C: the toolchains, none of the outputs; a changed root must run and
     // fetches hello's output (and nothing of the fetch's).
     let c = t.path().join("c");
-    let o = Command::new("cp").arg("-al").arg(inputs().join("store")).arg(&c).output().unwrap();
+    let o = Command::new("cp")
+        .arg("-al")
+        .arg(inputs().join("store"))
+        .arg(&c)
+        .output()
+        .unwrap();
     ok(&o, "cp -al");
     for x in ["keys", "actions", "commands", "history", "remote"] {
         let _ = fs::remove_dir_all(c.join(x));
     }
     let run2 = write(&files, "run2.toml", "[inputs]\nclosure = [\"build.toml#out\"]\ntoolchain = [\"gcc.toolchain\"]\n[run]\ncommand = [\"/bin/sh\", \"-c\", \"mkdir -p $out && hello -g changed > $out/greeting\"]\ntimeout = \"60s\"\n");
     let (o, v, events) = build(&c, &run2, &["--cache", &url, "--trust", &trust]);
-    ok(&o, "store C runs a changed root on hello's output from the cache");
+    ok(
+        &o,
+        "store C runs a changed root on hello's output from the cache",
+    );
     assert_eq!(v["source"], "built", "{v}");
     assert_eq!(started(&events), 1, "only the root ran: {events:?}");
-    let fetch_out = events.iter().find(|e| e["event"] == "cached" && e["action"].as_str().is_some_and(|a| a.contains("fetch"))).unwrap()["outputs"]["out"].as_str().unwrap().to_owned();
-    assert!(!has_tree(&c, &fetch_out), "the fetch's output was downloaded though nothing needed it");
-    let o = fhsx(&c).args(["store", "cat", v["outputs"]["out"].as_str().unwrap(), "greeting"]).output().unwrap();
+    let fetch_out = events
+        .iter()
+        .find(|e| {
+            e["event"] == "cached" && e["action"].as_str().is_some_and(|a| a.contains("fetch"))
+        })
+        .unwrap()["outputs"]["out"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    assert!(
+        !has_tree(&c, &fetch_out),
+        "the fetch's output was downloaded though nothing needed it"
+    );
+    let o = fhsx(&c)
+        .args([
+            "store",
+            "cat",
+            v["outputs"]["out"].as_str().unwrap(),
+            "greeting",
+        ])
+        .output()
+        .unwrap();
     assert_eq!(o.stdout, b"changed\n");
     no_leftovers(t.path());
 }
@@ -319,7 +374,17 @@ fn a_cache_on_s3_storage_serves_a_fresh_store() {
     ok(&o, "B from the cache");
     assert_eq!(v["record"], pushed["record"]);
     assert_eq!(started(&events), 0, "{events:?}");
-    let o = fhsx(&b).args(["store", "cat", v["outputs"]["out"].as_str().unwrap(), "root", "--cache", &url]).output().unwrap();
+    let o = fhsx(&b)
+        .args([
+            "store",
+            "cat",
+            v["outputs"]["out"].as_str().unwrap(),
+            "root",
+            "--cache",
+            &url,
+        ])
+        .output()
+        .unwrap();
     assert_eq!(o.stdout, b"on-s3\non-s3\n", "{}", text(&o));
 }
 
@@ -338,11 +403,20 @@ fn a_tampered_entry_is_refused_and_built_locally() {
     ok(&o, "A builds and pushes");
     let trust = key_of(&a);
     let action = |name: &str| -> String {
-        events.iter().find(|e| e["event"] == "finished" && e["action"].as_str().unwrap().contains(name)).map(|e| e["record"].as_str().unwrap().to_owned()).map(|r| {
-            let o = fhsx(&a).args(["--json", "record", "show", &r]).output().unwrap();
-            let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("record show: {}", text(&o)));
-            v["record"]["action_digest"].as_str().unwrap().to_owned()
-        }).unwrap()
+        events
+            .iter()
+            .find(|e| e["event"] == "finished" && e["action"].as_str().unwrap().contains(name))
+            .map(|e| e["record"].as_str().unwrap().to_owned())
+            .map(|r| {
+                let o = fhsx(&a)
+                    .args(["--json", "record", "show", &r])
+                    .output()
+                    .unwrap();
+                let v: serde_json::Value = serde_json::from_slice(&o.stdout)
+                    .unwrap_or_else(|_| panic!("record show: {}", text(&o)));
+                v["record"]["action_digest"].as_str().unwrap().to_owned()
+            })
+            .unwrap()
     };
     let (leaf_action, root_action) = (action("leaf"), action("root"));
     let fresh = |name: &str| t.path().join(name);
@@ -357,7 +431,11 @@ fn a_tampered_entry_is_refused_and_built_locally() {
     cache.tamper(&["move", &leaf_action, &root_action]);
     let (o, v, _) = build(&fresh("b2"), &root, &["--cache", &url, "--trust", &trust]);
     ok(&o, "B with a moved entry");
-    assert!(text(&o).contains("it is a record of action"), "{}", text(&o));
+    assert!(
+        text(&o).contains("it is a record of action"),
+        "{}",
+        text(&o)
+    );
     // What answers instead is honest: the same outputs (here A's record of
     // the same command, whose read set holds).
     assert_eq!(v["outputs"], pushed["outputs"], "{v}");
@@ -366,7 +444,11 @@ fn a_tampered_entry_is_refused_and_built_locally() {
     cache.tamper(&["resign", &leaf_action]);
     let (o, v, ev) = build(&fresh("b3"), &root, &["--cache", &url, "--trust", &trust]);
     ok(&o, "B with a re-signed record");
-    assert!(text(&o).contains("signature does not verify"), "{}", text(&o));
+    assert!(
+        text(&o).contains("signature does not verify"),
+        "{}",
+        text(&o)
+    );
     assert_ne!(v["record"], pushed["record"], "{ev:?}");
     assert_eq!(v["outputs"], pushed["outputs"]);
     no_leftovers(t.path());
@@ -386,21 +468,53 @@ fn a_swapped_output_blob_is_refused_and_its_action_built_locally() {
     let root = small_graph(&g, "honest");
     let (o, _, events) = build(&a, &root, &["--cache", &url, "--cache-push"]);
     ok(&o, "A builds and pushes");
-    let leaf_record = events.iter().find(|e| e["event"] == "finished" && e["action"].as_str().unwrap().contains("leaf")).unwrap()["record"].as_str().unwrap().to_owned();
-    let o = fhsx(&a).args(["--json", "record", "show", &leaf_record]).output().unwrap();
-    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
+    let leaf_record = events
+        .iter()
+        .find(|e| e["event"] == "finished" && e["action"].as_str().unwrap().contains("leaf"))
+        .unwrap()["record"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let o = fhsx(&a)
+        .args(["--json", "record", "show", &leaf_record])
+        .output()
+        .unwrap();
+    let v: serde_json::Value =
+        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
     let leaf_action = v["record"]["action_digest"].as_str().unwrap().to_owned();
     cache.tamper(&["swap", &leaf_action]);
     // A changed root (its own command): it must run, and needs the leaf's output.
-    let changed = write(&g, "changed.toml", &fs::read_to_string(&root).unwrap().replace("/leaf /leaf", "/leaf"));
+    let changed = write(
+        &g,
+        "changed.toml",
+        &fs::read_to_string(&root)
+            .unwrap()
+            .replace("/leaf /leaf", "/leaf"),
+    );
     let b = t.path().join("b");
     let (o, v, ev) = build(&b, &changed, &["--cache", &url, "--trust", &key_of(&a)]);
     ok(&o, "B with a swapped blob");
-    assert!(text(&o).contains("as the record's tree names it: refused"), "{}", text(&o));
+    assert!(
+        text(&o).contains("as the record's tree names it: refused"),
+        "{}",
+        text(&o)
+    );
     // The leaf is rebuilt inside the root's slot (rewound), then the root runs.
-    assert!(text(&o).contains("which the remote cache did not give: building"), "{}", text(&o));
+    assert!(
+        text(&o).contains("which the remote cache did not give: building"),
+        "{}",
+        text(&o)
+    );
     assert_eq!(started(&ev), 1, "{ev:?}");
-    let o = fhsx(&b).args(["store", "cat", v["outputs"]["out"].as_str().unwrap(), "root"]).output().unwrap();
+    let o = fhsx(&b)
+        .args([
+            "store",
+            "cat",
+            v["outputs"]["out"].as_str().unwrap(),
+            "root",
+        ])
+        .output()
+        .unwrap();
     assert_eq!(o.stdout, b"honest\n");
     // Nothing the server swapped in entered B's store.
     let o = fhsx(&b).args(["store", "verify"]).output().unwrap();
@@ -416,23 +530,43 @@ fn a_dead_or_silent_cache_costs_a_bounded_wait_then_builds_locally() {
     let root = small_graph(&t.path().join("g"), "local");
     let dead = format!("grpc://127.0.0.1:{}", free_port());
     let began = Instant::now();
-    let (o, v, _) = build(&t.path().join("a"), &root, &["--cache", &dead, "--cache-push", "--cache-timeout", "2"]);
+    let (o, v, _) = build(
+        &t.path().join("a"),
+        &root,
+        &["--cache", &dead, "--cache-push", "--cache-timeout", "2"],
+    );
     ok(&o, "a dead cache");
     assert_eq!(v["source"], "built");
     assert!(text(&o).contains("unreachable"), "{}", text(&o));
-    assert!(text(&o).contains("pushing record") && text(&o).contains("the build stands"), "{}", text(&o));
-    assert!(began.elapsed() < Duration::from_secs(60), "{:?}", began.elapsed());
+    assert!(
+        text(&o).contains("pushing record") && text(&o).contains("the build stands"),
+        "{}",
+        text(&o)
+    );
+    assert!(
+        began.elapsed() < Duration::from_secs(60),
+        "{:?}",
+        began.elapsed()
+    );
     // Accepts, never speaks.
     let silent = TcpListener::bind("127.0.0.1:0").unwrap();
     let url = format!("grpc://{}", silent.local_addr().unwrap());
     let began = Instant::now();
-    let (o, v, _) = build(&t.path().join("b"), &root, &["--cache", &url, "--cache-timeout", "2"]);
+    let (o, v, _) = build(
+        &t.path().join("b"),
+        &root,
+        &["--cache", &url, "--cache-timeout", "2"],
+    );
     ok(&o, "a silent cache");
     assert_eq!(v["source"], "built");
     let warned = text(&o).matches("unreachable").count();
     assert!(warned >= 1, "{}", text(&o));
     // One deadline for the run, not one per action.
-    assert!(began.elapsed() < Duration::from_secs(30), "{:?}", began.elapsed());
+    assert!(
+        began.elapsed() < Duration::from_secs(30),
+        "{:?}",
+        began.elapsed()
+    );
     assert!(text(&o).contains("not asked again"), "{}", text(&o));
 }
 

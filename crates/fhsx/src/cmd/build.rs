@@ -420,10 +420,15 @@ fn rewind(
     sink: &mut ActionLog<'_>,
 ) -> anyhow::Result<bool> {
     let found = {
-        let m = made.lock().map_err(|_| anyhow::anyhow!("a build thread panicked"))?;
+        let m = made
+            .lock()
+            .map_err(|_| anyhow::anyhow!("a build thread panicked"))?;
         graph.dependencies(i).into_iter().find_map(|j| {
             let d = m[j].as_ref()?;
-            d.outputs.values().any(|o| o == missing).then(|| (j, d.clone()))
+            d.outputs
+                .values()
+                .any(|o| o == missing)
+                .then(|| (j, d.clone()))
         })
     };
     let Some((j, dep)) = found else {

@@ -27,7 +27,12 @@ pub struct CacheArgs {
     #[arg(long, env = "FHSX_CACHE_PUSH", requires = "cache")]
     pub cache_push: bool,
     /// The cache's REAPI instance name.
-    #[arg(long, value_name = "NAME", env = "FHSX_CACHE_INSTANCE", default_value = "")]
+    #[arg(
+        long,
+        value_name = "NAME",
+        env = "FHSX_CACHE_INSTANCE",
+        default_value = ""
+    )]
     pub cache_instance: String,
     /// A file holding the bearer token the cache expects (sent as
     /// `authorization: Bearer TOKEN`).
@@ -38,7 +43,12 @@ pub struct CacheArgs {
     pub cache_ca: Option<PathBuf>,
     /// Seconds the cache may take to answer a call (and to connect) before
     /// it is taken as down for the rest of the run and fhsx goes on locally.
-    #[arg(long, value_name = "SECONDS", env = "FHSX_CACHE_TIMEOUT", default_value_t = 5.0)]
+    #[arg(
+        long,
+        value_name = "SECONDS",
+        env = "FHSX_CACHE_TIMEOUT",
+        default_value_t = 5.0
+    )]
     pub cache_timeout: f64,
 }
 
@@ -83,7 +93,8 @@ impl CacheArgs {
             ca,
             timeout: Duration::from_secs_f64(self.cache_timeout),
         };
-        let cache = worker::reapi::cache::ReapiCache::connect(&config, store.clone()).map_err(usage)?;
+        let cache =
+            worker::reapi::cache::ReapiCache::connect(&config, store.clone()).map_err(usage)?;
         Ok(Some(Remote {
             cache: Arc::new(cache) as Arc<dyn RemoteCache>,
             push: self.cache_push,

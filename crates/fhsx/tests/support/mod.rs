@@ -390,7 +390,6 @@ impl Drop for S3 {
     }
 }
 
-
 fn ok(o: &Output, what: &str) {
     assert!(o.status.success(), "{what}: {}", text(o));
 }

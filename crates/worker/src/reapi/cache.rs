@@ -297,7 +297,10 @@ impl ReapiCache {
     /// Bring the listed blobs (records, read sets) into the store, each
     /// checked against its SHA-256 and, where the listing names one, its
     /// BLAKE3 digest.
-    async fn fetch_listed(&self, wanted: &[(re::Digest, Option<Digest>)]) -> Result<Vec<Digest>, RemoteError> {
+    async fn fetch_listed(
+        &self,
+        wanted: &[(re::Digest, Option<Digest>)],
+    ) -> Result<Vec<Digest>, RemoteError> {
         let mut out = Vec::with_capacity(wanted.len());
         let mut ask = Vec::new();
         for (sha, b3) in wanted {
@@ -309,7 +312,10 @@ impl ReapiCache {
         let mut got = if ask.is_empty() {
             HashMap::new()
         } else {
-            self.cas.read_small(&ask).await.map_err(|e| self.failed(e))?
+            self.cas
+                .read_small(&ask)
+                .await
+                .map_err(|e| self.failed(e))?
         };
         for (sha, b3) in wanted {
             let digest = match got.remove(sha) {
@@ -434,15 +440,21 @@ impl ReapiCache {
         let mut out = Vec::new();
         let mut seen = HashSet::new();
         for e in &rs.entries {
-            let (castore_fuse::readset::EntryKind::Dir, castore_fuse::readset::Access::Read, Some(d)) =
-                (e.kind, e.access, e.digest)
+            let (
+                castore_fuse::readset::EntryKind::Dir,
+                castore_fuse::readset::Access::Read,
+                Some(d),
+            ) = (e.kind, e.access, e.digest)
             else {
                 continue;
             };
             if !seen.insert(d) {
                 continue;
             }
-            let dir = self.store.get_directory(&d).map_err(|e| other(castore::Chain(&e).to_string()))?;
+            let dir = self
+                .store
+                .get_directory(&d)
+                .map_err(|e| other(castore::Chain(&e).to_string()))?;
             let enc = dir.encode();
             out.extend_from_slice(&(enc.len() as u32).to_be_bytes());
             out.extend_from_slice(&enc);
@@ -468,7 +480,12 @@ impl ReapiCache {
             .into_iter()
             .next()
             .and_then(|l| l.outputs.into_values().next())
-            .and_then(|(t, f)| Some(Held { tree: t?, files: f? }));
+            .and_then(|(t, f)| {
+                Some(Held {
+                    tree: t?,
+                    files: f?,
+                })
+            });
         if let Some(h) = &found {
             self.remember(output, h);
         }
@@ -478,9 +495,7 @@ impl ReapiCache {
     async fn fetch_tree(&self, output: &Digest) -> Result<Transfer, RemoteError> {
         let mut sent = Transfer::default();
         let Some(held) = self.find_held(output).await? else {
-            return Err(RemoteError::Refused(format!(
-                "it does not hold {output}"
-            )));
+            return Err(RemoteError::Refused(format!("it does not hold {output}")));
         };
         let got = self
             .cas
@@ -493,7 +508,10 @@ impl ReapiCache {
         let tree = got
             .get(&held.tree)
             .ok_or_else(|| refused("its tree did not arrive".into()))
-            .and_then(|b| re::Tree::decode(&b[..]).map_err(|e| refused(format!("its tree does not decode: {e}"))))?;
+            .and_then(|b| {
+                re::Tree::decode(&b[..])
+                    .map_err(|e| refused(format!("its tree does not decode: {e}")))
+            })?;
         let files = got
             .get(&held.files)
             .ok_or_else(|| refused("its file map did not arrive".into()))
@@ -555,14 +573,19 @@ impl ReapiCache {
         })
     }
 
-    async fn push_async(&self, record: &Digest, command: Option<&Digest>) -> Result<Transfer, RemoteError> {
+    async fn push_async(
+        &self,
+        record: &Digest,
+        command: Option<&Digest>,
+    ) -> Result<Transfer, RemoteError> {
         self.live()?;
         let signed = sign::load_record(&self.store, record)
             .map_err(|e| RemoteError::Other(castore::Chain(&e).to_string()))?;
         let r = &signed.record;
         let mut uploads = vec![Upload::Stored(*record)];
         let listings = self.listings_of(&r.observed_read_set_digest)?;
-        let mut named: Vec<Digest> = vec![r.log_digest, r.observed_read_set_digest, r.action_digest];
+        let mut named: Vec<Digest> =
+            vec![r.log_digest, r.observed_read_set_digest, r.action_digest];
         named.extend(listings);
         named.extend(r.stderr_digest);
         named.extend(r.interface_manifest_digest);
@@ -578,7 +601,11 @@ impl ReapiCache {
             all_blobs.extend(&blobs);
             trees.push((name.as_str().to_owned(), *out, dirs, blobs));
         }
-        let shas = self.cas.sha_of_blobs(all_blobs).await.map_err(|e| self.failed(e))?;
+        let shas = self
+            .cas
+            .sha_of_blobs(all_blobs)
+            .await
+            .map_err(|e| self.failed(e))?;
         let mut listed_outputs = Vec::new();
         for (name, out, dirs, blobs) in &trees {
             let held = self.output_upload(out, &shas, dirs, blobs, &mut uploads)?;
@@ -599,8 +626,11 @@ impl ReapiCache {
             stdout: shas.get(&r.log_digest).cloned(),
             stderr: r.stderr_digest.and_then(|d| shas.get(&d).cloned()),
         };
-        self.put(Self::key("action", &r.action_digest), result_of(std::slice::from_ref(&entry)))
-            .await?;
+        self.put(
+            Self::key("action", &r.action_digest),
+            result_of(std::slice::from_ref(&entry)),
+        )
+        .await?;
         for (name, out, held) in &listed_outputs {
             let one = Entry {
                 outputs: vec![(name.clone(), held.clone())],
@@ -640,7 +670,15 @@ impl ReapiCache {
                     outputs: l
                         .outputs
                         .into_iter()
-                        .filter_map(|(n, (t, f))| Some((n, Held { tree: t?, files: f? })))
+                        .filter_map(|(n, (t, f))| {
+                            Some((
+                                n,
+                                Held {
+                                    tree: t?,
+                                    files: f?,
+                                },
+                            ))
+                        })
                         .collect(),
                     stdout: None,
                     stderr: None,
@@ -731,13 +769,16 @@ fn result_of(entries: &[Entry]) -> re::ActionResult {
     let mut r = re::ActionResult::default();
     for (i, e) in entries.iter().enumerate() {
         if let Some((sha, b3)) = &e.record {
-            r.output_files.push(with_b3(format!("fhsx/{i}/record.json"), sha, b3));
+            r.output_files
+                .push(with_b3(format!("fhsx/{i}/record.json"), sha, b3));
         }
         if let Some((sha, b3)) = &e.read_set {
-            r.output_files.push(with_b3(format!("fhsx/{i}/read-set"), sha, b3));
+            r.output_files
+                .push(with_b3(format!("fhsx/{i}/read-set"), sha, b3));
         }
         if let Some((sha, b3)) = &e.listings {
-            r.output_files.push(with_b3(format!("fhsx/{i}/listings"), sha, b3));
+            r.output_files
+                .push(with_b3(format!("fhsx/{i}/listings"), sha, b3));
         }
         for (name, held) in &e.outputs {
             r.output_directories.push(re::OutputDirectory {
@@ -785,7 +826,10 @@ fn listing(r: &re::ActionResult) -> Vec<Listed> {
             "read-set" => l.read_set = Some((d, b3)),
             "listings" => l.listings = Some((d, b3)),
             t => {
-                if let Some(name) = t.strip_prefix("outputs/").and_then(|n| n.strip_suffix(".files")) {
+                if let Some(name) = t
+                    .strip_prefix("outputs/")
+                    .and_then(|n| n.strip_suffix(".files"))
+                {
                     l.outputs.entry(name.to_owned()).or_default().1 = Some(d);
                 }
             }
@@ -796,7 +840,12 @@ fn listing(r: &re::ActionResult) -> Vec<Listed> {
             continue;
         };
         if let Some(name) = tail.strip_prefix("outputs/") {
-            by.entry(i).or_default().outputs.entry(name.to_owned()).or_default().0 = Some(d);
+            by.entry(i)
+                .or_default()
+                .outputs
+                .entry(name.to_owned())
+                .or_default()
+                .0 = Some(d);
         }
     }
     by.into_values().collect()
@@ -812,7 +861,13 @@ fn parse_files(bytes: &[u8]) -> Result<HashMap<re::Digest, Digest>, String> {
             let b3: Digest = format!("b3:{}", f.next()?).parse().ok()?;
             let hash = f.next()?.to_owned();
             let size: i64 = f.next()?.parse().ok()?;
-            Some((re::Digest { hash, size_bytes: size }, b3))
+            Some((
+                re::Digest {
+                    hash,
+                    size_bytes: size,
+                },
+                b3,
+            ))
         })();
         let (sha, b3) = parsed.ok_or_else(|| "its file map has a malformed line".to_owned())?;
         out.insert(sha, b3);
@@ -841,7 +896,9 @@ fn castore_tree(
     let mut stack = vec![(root_digest.clone(), false)];
     let mut seen = HashSet::new();
     while let Some((d, expanded)) = stack.pop() {
-        let dir = by_digest.get(&d).ok_or("its tree lacks a directory it names")?;
+        let dir = by_digest
+            .get(&d)
+            .ok_or("its tree lacks a directory it names")?;
         if expanded {
             let c = mapping::castore_directory(dir, &done, files).map_err(|r| r.message)?;
             done.insert(d, (c.digest(), c.size()));
@@ -859,7 +916,10 @@ fn castore_tree(
             }
         }
     }
-    let got = done.get(&root_digest).map(|(d, _)| *d).ok_or("its tree did not convert")?;
+    let got = done
+        .get(&root_digest)
+        .map(|(d, _)| *d)
+        .ok_or("its tree did not convert")?;
     if got != *expected {
         return Err(format!(
             "the tree the cache holds for it is {got}: not the record's output; refused"
@@ -924,7 +984,13 @@ mod tests {
             record: Some((sha("r"), Digest::of(b"r"))),
             read_set: Some((sha("s"), Digest::of(b"s"))),
             listings: None,
-            outputs: vec![("out".into(), Held { tree: sha("t"), files: sha("f") })],
+            outputs: vec![(
+                "out".into(),
+                Held {
+                    tree: sha("t"),
+                    files: sha("f"),
+                },
+            )],
             stdout: None,
             stderr: None,
         };
@@ -948,7 +1014,11 @@ mod tests {
         let mut dir = Directory::new();
         dir.insert(
             castore::Name::new(b"f").unwrap(),
-            Node::File { digest: blob, size: 6, executable: false },
+            Node::File {
+                digest: blob,
+                size: 6,
+                executable: false,
+            },
         )
         .unwrap();
         let root = store.put_directory(&dir).unwrap();
