@@ -513,7 +513,7 @@ impl Cas {
                         let b3 = txn.put_blob(data)?;
                         if let Some(e) = expected.get(d).filter(|e| **e != b3) {
                             // Dropping the transaction stores nothing.
-                            return Err(not_named(d, &e, &b3));
+                            return Err(not_named(d, e, &b3));
                         }
                         out.push((d.clone(), b3));
                     }
