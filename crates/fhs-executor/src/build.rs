@@ -74,7 +74,7 @@ use crate::cache::{ActionCache, Found};
 use crate::fetch::{FetchResult, FetchSession, Network};
 use crate::ingest::Ingested;
 use crate::log::BuildLog;
-use crate::remote::{Key, Remote, RemoteCache};
+use crate::remote::{Key, Records, Remote, RemoteCache};
 use crate::scratch::{DiskLimit, ScratchMedium, WorkArea};
 use crate::world::World;
 use crate::{ahead, check, ingest, keys, manifest, sign, view, Error};
@@ -466,32 +466,33 @@ impl FhsExecutor {
     /// none of them); what is not is fetched from the remote cache, if it
     /// holds it.
     fn check_inputs(&self, plan: &Plan<'_>, live: &mut (dyn Write + Send)) -> Result<(), Error> {
-        if let Some(remote) = self.remote_cache() {
-            let mut absent = Vec::new();
-            for (_, d) in plan.action.inputs.iter() {
-                if !self.store.has_directory(d)? {
-                    absent.push(*d);
-                }
-            }
-            if !absent.is_empty() {
-                if let Err(e) = remote.fetch_trees(&absent) {
-                    let _ = writeln!(
-                        live,
-                        "fhsx: warning: the remote cache {}: {} input(s) this build needs could not be fetched: {e}",
-                        remote.name(),
-                        absent.len()
-                    );
-                }
-            }
-        }
+        let mut absent = Vec::new();
         for (list, d) in plan.action.inputs.iter() {
             if !self.store.has_directory(d)? {
+                absent.push((list, *d));
+            }
+        }
+        if let (Some(remote), false) = (self.remote_cache(), absent.is_empty()) {
+            let wanted: Vec<Digest> = absent.iter().map(|(_, d)| *d).collect();
+            if let Err(e) = remote.fetch_trees(&wanted) {
+                let _ = writeln!(
+                    live,
+                    "fhsx: warning: the remote cache {}: {} input(s) this build needs could not be fetched: {e}",
+                    remote.name(),
+                    wanted.len()
+                );
+            }
+        }
+        for (list, d) in absent {
+            if !self.store.has_directory(&d)? {
                 return Err(Error::MissingInput {
                     what: list.name(),
-                    digest: *d,
+                    digest: d,
                 });
             }
-            if let Some(depths) = &self.input_depths {
+        }
+        if let Some(depths) = &self.input_depths {
+            for (_, d) in plan.action.inputs.iter() {
                 depths.check(&self.store, d)?;
             }
         }
@@ -534,8 +535,10 @@ impl FhsExecutor {
                     Some(name) => format!(" from the remote cache {name}"),
                     None => String::new(),
                 };
-                if remote.is_none() {
-                    // Built here before: the remote may lack it yet.
+                // Built here before, and the remote not seen holding its
+                // outputs: it may lack the result yet.
+                let held = |o: &Digest| cache.remote().is_some_and(|r| r.holds(o));
+                if remote.is_none() && !hit.record.record.outputs.values().all(held) {
                     self.push(plan, &hit.digest, &hit.record.record, log);
                 }
                 let _ = writeln!(
@@ -1012,8 +1015,8 @@ impl FhsExecutor {
         let Some(remote) = self.remote_cache() else {
             return Ok(None);
         };
-        let records = self.remote_records(remote, Key::Action(plan.action_digest), log);
-        let found = cache.answer(&plan.action_digest, records);
+        let found = self.remote_records(remote, Key::Action(plan.action_digest), log);
+        let found = cache.answer(&plan.action_digest, found.records);
         for (record, why) in &found.rejected {
             let _ = writeln!(
                 log,
@@ -1035,7 +1038,7 @@ impl FhsExecutor {
         remote: &dyn RemoteCache,
         key: Key,
         log: &mut (dyn Write + Send),
-    ) -> Vec<Digest> {
+    ) -> Records {
         match remote.records(key) {
             Ok(records) => records,
             Err(e) => {
@@ -1044,7 +1047,7 @@ impl FhsExecutor {
                     "fhsx: warning: the remote cache {}: {e}; building locally",
                     remote.name()
                 );
-                Vec::new()
+                Records::default()
             }
         }
     }
@@ -1115,8 +1118,9 @@ impl FhsExecutor {
         let mut found = cache.validated(&plan.command_digest, &view.root, &mut rejected)?;
         if found.is_none() {
             if let Some(r) = self.remote_cache() {
-                let records = self.remote_records(r, Key::Command(plan.command_digest), live);
-                found = cache.validated_among(records, &view.root, &mut rejected)?;
+                let got = self.remote_records(r, Key::Command(plan.command_digest), live);
+                found =
+                    cache.validated_among(got.records, &got.listed, &view.root, &mut rejected)?;
                 remote = found.as_ref().map(|_| r.name().to_owned());
             }
         }

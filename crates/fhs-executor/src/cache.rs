@@ -34,6 +34,7 @@ use executor_core::record::RECORD_FORMAT;
 use executor_core::SignedRecord;
 
 use crate::remote::RemoteCache;
+use crate::validate::Listed;
 use crate::{keys, sign, Error};
 
 /// The action index of one store, and whom it trusts.
@@ -86,6 +87,11 @@ impl<'s> ActionCache<'s> {
         self
     }
 
+    /// The remote cache whose outputs count as present, if any.
+    pub fn remote(&self) -> Option<&'s dyn RemoteCache> {
+        self.remote
+    }
+
     /// Note that `record` is a record of `action`.
     pub fn insert(&self, action: &Digest, record: &Digest) -> Result<(), Error> {
         index(self.store, action, record)
@@ -110,14 +116,17 @@ impl<'s> ActionCache<'s> {
         view: &Digest,
         rejected: &mut Vec<(Digest, String)>,
     ) -> Result<Option<Found>, Error> {
-        self.validated_among(self.indexed(Index::Commands, command)?, view, rejected)
+        let records = self.indexed(Index::Commands, command)?;
+        self.validated_among(records, &Listed::new(), view, rejected)
     }
 
     /// The first of `records` (records of one command, in the store) whose
-    /// read set holds in `view`.
+    /// read set holds in `view`, the directories their builds listed
+    /// looked up in `listed` before the store.
     pub fn validated_among(
         &self,
         records: Vec<Digest>,
+        listed: &Listed,
         view: &Digest,
         rejected: &mut Vec<(Digest, String)>,
     ) -> Result<Option<Found>, Error> {
@@ -128,7 +137,7 @@ impl<'s> ActionCache<'s> {
                     &record.record.observed_read_set_digest,
                 )
                 .map_err(|e| format!("its read set cannot be read: {}", castore::Chain(&e)))?;
-                crate::validate::read_set_holds(self.store, view, &rs)?;
+                crate::validate::read_set_holds_given(self.store, listed, view, &rs)?;
                 Ok(record)
             });
             match checked {

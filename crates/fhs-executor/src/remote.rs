@@ -31,9 +31,10 @@ pub trait RemoteCache: Send + Sync {
     /// The records the remote holds under `key`, newest first, each record
     /// blob brought into the local store (checked against its digest on
     /// arrival); the outputs they name become [`RemoteCache::holds`].
-    /// With [`Key::Command`], each record's read set comes too (what
-    /// validating it needs). Empty on a miss.
-    fn records(&self, key: Key) -> Result<Vec<Digest>, RemoteError>;
+    /// With [`Key::Command`], what validating them needs comes too: each
+    /// record's read set (stored) and the directories its build listed
+    /// (returned, never stored). Empty on a miss.
+    fn records(&self, key: Key) -> Result<Records, RemoteError>;
 
     /// Whether the remote was seen holding the tree `output` (no round
     /// trip: what [`RemoteCache::records`] and [`RemoteCache::push`] saw).
@@ -50,6 +51,16 @@ pub trait RemoteCache: Send + Sync {
     /// action), then file it under its action and, given one, its command.
     /// A remote that already holds an object is not sent it again.
     fn push(&self, record: &Digest, command: Option<&Digest>) -> Result<Transfer, RemoteError>;
+}
+
+/// What [`RemoteCache::records`] found.
+#[derive(Debug, Default)]
+pub struct Records {
+    /// Record blobs now in the local store, newest first.
+    pub records: Vec<Digest>,
+    /// The directories the records' builds listed, each under the digest
+    /// of its own encoding.
+    pub listed: crate::validate::Listed,
 }
 
 /// What records are filed under.

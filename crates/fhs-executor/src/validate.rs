@@ -87,6 +87,23 @@ pub fn read_set_holds(
     view: &Digest,
     rs: &ReadSet,
 ) -> Result<(), String> {
+    read_set_holds_given(store, &Listed::new(), view, rs)
+}
+
+/// Directories of an earlier view, each under the digest of its own
+/// encoding: what a remote cache sends of the directories a build listed,
+/// so a store that never held that view can still compare listings (they
+/// are never stored: they are not whole trees).
+pub type Listed = HashMap<Digest, Directory>;
+
+/// [`read_set_holds`], with the earlier view's listed directories looked
+/// up in `listed` before the store.
+pub fn read_set_holds_given(
+    store: &dyn DirectoryStore,
+    listed: &Listed,
+    view: &Digest,
+    rs: &ReadSet,
+) -> Result<(), String> {
     let mut new = Resolver {
         store,
         root: *view,
@@ -95,7 +112,7 @@ pub fn read_set_holds(
     let mut old = Resolver {
         store,
         root: rs.root,
-        dirs: HashMap::new(),
+        dirs: listed.clone(),
     };
     for e in &rs.entries {
         let path = e.raw_path();

@@ -37,6 +37,11 @@ impl LocalStore {
             })
     }
 
+    /// Forget what was remembered for `key` under `what`.
+    pub fn forget(&self, what: &str, key: &Digest) {
+        let _ = fs::remove_file(self.memo_path(what, key));
+    }
+
     /// Forget every memo (gc).
     pub(crate) fn forget_memos(&self) {
         let _ = fs::remove_dir_all(self.root().join("memo"));

@@ -300,13 +300,13 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
         keep_going: a.keep_going,
         cancel: Some(cancel.clone()),
     };
-    // What each action resolved to and made: an action that must run and
-    // cannot fetch a dependency's output from the remote cache rebuilds
-    // that dependency here (`rewind`).
+    // With a remote cache, what each action resolved to and made: an
+    // action that must run and cannot fetch a dependency's output from the
+    // cache rebuilds that dependency here (`rewind`).
     let made: std::sync::Mutex<Vec<Option<Made>>> = std::sync::Mutex::new(vec![None; n]);
     let build_one = |i: usize, node: &GraphNode, action: Action, _slot: usize| {
         let is_root = i + 1 == n;
-        let resolved = action.clone();
+        let resolved = exec.remote.is_some().then(|| action.clone());
         let req = BuildRequest {
             hold: Some(hold.clone()),
             pruned_from: None,
@@ -336,9 +336,9 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
         let outcome = outcome.with_context(|| building(node, is_root))?;
         drop(sink);
         let rec = &outcome.record.record;
-        if let Ok(mut m) = made.lock() {
+        if let (Some(action), Ok(mut m)) = (resolved, made.lock()) {
             m[i] = Some(Made {
-                action: resolved,
+                action,
                 outputs: rec.outputs.clone(),
             });
         }

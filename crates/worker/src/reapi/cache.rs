@@ -38,19 +38,20 @@
 //! marked down for the rest of the process, so a dead cache costs one
 //! timeout, not one per action.
 //!
-//! `ROOT/remote/<cache id>/held/<2 hex>/<b3 hex>`: outputs seen held by a
-//! cache (the digests of their `Tree` and map), a memo that makes a
-//! later pass a local one; a wrong entry costs a refused fetch.
+//! Outputs seen held by a cache (the digests of their `Tree` and map) are
+//! a memo of the store's (`remote-held`, per cache address and instance),
+//! which makes a later pass a local one; a wrong entry costs a refused
+//! fetch, and a gc drops them all (the next pass asks the cache again).
 
 use std::collections::{HashMap, HashSet};
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use castore::store::{BlobStore, DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Directory, Node};
-use fhs_executor::remote::{Key, RemoteCache, RemoteError, Transfer};
+use fhs_executor::remote::{Key, Records, RemoteCache, RemoteError, Transfer};
 use fhs_executor::sign;
+use fhs_executor::validate::Listed;
 use prost::Message;
 use tonic::transport::Channel;
 
@@ -62,11 +63,15 @@ use bazel_remote_apis::build::bazel::remote::execution::v2::action_cache_client:
 /// Records a command key keeps, newest first.
 pub const CANDIDATES: usize = 4;
 
+/// The memo (`castore::store::memo`) of outputs a cache was seen holding.
+const HELD: &str = "remote-held";
+
 /// How an output file names the BLAKE3 digest of what it holds.
 const B3_PROPERTY: &str = "fhsx-b3";
 
-/// Where the cache is and how to talk to it.
-#[derive(Debug, Clone)]
+/// Where the cache is and how to talk to it (not `Debug`: it holds a
+/// secret).
+#[derive(Clone)]
 pub struct CacheConfig {
     /// `grpc://HOST:PORT` or `grpcs://HOST:PORT`.
     pub url: String,
@@ -87,17 +92,18 @@ pub struct ReapiCache {
     cas: Cas,
     ac: ActionCacheClient<Transport>,
     store: LocalStore,
-    held: PathBuf,
+    /// Which cache this is (its address and instance), for the memo.
+    id: String,
     /// Set at the first call that could not reach the server.
     down: AtomicBool,
 }
 
 /// One record of an `ActionResult`, as its paths describe it.
 #[derive(Debug, Default)]
-struct Listed {
+struct Filed {
     record: Option<(re::Digest, Option<Digest>)>,
     read_set: Option<(re::Digest, Option<Digest>)>,
-    listings: Option<(re::Digest, Option<Digest>)>,
+    listings: Option<re::Digest>,
     /// Per output name: its `Tree` and its map.
     outputs: HashMap<String, (Option<re::Digest>, Option<re::Digest>)>,
 }
@@ -159,8 +165,6 @@ impl ReapiCache {
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
         let cas = Cas::with_bearer(channel, bearer, config.instance.clone(), store.clone(), 0);
-        let id = Digest::of(format!("{}\n{}", config.url, config.instance).as_bytes()).hex();
-        let held = store.root().join("remote").join(&id[..16]).join("held");
         Ok(ReapiCache {
             name: config.url.clone(),
             instance: config.instance.clone(),
@@ -168,7 +172,7 @@ impl ReapiCache {
             cas,
             ac,
             store,
-            held,
+            id: format!("{}\n{}", config.url, config.instance),
             down: AtomicBool::new(false),
         })
     }
@@ -191,7 +195,7 @@ impl ReapiCache {
         match e {
             CasError::Rpc(s) => self.status(s),
             CasError::Refused(r) => RemoteError::Refused(r.message),
-            CasError::Store(e) => RemoteError::Other(castore::Chain(&e).to_string()),
+            CasError::Store(e) => store_error(e),
             CasError::Other(m) => RemoteError::Refused(m),
         }
     }
@@ -206,10 +210,13 @@ impl ReapiCache {
                     flat(&s)
                 ))
             }
-            C::Unauthenticated | C::PermissionDenied => RemoteError::Unavailable(format!(
-                "it refused our credentials ({}): give the token it expects (--cache-token-file)",
-                flat(&s)
-            )),
+            C::Unauthenticated | C::PermissionDenied => {
+                self.down.store(true, Ordering::SeqCst);
+                RemoteError::Unavailable(format!(
+                    "it refused our credentials ({}): give the token it expects (--cache-token-file); not asked again in this run",
+                    flat(&s)
+                ))
+            }
             _ => RemoteError::Other(flat(&s)),
         }
     }
@@ -260,13 +267,14 @@ impl ReapiCache {
 
     // ---- the memo of held outputs ----
 
-    fn held_path(&self, output: &Digest) -> PathBuf {
-        let hex = output.hex();
-        self.held.join(&hex[..2]).join(hex)
+    /// The memo key of `output` held by this cache.
+    fn held_key(&self, output: &Digest) -> Digest {
+        Digest::of(format!("{} {output}", self.id).as_bytes())
     }
 
     fn held(&self, output: &Digest) -> Option<Held> {
-        let text = std::fs::read_to_string(self.held_path(output)).ok()?;
+        let text = self.store.recall(HELD, &self.held_key(output))?;
+        let text = std::str::from_utf8(&text).ok()?;
         let mut parts = text.split_whitespace().map(parse_digest);
         Some(Held {
             tree: parts.next()??,
@@ -277,106 +285,83 @@ impl ReapiCache {
     /// Remember that the cache holds `output` (a memo: losing it costs a
     /// lookup).
     fn remember(&self, output: &Digest, held: &Held) {
-        let path = self.held_path(output);
         let text = format!("{} {}\n", show(&held.tree), show(&held.files));
-        if let Some(dir) = path.parent() {
-            let _ = std::fs::create_dir_all(dir);
-        }
-        let tmp = path.with_extension(format!("tmp{}", std::process::id()));
-        if std::fs::write(&tmp, text).is_ok() && std::fs::rename(&tmp, &path).is_err() {
-            let _ = std::fs::remove_file(&tmp);
-        }
+        let _ = self
+            .store
+            .remember(HELD, &self.held_key(output), text.as_bytes());
     }
 
     fn forget(&self, output: &Digest) {
-        let _ = std::fs::remove_file(self.held_path(output));
+        self.store.forget(HELD, &self.held_key(output));
     }
 
     // ---- reading ----
 
-    /// Bring the listed blobs (records, read sets) into the store, each
-    /// checked against its SHA-256 and, where the listing names one, its
-    /// BLAKE3 digest.
+    /// Fetch what entries list: `keep` (records, read sets) into the
+    /// store, each checked against its SHA-256 on arrival, and `loose`
+    /// (listings) as bytes, never stored. A BLAKE3 digest an entry claims
+    /// is only a hint that the blob is here already: what a record is,
+    /// and whether it answers, is decided by its own bytes.
     async fn fetch_listed(
         &self,
-        wanted: &[(re::Digest, Option<Digest>)],
-    ) -> Result<Vec<Digest>, RemoteError> {
-        let mut out = Vec::with_capacity(wanted.len());
-        let mut ask = Vec::new();
-        for (sha, b3) in wanted {
-            match b3 {
-                Some(b) if self.store.has(ObjectKind::Blob, b) => {}
-                _ => ask.push(sha.clone()),
+        keep: &[(re::Digest, Option<Digest>)],
+        loose: &[re::Digest],
+    ) -> Result<(Vec<Digest>, Vec<Vec<u8>>), RemoteError> {
+        let mut ask: Vec<re::Digest> = loose.to_vec();
+        for (sha, b3) in keep {
+            if !b3.is_some_and(|b| self.store.has(ObjectKind::Blob, &b)) {
+                ask.push(sha.clone());
             }
         }
-        let mut got = if ask.is_empty() {
-            HashMap::new()
-        } else {
-            self.cas
-                .read_small(&ask)
-                .await
-                .map_err(|e| self.failed(e))?
+        let got = match ask.is_empty() {
+            true => HashMap::new(),
+            false => (self.cas.read_small(&ask).await).map_err(|e| self.failed(e))?,
         };
-        for (sha, b3) in wanted {
-            let digest = match got.remove(sha) {
-                Some(bytes) => {
-                    let d = self
-                        .store
-                        .put_blob(&bytes)
-                        .map_err(|e| RemoteError::Other(castore::Chain(&e).to_string()))?;
-                    if b3.is_some_and(|b| b != d) {
-                        return Err(RemoteError::Refused(format!(
-                            "blob {} is {d}, not {} as its entry says",
-                            show(sha),
-                            b3.map(|b| b.to_string()).unwrap_or_default()
-                        )));
-                    }
-                    d
-                }
-                None => match b3 {
-                    Some(b) => *b,
-                    None => {
-                        return Err(RemoteError::Refused(format!(
-                            "blob {} did not arrive",
-                            show(sha)
-                        )))
-                    }
-                },
-            };
-            out.push(digest);
+        let missing =
+            |sha: &re::Digest| RemoteError::Refused(format!("blob {} did not arrive", show(sha)));
+        let mut kept = Vec::with_capacity(keep.len());
+        for (sha, b3) in keep {
+            kept.push(match (got.get(sha), b3) {
+                (Some(bytes), _) => self.store.put_blob(bytes).map_err(store_error)?,
+                (None, Some(b)) => *b,
+                (None, None) => return Err(missing(sha)),
+            });
         }
-        Ok(out)
+        let loose = (loose.iter())
+            .map(|sha| got.get(sha).cloned().ok_or_else(|| missing(sha)))
+            .collect::<Result<_, _>>()?;
+        Ok((kept, loose))
     }
 
-    async fn records_async(&self, key: Key) -> Result<Vec<Digest>, RemoteError> {
+    async fn records_async(&self, key: Key) -> Result<Records, RemoteError> {
         self.live()?;
+        let mut found = Records::default();
         let Some(result) = self.get(&Self::key_of(key)).await? else {
-            return Ok(Vec::new());
+            return Ok(found);
         };
-        let listed = listing(&result);
-        let with_read_set = matches!(key, Key::Command(_));
-        let mut wanted = Vec::new();
-        for l in &listed {
-            let Some(r) = &l.record else { continue };
-            wanted.push(r.clone());
-            if with_read_set {
-                wanted.extend(l.read_set.clone());
-                wanted.extend(l.listings.clone());
+        let entries: Vec<Filed> = listing(&result)
+            .into_iter()
+            .filter(|l| l.record.is_some())
+            .collect();
+        let validating = matches!(key, Key::Command(_));
+        let mut keep = Vec::new();
+        let mut loose = Vec::new();
+        for l in &entries {
+            keep.extend(l.record.clone());
+            if validating {
+                keep.extend(l.read_set.clone());
+                loose.extend(l.listings.clone());
             }
         }
-        let mut fetched = self.fetch_listed(&wanted).await?.into_iter();
-        let mut records = Vec::new();
-        for l in listed.iter().filter(|l| l.record.is_some()) {
-            let Some(record) = fetched.next() else { break };
-            if with_read_set {
-                if l.read_set.is_some() {
-                    fetched.next();
-                }
-                if l.listings.is_some() {
-                    if let Some(listings) = fetched.next() {
-                        self.store_listings(&listings)?;
-                    }
-                }
+        let (kept, listings) = self.fetch_listed(&keep, &loose).await?;
+        for bytes in &listings {
+            found.listed.extend(decode_listings(bytes)?);
+        }
+        let mut kept = kept.into_iter();
+        for l in &entries {
+            let Some(record) = kept.next() else { break };
+            if validating && l.read_set.is_some() {
+                kept.next();
             }
             // The outputs the record names are held where the entry says
             // (a lie costs a refused fetch: the record's digests decide).
@@ -391,81 +376,33 @@ impl ReapiCache {
                     }
                 }
             }
-            records.push(record);
+            found.records.push(record);
         }
-        Ok(records)
+        Ok(found)
     }
 
-    /// Store the directories a listings blob carries (each stored under
-    /// the digest of its own encoding, so nothing here can be wrong; a
-    /// malformed blob is refused).
-    fn store_listings(&self, blob: &Digest) -> Result<(), RemoteError> {
-        let bytes = self
-            .store
-            .read_blob(blob)
-            .map_err(|e| RemoteError::Other(castore::Chain(&e).to_string()))?;
-        let bad = || RemoteError::Refused(format!("its listings {blob} are malformed"));
-        let mut rest = &bytes[..];
-        let mut dirs = Vec::new();
-        while !rest.is_empty() {
-            let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(bad)?;
-            let len = u32::from_be_bytes(*len) as usize;
-            if len > tail.len() {
-                return Err(bad());
-            }
-            let (one, tail) = tail.split_at(len);
-            dirs.push(Directory::decode(one).map_err(|_| bad())?);
-            rest = tail;
-        }
-        let txn = self
-            .store
-            .txn()
-            .map_err(|e| RemoteError::Other(castore::Chain(&e).to_string()))?;
-        for d in &dirs {
-            txn.put_directory(d)
-                .map_err(|e| RemoteError::Other(castore::Chain(&e).to_string()))?;
-        }
-        txn.commit()
-            .map_err(|e| RemoteError::Other(castore::Chain(&e).to_string()))
-    }
-
-    /// The listings blob of the record whose read set is `read_set`: every
+    /// The listings of the record whose read set is `read_set`: every
     /// directory its build listed, as it was, one length-prefixed encoding
-    /// after another.
-    fn listings_of(&self, read_set: &Digest) -> Result<Option<Digest>, RemoteError> {
-        let other = |e: String| RemoteError::Other(e);
+    /// after another (what [`decode_listings`] reads); `None` if it listed
+    /// none, or its read set is not here.
+    fn listings_of(&self, read_set: &Digest) -> Result<Option<Vec<u8>>, RemoteError> {
+        use castore_fuse::{Access, EntryKind};
         let Ok(rs) = castore_fuse::ReadSet::load(&self.store, read_set) else {
             return Ok(None);
         };
         let mut out = Vec::new();
         let mut seen = HashSet::new();
         for e in &rs.entries {
-            let (
-                castore_fuse::readset::EntryKind::Dir,
-                castore_fuse::readset::Access::Read,
-                Some(d),
-            ) = (e.kind, e.access, e.digest)
-            else {
+            let (EntryKind::Dir, Access::Read, Some(d)) = (e.kind, e.access, e.digest) else {
                 continue;
             };
-            if !seen.insert(d) {
-                continue;
+            if seen.insert(d) {
+                let enc = self.store.get_directory(&d).map_err(store_error)?.encode();
+                out.extend_from_slice(&(enc.len() as u32).to_be_bytes());
+                out.extend_from_slice(&enc);
             }
-            let dir = self
-                .store
-                .get_directory(&d)
-                .map_err(|e| other(castore::Chain(&e).to_string()))?;
-            let enc = dir.encode();
-            out.extend_from_slice(&(enc.len() as u32).to_be_bytes());
-            out.extend_from_slice(&enc);
         }
-        if out.is_empty() {
-            return Ok(None);
-        }
-        self.store
-            .put_blob(&out)
-            .map(Some)
-            .map_err(|e| other(castore::Chain(&e).to_string()))
+        Ok((!out.is_empty()).then_some(out))
     }
 
     /// Where `output` is held: the memo, else its tree key.
@@ -541,7 +478,7 @@ impl ReapiCache {
             }
             txn.commit()
         };
-        put().map_err(|e| RemoteError::Other(castore::Chain(&e).to_string()))?;
+        put().map_err(store_error)?;
         Ok(sent)
     }
 
@@ -583,10 +520,13 @@ impl ReapiCache {
             .map_err(|e| RemoteError::Other(castore::Chain(&e).to_string()))?;
         let r = &signed.record;
         let mut uploads = vec![Upload::Stored(*record)];
-        let listings = self.listings_of(&r.observed_read_set_digest)?;
+        let listings = self.listings_of(&r.observed_read_set_digest)?.map(|bytes| {
+            let sha = sha256_digest(&bytes);
+            uploads.push(Upload::Bytes(sha.clone(), bytes));
+            sha
+        });
         let mut named: Vec<Digest> =
             vec![r.log_digest, r.observed_read_set_digest, r.action_digest];
-        named.extend(listings);
         named.extend(r.stderr_digest);
         named.extend(r.interface_manifest_digest);
         named.extend(r.fetch_lock_digest);
@@ -618,7 +558,7 @@ impl ReapiCache {
             read_set: shas
                 .get(&r.observed_read_set_digest)
                 .map(|s| (s.clone(), r.observed_read_set_digest)),
-            listings: listings.and_then(|l| Some((shas.get(&l)?.clone(), l))),
+            listings,
             outputs: listed_outputs
                 .iter()
                 .map(|(n, _, h)| (n.clone(), h.clone()))
@@ -666,7 +606,7 @@ impl ReapiCache {
                 entries.push(Entry {
                     record: Some((record.0, rb3)),
                     read_set: Some((read_set.0, sb3)),
-                    listings: l.listings.and_then(|(sha, b3)| Some((sha, b3?))),
+                    listings: l.listings,
                     outputs: l
                         .outputs
                         .into_iter()
@@ -697,7 +637,7 @@ impl RemoteCache for ReapiCache {
         &self.name
     }
 
-    fn records(&self, key: Key) -> Result<Vec<Digest>, RemoteError> {
+    fn records(&self, key: Key) -> Result<Records, RemoteError> {
         self.rt.block_on(self.records_async(key))
     }
 
@@ -741,7 +681,7 @@ struct Entry {
     read_set: Option<(re::Digest, Digest)>,
     /// The directories of the record's view its build listed (what
     /// validating its read set elsewhere compares with).
-    listings: Option<(re::Digest, Digest)>,
+    listings: Option<re::Digest>,
     outputs: Vec<(String, Held)>,
     stdout: Option<re::Digest>,
     stderr: Option<re::Digest>,
@@ -776,9 +716,12 @@ fn result_of(entries: &[Entry]) -> re::ActionResult {
             r.output_files
                 .push(with_b3(format!("fhsx/{i}/read-set"), sha, b3));
         }
-        if let Some((sha, b3)) = &e.listings {
-            r.output_files
-                .push(with_b3(format!("fhsx/{i}/listings"), sha, b3));
+        if let Some(sha) = &e.listings {
+            r.output_files.push(re::OutputFile {
+                path: format!("fhsx/{i}/listings"),
+                digest: Some(sha.clone()),
+                ..Default::default()
+            });
         }
         for (name, held) in &e.outputs {
             r.output_directories.push(re::OutputDirectory {
@@ -805,8 +748,8 @@ fn result_of(entries: &[Entry]) -> re::ActionResult {
 
 /// The records an `ActionResult` lists, in order; what is not fhsx's is
 /// ignored.
-fn listing(r: &re::ActionResult) -> Vec<Listed> {
-    let mut by: std::collections::BTreeMap<usize, Listed> = Default::default();
+fn listing(r: &re::ActionResult) -> Vec<Filed> {
+    let mut by: std::collections::BTreeMap<usize, Filed> = Default::default();
     let split = |path: &str| -> Option<(usize, String)> {
         let rest = path.strip_prefix("fhsx/")?;
         let (i, tail) = rest.split_once('/')?;
@@ -824,7 +767,7 @@ fn listing(r: &re::ActionResult) -> Vec<Listed> {
         match tail.as_str() {
             "record.json" => l.record = Some((d, b3)),
             "read-set" => l.read_set = Some((d, b3)),
-            "listings" => l.listings = Some((d, b3)),
+            "listings" => l.listings = Some(d),
             t => {
                 if let Some(name) = t
                     .strip_prefix("outputs/")
@@ -849,6 +792,32 @@ fn listing(r: &re::ActionResult) -> Vec<Listed> {
         }
     }
     by.into_values().collect()
+}
+
+/// The directories a listings blob carries, each under the digest of its
+/// own encoding (so none can be what it is not); a malformed blob is
+/// refused. Bounded by the blob, which no read takes past
+/// `MAX_MESSAGE_BYTES`.
+fn decode_listings(bytes: &[u8]) -> Result<Listed, RemoteError> {
+    let bad = || RemoteError::Refused("its listings are malformed".into());
+    let mut rest = bytes;
+    let mut dirs = Listed::new();
+    while !rest.is_empty() {
+        let (len, tail) = rest.split_first_chunk::<4>().ok_or_else(bad)?;
+        let len = u32::from_be_bytes(*len) as usize;
+        if len > tail.len() {
+            return Err(bad());
+        }
+        let (one, tail) = tail.split_at(len);
+        let dir = Directory::decode(one).map_err(|_| bad())?;
+        dirs.insert(dir.digest(), dir);
+        rest = tail;
+    }
+    Ok(dirs)
+}
+
+fn store_error(e: castore::Error) -> RemoteError {
+    RemoteError::Other(castore::Chain(&e).to_string())
 }
 
 /// A file map: each BLAKE3 digest's SHA-256 one.
