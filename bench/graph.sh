@@ -42,25 +42,7 @@ busybox_atom() { # STORE: busybox-static as an atom there
 if want scale; then
   g=$WORK/scale; mkdir -p "$g"
   bb=$(busybox_atom "$WORK/scale-store")
-  act() { # FILE DEPS SCRIPT
-    printf '[inputs]\nclosure = ["%s"%s]\n[run]\ncommand = ["/bin/busybox", "sh", "-c", "%s"]\n' "$bb" "$2" "$3" >"$g/$1"
-  }
-  uppers=
-  for u in $(seq 1 9); do
-    mids=
-    for m in $(seq 1 10); do
-      leaves=
-      for l in $(seq 1 10); do
-        act "l$u-$m-$l.toml" "" "mkdir -p \$out/l; echo l$u-$m-$l > \$out/l/$u-$m-$l"
-        leaves="$leaves, \"l$u-$m-$l.toml#out\""
-      done
-      act "m$u-$m.toml" "$leaves" "mkdir -p \$out/m; cat /l/* > \$out/m/$u-$m"
-      mids="$mids, \"m$u-$m.toml#out\""
-    done
-    act "u$u.toml" "$mids" "mkdir -p \$out/u; cat /m/* > \$out/u/$u"
-    uppers="$uppers, \"u$u.toml#out\""
-  done
-  act root.toml "$uppers" "mkdir -p \$out; cat /u/* > \$out/all"
+  join_graph "$g" "\"$bb\"" 9 10 10   # 900 leaves, 90 joins of 10, 9 of 10, the root
   n=$(ls "$g"/*.toml | wc -l)
   cold() { # JOBS: a fresh store, the same busybox atom
     rm -rf "$WORK/cold-store"; "$F" --store "$WORK/cold-store" store import "$(ls "$debs"/busybox-static_*.deb)" >/dev/null
@@ -73,7 +55,7 @@ if want scale; then
   : >"$WORK/noop"; : >"$WORK/leaf"
   for ((k = 0; k < ROUNDS; k++)); do
     ms "$F" --store "$WORK/scale-store" build -j"$J" "$g/root.toml" >>"$WORK/noop"
-    act "l5-5-5.toml" "" "mkdir -p \$out/l; echo l5-5-5 round $k > \$out/l/5-5-5"
+    tiny_action "$g" l5-5-5.toml "\"$bb\"" "" "mkdir -p \$out/l; echo l5-5-5 round $k > \$out/l/5-5-5"
     ms "$F" --store "$WORK/scale-store" build -j"$J" "$g/root.toml" >>"$WORK/leaf"
   done
   noop=$(median <"$WORK/noop"); leaf=$(median <"$WORK/leaf")

@@ -69,3 +69,42 @@ ms() {
 median() {
   sort -n | awk -v f="${1:-%s}" '{a[NR]=$1} END {printf f "\n", a[int((NR+1)/2)]}'
 }
+
+# tiny_action DIR FILE CLOSURE DEPS SCRIPT: a busybox action file DIR/FILE
+# whose closure is CLOSURE (a TOML string) then DEPS (", …" references).
+tiny_action() {
+  printf '[inputs]\nclosure = [%s%s]\n[run]\ncommand = ["/bin/busybox", "sh", "-c", "%s"]\n' "$3" "$4" "$5" >"$1/$2"
+}
+
+# join_graph DIR CLOSURE WIDTH…: a tree of tiny actions, WIDTH children
+# at each level from the root down: leaves (`lID.toml`) write their name,
+# each join (`mID`, then `uID` above it) cats what it depends on, and
+# DIR/root.toml cats the top level into `$out/all`. IDs are the path of
+# indices, `-` between (`l5-5-5.toml`). `join_graph D C 20 20`: 421 actions.
+join_graph() {
+  local dir=$1 closure=$2
+  shift 2
+  _jw=("$@")
+  _jl=(u m l)
+  _jl=("${_jl[@]:$((3 - $#))}")
+  _join_node "$dir" "$closure" 0 ""
+}
+
+_join_node() { # DIR CLOSURE DEPTH ID: writes the node (and below it)
+  local dir=$1 closure=$2 depth=$3 id=$4 i cid deps= child
+  if ((depth == ${#_jw[@]})); then
+    tiny_action "$dir" "l$id.toml" "$closure" "" "mkdir -p \$out/l; echo l$id > \$out/l/$id"
+    return
+  fi
+  child=${_jl[$depth]}
+  for i in $(seq 1 "${_jw[$depth]}"); do
+    cid=${id:+$id-}$i
+    _join_node "$dir" "$closure" $((depth + 1)) "$cid"
+    deps="$deps, \"$child$cid.toml#out\""
+  done
+  if ((depth == 0)); then
+    tiny_action "$dir" root.toml "$closure" "$deps" "mkdir -p \$out; cat /$child/* > \$out/all"
+  else
+    tiny_action "$dir" "${_jl[$((depth - 1))]}$id.toml" "$closure" "$deps" "mkdir -p \$out/${_jl[$((depth - 1))]}; cat /$child/* > \$out/${_jl[$((depth - 1))]}/$id"
+  fi
+}

@@ -14,7 +14,8 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use support::{
-    buildgrid, busybox_deb, fhsx, free_port, inputs, mirror, no_leftovers, text, wait_port, S3,
+    buildgrid, buildgrid_storage, busybox_deb, fhsx, free_port, inputs, linked_store, mirror,
+    no_leftovers, text, wait_port, S3,
 };
 
 /// BuildGrid serving only the cache services (no scheduler, no database).
@@ -29,16 +30,7 @@ impl Cache {
         let dir = dir.join("cache");
         fs::create_dir_all(&dir).unwrap();
         let port = free_port();
-        let storage = match s3 {
-            None => "  - !lru-storage &cas\n    size: 1024MB\n".to_owned(),
-            Some(s3) => format!(
-                "  - !s3-storage &cas\n    bucket: {}\n    endpoint: {}\n    access-key: {}\n    secret-key: {}\n",
-                S3::BUCKET,
-                s3.endpoint(),
-                S3::KEY,
-                S3::KEY
-            ),
-        };
+        let storage = buildgrid_storage(s3);
         let config = dir.join("bgd.yml");
         fs::write(
             &config,
@@ -197,9 +189,40 @@ fn key_of(store: &Path) -> String {
     String::from_utf8_lossy(&o.stdout).trim().to_owned()
 }
 
-/// How many actions ran a sandbox, by the graph's events.
-fn started(events: &[serde_json::Value]) -> usize {
+/// How many actions of the graph ran (a cached one has no `finished`).
+fn ran(events: &[serde_json::Value]) -> usize {
     events.iter().filter(|e| e["event"] == "finished").count()
+}
+
+/// The file `path` of the stored tree `tree` (with `flags`, `--cache URL`).
+fn cat(store: &Path, tree: &serde_json::Value, path: &str, flags: &[&str]) -> Vec<u8> {
+    let tree = tree.as_str().unwrap();
+    let o = fhsx(store)
+        .args(["store", "cat", tree, path])
+        .args(flags)
+        .output()
+        .unwrap();
+    ok(&o, "fhsx store cat");
+    o.stdout
+}
+
+/// The action digest of the graph's action whose file name holds `name`,
+/// built by `store` (from its `finished` event's record).
+fn action_of(store: &Path, events: &[serde_json::Value], name: &str) -> String {
+    let record = events
+        .iter()
+        .find(|e| e["event"] == "finished" && e["action"].as_str().unwrap().contains(name))
+        .unwrap()["record"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let o = fhsx(store)
+        .args(["--json", "record", "show", &record])
+        .output()
+        .unwrap();
+    ok(&o, "fhsx record show");
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    v["record"]["action_digest"].as_str().unwrap().to_owned()
 }
 
 fn sources(events: &[serde_json::Value]) -> Vec<String> {
@@ -238,16 +261,7 @@ fn a_graph_pushed_by_one_store_is_a_hit_in_a_fresh_one_fetching_only_what_is_nee
         inputs().join("gcc.toolchain"),
         inputs().join("busybox.toolchain"),
     );
-    let o = Command::new("cp")
-        .arg("-al")
-        .arg(inputs().join("store"))
-        .arg(&a)
-        .output()
-        .unwrap();
-    ok(&o, "cp -al");
-    for x in ["keys", "actions", "commands", "history", "remote"] {
-        let _ = fs::remove_dir_all(a.join(x));
-    }
+    linked_store(&inputs().join("store"), &a);
     let src = fs::read(inputs().join("src/hello_2.10.orig.tar.gz")).unwrap();
     let (port, stop) = mirror(Box::leak(src.into_boxed_slice()));
     let files = t.path().join("files");
@@ -275,7 +289,7 @@ fn a_graph_pushed_by_one_store_is_a_hit_in_a_fresh_one_fetching_only_what_is_nee
     assert_eq!(v["cached"], true, "{v}");
     assert_eq!(v["source"], "remote", "{v}");
     assert_eq!(v["record"], pushed["record"]);
-    assert_eq!(started(&events), 0, "no sandbox in B: {events:?}");
+    assert_eq!(ran(&events), 0, "no sandbox in B: {events:?}");
     assert_eq!(
         sources(&events),
         ["remote", "remote", "remote"],
@@ -303,26 +317,14 @@ fn a_graph_pushed_by_one_store_is_a_hit_in_a_fresh_one_fetching_only_what_is_nee
         .output()
         .unwrap();
     ok(&o, "store export from the cache");
-    let o = fhsx(&a)
-        .args(["store", "cat", &greeting, "greeting"])
-        .output()
-        .unwrap();
-    assert_eq!(fs::read(out.join("greeting")).unwrap(), o.stdout);
-    assert_eq!(o.stdout, b"Hello, world!\n");
+    let from_a = cat(&a, &pushed["outputs"]["out"], "greeting", &[]);
+    assert_eq!(fs::read(out.join("greeting")).unwrap(), from_a);
+    assert_eq!(from_a, b"Hello, world!\n");
 
     // C: the toolchains, none of the outputs; a changed root must run and
     // fetches hello's output (and nothing of the fetch's).
     let c = t.path().join("c");
-    let o = Command::new("cp")
-        .arg("-al")
-        .arg(inputs().join("store"))
-        .arg(&c)
-        .output()
-        .unwrap();
-    ok(&o, "cp -al");
-    for x in ["keys", "actions", "commands", "history", "remote"] {
-        let _ = fs::remove_dir_all(c.join(x));
-    }
+    linked_store(&inputs().join("store"), &c);
     let run2 = write(&files, "run2.toml", "[inputs]\nclosure = [\"build.toml#out\"]\ntoolchain = [\"gcc.toolchain\"]\n[run]\ncommand = [\"/bin/sh\", \"-c\", \"mkdir -p $out && hello -g changed > $out/greeting\"]\ntimeout = \"60s\"\n");
     let (o, v, events) = build(&c, &run2, &["--cache", &url, "--trust", &trust]);
     ok(
@@ -330,7 +332,7 @@ fn a_graph_pushed_by_one_store_is_a_hit_in_a_fresh_one_fetching_only_what_is_nee
         "store C runs a changed root on hello's output from the cache",
     );
     assert_eq!(v["source"], "built", "{v}");
-    assert_eq!(started(&events), 1, "only the root ran: {events:?}");
+    assert_eq!(ran(&events), 1, "only the root ran: {events:?}");
     let fetch_out = events
         .iter()
         .find(|e| {
@@ -344,16 +346,7 @@ fn a_graph_pushed_by_one_store_is_a_hit_in_a_fresh_one_fetching_only_what_is_nee
         !has_tree(&c, &fetch_out),
         "the fetch's output was downloaded though nothing needed it"
     );
-    let o = fhsx(&c)
-        .args([
-            "store",
-            "cat",
-            v["outputs"]["out"].as_str().unwrap(),
-            "greeting",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.stdout, b"changed\n");
+    assert_eq!(cat(&c, &v["outputs"]["out"], "greeting", &[]), b"changed\n");
     no_leftovers(t.path());
 }
 
@@ -373,19 +366,9 @@ fn a_cache_on_s3_storage_serves_a_fresh_store() {
     let (o, v, events) = build(&b, &root, &["--cache", &url, "--trust", &key_of(&a)]);
     ok(&o, "B from the cache");
     assert_eq!(v["record"], pushed["record"]);
-    assert_eq!(started(&events), 0, "{events:?}");
-    let o = fhsx(&b)
-        .args([
-            "store",
-            "cat",
-            v["outputs"]["out"].as_str().unwrap(),
-            "root",
-            "--cache",
-            &url,
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.stdout, b"on-s3\non-s3\n", "{}", text(&o));
+    assert_eq!(ran(&events), 0, "{events:?}");
+    let got = cat(&b, &v["outputs"]["out"], "root", &["--cache", &url]);
+    assert_eq!(got, b"on-s3\non-s3\n");
 }
 
 /// What the server says is never trusted: a record whose signature does
@@ -402,23 +385,10 @@ fn a_tampered_entry_is_refused_and_built_locally() {
     let (o, pushed, events) = build(&a, &root, &["--cache", &url, "--cache-push"]);
     ok(&o, "A builds and pushes");
     let trust = key_of(&a);
-    let action = |name: &str| -> String {
-        events
-            .iter()
-            .find(|e| e["event"] == "finished" && e["action"].as_str().unwrap().contains(name))
-            .map(|e| e["record"].as_str().unwrap().to_owned())
-            .map(|r| {
-                let o = fhsx(&a)
-                    .args(["--json", "record", "show", &r])
-                    .output()
-                    .unwrap();
-                let v: serde_json::Value = serde_json::from_slice(&o.stdout)
-                    .unwrap_or_else(|_| panic!("record show: {}", text(&o)));
-                v["record"]["action_digest"].as_str().unwrap().to_owned()
-            })
-            .unwrap()
-    };
-    let (leaf_action, root_action) = (action("leaf"), action("root"));
+    let (leaf_action, root_action) = (
+        action_of(&a, &events, "leaf"),
+        action_of(&a, &events, "root"),
+    );
     let fresh = |name: &str| t.path().join(name);
 
     // An untrusted signer.
@@ -468,20 +438,7 @@ fn a_swapped_output_blob_is_refused_and_its_action_built_locally() {
     let root = small_graph(&g, "honest");
     let (o, _, events) = build(&a, &root, &["--cache", &url, "--cache-push"]);
     ok(&o, "A builds and pushes");
-    let leaf_record = events
-        .iter()
-        .find(|e| e["event"] == "finished" && e["action"].as_str().unwrap().contains("leaf"))
-        .unwrap()["record"]
-        .as_str()
-        .unwrap()
-        .to_owned();
-    let o = fhsx(&a)
-        .args(["--json", "record", "show", &leaf_record])
-        .output()
-        .unwrap();
-    let v: serde_json::Value =
-        serde_json::from_slice(&o.stdout).unwrap_or_else(|_| panic!("{}", text(&o)));
-    let leaf_action = v["record"]["action_digest"].as_str().unwrap().to_owned();
+    let leaf_action = action_of(&a, &events, "leaf");
     cache.tamper(&["swap", &leaf_action]);
     // A changed root (its own command): it must run, and needs the leaf's output.
     let changed = write(
@@ -505,17 +462,8 @@ fn a_swapped_output_blob_is_refused_and_its_action_built_locally() {
         "{}",
         text(&o)
     );
-    assert_eq!(started(&ev), 1, "{ev:?}");
-    let o = fhsx(&b)
-        .args([
-            "store",
-            "cat",
-            v["outputs"]["out"].as_str().unwrap(),
-            "root",
-        ])
-        .output()
-        .unwrap();
-    assert_eq!(o.stdout, b"honest\n");
+    assert_eq!(ran(&ev), 1, "{ev:?}");
+    assert_eq!(cat(&b, &v["outputs"]["out"], "root", &[]), b"honest\n");
     // Nothing the server swapped in entered B's store.
     let o = fhsx(&b).args(["store", "verify"]).output().unwrap();
     ok(&o, "B's store verifies");
@@ -598,7 +546,7 @@ fn a_remote_record_whose_read_set_holds_answers_another_action() {
     let b = t.path().join("b");
     let (o, v, ev) = build(&b, &two, &["--cache", &url, "--trust", &key_of(&a)]);
     ok(&o, "B reuses A's record");
-    assert_eq!(started(&ev), 0, "{}", text(&o));
+    assert_eq!(ran(&ev), 0, "{}", text(&o));
     assert_eq!(v["cached"], true, "{v}");
     assert_eq!(v["outputs"], first["outputs"]);
     assert!(text(&o).contains("reusing record"), "{}", text(&o));

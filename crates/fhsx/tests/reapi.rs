@@ -20,7 +20,9 @@ use std::process::{Child, Command, Output, Stdio};
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-use support::{bazel, buildgrid, fhsx, free_port, text, wait_port, S3};
+use support::{
+    bazel, buildgrid, buildgrid_storage, fhsx, free_port, linked_store, text, wait_port, S3,
+};
 
 const PG_BIN: &str = "/usr/lib/postgresql/15/bin";
 
@@ -177,16 +179,7 @@ impl Engine {
         let o = bgd().args(["migrate", "apply", &url]).output().unwrap();
         ok(&o, "bgd migrate apply");
         let port = free_port();
-        let storage = match s3 {
-            None => "  - !lru-storage &cas\n    size: 2048MB\n".to_owned(),
-            Some(s3) => format!(
-                "  - !s3-storage &cas\n    bucket: {}\n    endpoint: {}\n    access-key: {}\n    secret-key: {}\n",
-                S3::BUCKET,
-                s3.endpoint(),
-                S3::KEY,
-                S3::KEY
-            ),
-        };
+        let storage = buildgrid_storage(s3);
         let config = dir.join("bgd.yml");
         fs::write(
             &config,
@@ -404,17 +397,7 @@ fn toolchain_id(file: &Path) -> String {
 /// A store of its own at `store` holding the seed's toolchains, hard-linked
 /// (a store never rewrites an object), without the seed's key or state.
 fn seed_copy(store: &Path) {
-    let o = Command::new("cp")
-        .arg("-al")
-        .arg(&seed().store)
-        .arg(store)
-        .output()
-        .unwrap();
-    ok(&o, "cp -al");
-    for x in ["keys", "lock", "tmp", "actions", "reapi"] {
-        let _ = fs::remove_dir_all(store.join(x));
-        let _ = fs::remove_file(store.join(x));
-    }
+    linked_store(&seed().store, store);
 }
 
 /// An `fhsx worker --reapi` process (SIGKILLed when dropped).

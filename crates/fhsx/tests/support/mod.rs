@@ -383,6 +383,38 @@ impl S3 {
     }
 }
 
+/// BuildGrid's `storages:` entry `&cas`: in memory, or in `s3`.
+pub fn buildgrid_storage(s3: Option<&S3>) -> String {
+    match s3 {
+        None => "  - !lru-storage &cas\n    size: 2048MB\n".to_owned(),
+        Some(s3) => format!(
+            "  - !s3-storage &cas\n    bucket: {}\n    endpoint: {}\n    access-key: {}\n    secret-key: {}\n",
+            S3::BUCKET,
+            s3.endpoint(),
+            S3::KEY,
+            S3::KEY
+        ),
+    }
+}
+
+/// A store of its own at `to` holding `from`'s objects, hard-linked (a
+/// store never rewrites an object), without its key, index or state.
+pub fn linked_store(from: &Path, to: &Path) {
+    let o = Command::new("cp")
+        .arg("-al")
+        .arg(from)
+        .arg(to)
+        .output()
+        .unwrap();
+    ok(&o, "cp -al");
+    for x in [
+        "keys", "lock", "tmp", "actions", "commands", "history", "memo", "reapi",
+    ] {
+        let _ = fs::remove_dir_all(to.join(x));
+        let _ = fs::remove_file(to.join(x));
+    }
+}
+
 impl Drop for S3 {
     fn drop(&mut self) {
         let _ = self.server.kill();

@@ -654,22 +654,8 @@ impl Cas {
                 }
             }
         }
-        let (small, large): (Vec<_>, Vec<_>) = missing
-            .into_iter()
-            .partition(|d| d.size_bytes + PER_BLOB <= self.max_batch);
-        blobs.extend(self.fetch_small(small, &HashMap::new(), &mut xfer).await?);
-        let mut downloads = futures::stream::iter(large)
-            .map(|d| async move {
-                let b3 = self.download_large(&d, None).await?;
-                Ok::<_, CasError>((d, b3))
-            })
-            .buffer_unordered(PARALLEL);
-        while let Some(r) = downloads.next().await {
-            let (d, b3) = r?;
-            xfer.blobs += 1;
-            xfer.bytes += d.size_bytes as u64;
-            blobs.insert(d, b3);
-        }
+        let unchecked = HashMap::new();
+        blobs.extend(self.fetch_blobs(missing, &unchecked, &mut xfer).await?);
         // The castore tree, children before parents.
         let store = self.store.clone();
         let index = self.index.clone();
@@ -726,23 +712,39 @@ impl Cas {
         wanted: Vec<(re::Digest, Digest)>,
     ) -> Result<Transfer, CasError> {
         let mut xfer = Transfer::default();
-        let expect: HashMap<re::Digest, Digest> = wanted.iter().cloned().collect();
+        let shas = wanted.iter().map(|(d, _)| d.clone()).collect();
+        let expect: HashMap<re::Digest, Digest> = wanted.into_iter().collect();
+        self.fetch_blobs(shas, &expect, &mut xfer).await?;
+        Ok(xfer)
+    }
+
+    /// Fetch blobs into the store: those that fit a batch in batches,
+    /// larger ones streamed, several in flight; each checked against its
+    /// SHA-256 and, where `expect` names one, its BLAKE3 digest. What each
+    /// became in the store.
+    async fn fetch_blobs(
+        &self,
+        wanted: Vec<re::Digest>,
+        expect: &HashMap<re::Digest, Digest>,
+        xfer: &mut Transfer,
+    ) -> Result<Vec<(re::Digest, Digest)>, CasError> {
         let (small, large): (Vec<_>, Vec<_>) = wanted
             .into_iter()
-            .partition(|(d, _)| d.size_bytes + PER_BLOB <= self.max_batch);
-        let small = small.into_iter().map(|(d, _)| d).collect();
-        self.fetch_small(small, &expect, &mut xfer).await?;
+            .partition(|d| d.size_bytes + PER_BLOB <= self.max_batch);
+        let mut stored = self.fetch_small(small, expect, xfer).await?;
         let mut downloads = futures::stream::iter(large)
-            .map(|(d, b3)| async move {
-                self.download_large(&d, Some(b3)).await?;
-                Ok::<_, CasError>(d.size_bytes as u64)
+            .map(|d| async move {
+                let b3 = self.download_large(&d, expect.get(&d).copied()).await?;
+                Ok::<_, CasError>((d, b3))
             })
             .buffer_unordered(PARALLEL);
         while let Some(r) = downloads.next().await {
+            let (d, b3) = r?;
             xfer.blobs += 1;
-            xfer.bytes += r?;
+            xfer.bytes += d.size_bytes as u64;
+            stored.push((d, b3));
         }
-        Ok(xfer)
+        Ok(stored)
     }
 
     /// Stream one large blob into the store, checking its SHA-256 (and,
