@@ -224,7 +224,7 @@ impl<'s> ActionCache<'s> {
         else {
             return Err(format!(
                 "it is signed by {}, which is not trusted (pass --trust to trust it)",
-                rec.public_key
+                claimed_text(&rec.public_key)
             ));
         };
         if action.is_some_and(|a| r.action_digest != *a) {
@@ -237,9 +237,9 @@ impl<'s> ActionCache<'s> {
             return Err(format!(
                 "{FAILED_BUILD}({})",
                 r.failure
-                    .clone()
-                    .or_else(|| r.violations.first().cloned())
-                    .unwrap_or_else(|| r.exit.to_string())
+                    .as_deref()
+                    .or(r.violations.first().map(String::as_str))
+                    .map_or_else(|| r.exit.to_string(), claimed_text)
             ));
         }
         if !sign::signed_with(&rec, key) {
@@ -256,6 +256,19 @@ impl<'s> ActionCache<'s> {
             }
         }
         Ok(rec)
+    }
+}
+
+/// A record's own words in a message. They are read before its signature
+/// is checked (that is the costly step, and what it refuses it refuses
+/// either way), so they may be anyone's — a remote cache's: a control
+/// character anywhere has the whole text escaped. fhsx's own records'
+/// words, already escaped where they name what a build chose, show as
+/// they are.
+fn claimed_text(text: &str) -> String {
+    match text.chars().any(char::is_control) {
+        true => castore::shown::escaped(text.as_bytes()),
+        false => text.to_owned(),
     }
 }
 

@@ -104,6 +104,18 @@ if op == "resign":
     rec = json.loads(down(f.digest)); rec["record"]["resources"]["wall_ms"] += 1
     f.digest.CopyFrom(up(json.dumps(rec).encode())); f.ClearField("node_properties")
     put(k, r)
+elif op == "garbage":
+    k = key("action", sys.argv[3]); r = get(k)
+    f = [f for f in r.output_files if f.path.endswith("record.json")][0]
+    f.digest.CopyFrom(up(b"\x1b]52;c;Z2FyYmFnZQ==\x07 not a record"))
+    f.ClearField("node_properties")
+    put(k, r)
+elif op == "badkey":
+    k = key("action", sys.argv[3]); r = get(k)
+    f = [f for f in r.output_files if f.path.endswith("record.json")][0]
+    rec = json.loads(down(f.digest)); rec["public_key"] = "\x1b[2J\x1b]0;owned\x07"
+    f.digest.CopyFrom(up(json.dumps(rec).encode())); f.ClearField("node_properties")
+    put(k, r)
 elif op == "move":
     put(key("action", sys.argv[4]), get(key("action", sys.argv[3])))
 elif op == "swap":
@@ -373,8 +385,10 @@ fn a_cache_on_s3_storage_serves_a_fresh_store() {
 
 /// What the server says is never trusted: a record whose signature does
 /// not verify, one signed by a key B does not trust, one filed under
-/// another action's key, and an output whose bytes are not the record's
-/// are each refused, saying what was wrong, and built locally.
+/// another action's key, garbage, and a record whose words are escape
+/// sequences are each refused, saying what was wrong (escaped), and what
+/// answers instead is honest: A's record of the same command where its
+/// read set holds, else a local build.
 #[test]
 fn a_tampered_entry_is_refused_and_built_locally() {
     let t = tempfile::tempdir().unwrap();
@@ -421,6 +435,21 @@ fn a_tampered_entry_is_refused_and_built_locally() {
     );
     assert_ne!(v["record"], pushed["record"], "{ev:?}");
     assert_eq!(v["outputs"], pushed["outputs"]);
+
+    // Garbage where the record should be, and a record whose key is a
+    // terminal's escape sequences: refused, and nothing the server chose
+    // reaches the terminal raw.
+    for (op, says) in [("badkey", "which is not trusted"), ("garbage", "refused:")] {
+        cache.tamper(&[op, &leaf_action]);
+        let (o, v, _) = build(&fresh(op), &root, &["--cache", &url, "--trust", &trust]);
+        ok(&o, op);
+        assert!(text(&o).contains(says), "{op}: {}", text(&o));
+        assert!(
+            !o.stderr.contains(&0x1b),
+            "{op}: an escape reached the terminal"
+        );
+        assert_eq!(v["outputs"], pushed["outputs"]);
+    }
     no_leftovers(t.path());
 }
 
