@@ -756,7 +756,7 @@ fn listing(r: &re::ActionResult) -> Vec<Filed> {
         Some((i.parse().ok().filter(|i| *i < 64)?, tail.to_owned()))
     };
     for f in &r.output_files {
-        let (Some((i, tail)), Some(d)) = (split(&f.path), f.digest.clone()) else {
+        let (Some((i, tail)), Some(d)) = (split(&f.path), well_formed(&f.digest)) else {
             continue;
         };
         let b3 = (f.node_properties.iter())
@@ -779,7 +779,7 @@ fn listing(r: &re::ActionResult) -> Vec<Filed> {
         }
     }
     for o in &r.output_directories {
-        let (Some((i, tail)), Some(d)) = (split(&o.path), o.tree_digest.clone()) else {
+        let (Some((i, tail)), Some(d)) = (split(&o.path), well_formed(&o.tree_digest)) else {
             continue;
         };
         if let Some(name) = tail.strip_prefix("outputs/") {
@@ -820,6 +820,12 @@ fn store_error(e: castore::Error) -> RemoteError {
     RemoteError::Other(castore::Chain(&e).to_string())
 }
 
+/// A digest an entry names, if it is one (a server's other strings are
+/// never used, nor shown).
+fn well_formed(d: &Option<re::Digest>) -> Option<re::Digest> {
+    d.clone().filter(|d| mapping::check_digest("", d).is_ok())
+}
+
 /// A file map: each BLAKE3 digest's SHA-256 one.
 fn parse_files(bytes: &[u8]) -> Result<HashMap<re::Digest, Digest>, String> {
     let text = std::str::from_utf8(bytes).map_err(|_| "its file map is not text".to_owned())?;
@@ -830,13 +836,12 @@ fn parse_files(bytes: &[u8]) -> Result<HashMap<re::Digest, Digest>, String> {
             let b3: Digest = format!("b3:{}", f.next()?).parse().ok()?;
             let hash = f.next()?.to_owned();
             let size: i64 = f.next()?.parse().ok()?;
-            Some((
-                re::Digest {
-                    hash,
-                    size_bytes: size,
-                },
-                b3,
-            ))
+            let sha = re::Digest {
+                hash,
+                size_bytes: size,
+            };
+            mapping::check_digest("", &sha).ok()?;
+            Some((sha, b3))
         })();
         let (sha, b3) = parsed.ok_or_else(|| "its file map has a malformed line".to_owned())?;
         out.insert(sha, b3);

@@ -522,7 +522,8 @@ pub fn check_digest(what: &str, d: &re::Digest) -> Result<(), Refusal> {
     } else {
         Err(Refusal::invalid(format!(
             "{what} {}/{} is not a SHA-256 digest (64 lower-case hex digits and a size): this worker speaks SHA-256 only",
-            d.hash, d.size_bytes
+            d.hash.escape_debug(),
+            d.size_bytes
         )))
     }
 }
@@ -544,6 +545,7 @@ pub fn castore_directory(
             .digest
             .as_ref()
             .ok_or_else(|| Refusal::invalid(format!("file {:?} has no digest", f.name)))?;
+        check_digest("file", rd)?;
         let b3 = blobs.get(rd).ok_or_else(|| {
             Refusal::invalid(format!("file {:?}: blob {} unknown", f.name, rd.hash))
         })?;
@@ -562,6 +564,7 @@ pub fn castore_directory(
             .digest
             .as_ref()
             .ok_or_else(|| Refusal::invalid(format!("directory {:?} has no digest", c.name)))?;
+        check_digest("directory", rd)?;
         let (b3, size) = dirs.get(rd).ok_or_else(|| {
             Refusal::invalid(format!("directory {:?}: {} unknown", c.name, rd.hash))
         })?;
