@@ -25,17 +25,121 @@ struct Cache {
     dir: PathBuf,
 }
 
+/// What a cache behind TLS and a bearer token needs: a CA, the server's
+/// certificate (for 127.0.0.1) and key, the JWT secret, and a token.
+struct Secured {
+    dir: PathBuf,
+}
+
+impl Secured {
+    fn make(dir: &Path) -> Secured {
+        let dir = dir.join("secured");
+        fs::create_dir_all(&dir).unwrap();
+        let openssl = |args: &[&str]| {
+            let o = Command::new("openssl")
+                .current_dir(&dir)
+                .args(args)
+                .output()
+                .expect("openssl (Debian's openssl package, in .ci/apt-packages)");
+            ok(&o, "openssl");
+        };
+        openssl(&[
+            "req",
+            "-x509",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=fhsx test CA",
+        ]);
+        openssl(&[
+            "req",
+            "-newkey",
+            "rsa:2048",
+            "-nodes",
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ]);
+        fs::write(
+            dir.join("ext"),
+            "subjectAltName=IP:127.0.0.1\nbasicConstraints=CA:FALSE\nextendedKeyUsage=serverAuth\n",
+        )
+        .unwrap();
+        openssl(&[
+            "x509",
+            "-req",
+            "-in",
+            "server.csr",
+            "-CA",
+            "ca.pem",
+            "-CAkey",
+            "ca.key",
+            "-CAcreateserial",
+            "-out",
+            "server.pem",
+            "-days",
+            "2",
+            "-extfile",
+            "ext",
+        ]);
+        fs::write(
+            dir.join("secret"),
+            "a secret only the test and the server know",
+        )
+        .unwrap();
+        // BuildGrid's venv has PyJWT.
+        let o = Command::new(buildgrid().join("bin/python"))
+            .current_dir(&dir)
+            .arg("-c")
+            .arg("import jwt, time; print(jwt.encode({'sub': 'fhsx', 'exp': int(time.time()) + 3600}, open('secret').read(), algorithm='HS256'))")
+            .output()
+            .unwrap();
+        ok(&o, "a JWT");
+        fs::write(dir.join("token"), &o.stdout).unwrap();
+        Secured { dir }
+    }
+
+    fn server_config(&self) -> String {
+        let p = |f: &str| self.dir.join(f).display().to_string();
+        format!(
+            "    insecure-mode: false\n    credentials:\n      tls-server-key: {}\n      tls-server-cert: {}\nauthorization:\n  method: jwt\n  secret: {}\n  algorithm: hs256\n",
+            p("server.key"),
+            p("server.pem"),
+            p("secret")
+        )
+    }
+}
+
 impl Cache {
     fn start(dir: &Path, s3: Option<&S3>) -> Cache {
+        Self::start_with(dir, s3, None)
+    }
+
+    /// With `secured`, TLS and a JWT bearer token are required.
+    fn start_with(dir: &Path, s3: Option<&S3>, secured: Option<&Secured>) -> Cache {
         let dir = dir.join("cache");
         fs::create_dir_all(&dir).unwrap();
         let port = free_port();
         let storage = buildgrid_storage(s3);
+        let access = match secured {
+            None => "    insecure-mode: true\nauthorization:\n  method: none\n".to_owned(),
+            Some(s) => s.server_config(),
+        };
         let config = dir.join("bgd.yml");
         fs::write(
             &config,
             format!(
-                "server:\n  - !channel\n    address: \"127.0.0.1:{port}\"\n    insecure-mode: true\nauthorization:\n  method: none\nstorages:\n{storage}caches:\n  - !lru-action-cache &ac\n    storage: *cas\n    max-cached-refs: 10000\n    allow-updates: true\n    cache-failed-actions: true\ninstances:\n  - name: ''\n    services:\n      - !action-cache\n        cache: *ac\n      - !cas\n        storage: *cas\n      - !bytestream\n        storage: *cas\nthread-pool-size: 16\n"
+                "server:\n  - !channel\n    address: \"127.0.0.1:{port}\"\n{access}storages:\n{storage}caches:\n  - !lru-action-cache &ac\n    storage: *cas\n    max-cached-refs: 10000\n    allow-updates: true\n    cache-failed-actions: true\ninstances:\n  - name: ''\n    services:\n      - !action-cache\n        cache: *ac\n      - !cas\n        storage: *cas\n      - !bytestream\n        storage: *cas\nthread-pool-size: 16\n"
             ),
         )
         .unwrap();
@@ -53,6 +157,10 @@ impl Cache {
 
     fn url(&self) -> String {
         format!("grpc://127.0.0.1:{}", self.port)
+    }
+
+    fn tls_url(&self) -> String {
+        format!("grpcs://127.0.0.1:{}", self.port)
     }
 
     /// Run one of [`TAMPER`]'s operations against this server.
@@ -579,4 +687,86 @@ fn a_remote_record_whose_read_set_holds_answers_another_action() {
     assert_eq!(v["cached"], true, "{v}");
     assert_eq!(v["outputs"], first["outputs"]);
     assert!(text(&o).contains("reusing record"), "{}", text(&o));
+}
+
+/// A cache behind TLS and a bearer token (BuildGrid's JWT): with the CA
+/// and the token, A pushes and a fresh B gets the result; without the
+/// token the cache refuses, which is said once and the build is local; a
+/// CA that did not sign the server's certificate is refused the same way.
+#[test]
+fn a_cache_behind_tls_and_a_token_is_reached_with_them_and_only_with_them() {
+    let t = tempfile::tempdir().unwrap();
+    let secured = Secured::make(t.path());
+    let cache = Cache::start_with(t.path(), None, Some(&secured));
+    let url = cache.tls_url();
+    let ca = secured.dir.join("ca.pem").display().to_string();
+    let token = secured.dir.join("token").display().to_string();
+    let root = small_graph(&t.path().join("g"), "secured");
+    let a = t.path().join("a");
+
+    let (o, v, _) = build(
+        &a,
+        &root,
+        &["--cache", &url, "--cache-ca", &ca, "--cache-push"],
+    );
+    ok(&o, "no token");
+    assert_eq!(v["source"], "built");
+    assert_eq!(
+        text(&o).matches("refused our credentials").count(),
+        1,
+        "{}",
+        text(&o)
+    );
+
+    let (o, pushed, _) = build(
+        &a,
+        &root,
+        &[
+            "--cache",
+            &url,
+            "--cache-ca",
+            &ca,
+            "--cache-token-file",
+            &token,
+            "--cache-push",
+            "--rebuild",
+        ],
+    );
+    ok(&o, "A pushes with the token");
+    assert!(text(&o).contains("pushed record"), "{}", text(&o));
+    let flags = [
+        "--cache",
+        &url,
+        "--cache-ca",
+        &ca,
+        "--cache-token-file",
+        &token,
+    ];
+    let trust = key_of(&a);
+    let (o, v, ev) = build(
+        &t.path().join("b"),
+        &root,
+        &[&flags[..], &["--trust", &trust]].concat(),
+    );
+    ok(&o, "B with the token");
+    assert_eq!(v["source"], "remote", "{}", text(&o));
+    assert_eq!(v["record"], pushed["record"]);
+    assert_eq!(ran(&ev), 0, "{ev:?}");
+
+    // The host's roots alone do not know the test CA.
+    let (o, v, _) = build(
+        &t.path().join("c"),
+        &root,
+        &[
+            "--cache",
+            &url,
+            "--cache-token-file",
+            &token,
+            "--trust",
+            &trust,
+        ],
+    );
+    ok(&o, "C without the CA");
+    assert_eq!(v["source"], "built");
+    assert!(text(&o).contains("certificate"), "{}", text(&o));
 }

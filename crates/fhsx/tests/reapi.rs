@@ -1451,7 +1451,10 @@ fn processes(out: &str) -> String {
 /// Bazel 2.1.0 builds a genrule and a C binary whose compiler and libc are
 /// a composition of Debian packages (gcc, g++, libc6-dev): every action
 /// runs remotely on fhsx, the binary runs, and after `bazel clean` the
-/// rebuild is answered entirely from the engine's action cache.
+/// rebuild is answered entirely from the engine's action cache. Meanwhile
+/// `fhsx build --cache` shares that action cache and CAS: one store pushes,
+/// a fresh one gets the result, and neither disturbs Bazel's entries (nor
+/// Bazel theirs).
 #[test]
 fn bazel_builds_remotely_on_fhsx_and_rebuilds_from_the_remote_cache() {
     let t = tempfile::tempdir().unwrap();
@@ -1476,6 +1479,38 @@ fn bazel_builds_remotely_on_fhsx_and_rebuilds_from_the_remote_cache() {
     let o = Command::new(ws.join("bazel-bin/hello")).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&o.stdout), "hello from fhsx\n");
 
+    // fhsx's own results in the same action cache and CAS.
+    let action = t.path().join("fhsx-action.toml");
+    fs::write(
+        &action,
+        format!(
+            "[inputs]\nclosure = [{:?}]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir -p $out && busybox echo beside bazel > $out/f\"]\n",
+            support::busybox_deb().display().to_string()
+        ),
+    )
+    .unwrap();
+    let fhsx_build = |store: &str, flags: &[&str]| -> serde_json::Value {
+        let o = fhsx(&t.path().join(store))
+            .args(["--json", "build"])
+            .arg(&action)
+            .args(["--cache", &e.url()])
+            .args(flags)
+            .output()
+            .unwrap();
+        ok(&o, "fhsx build --cache");
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let pushed = fhsx_build("fhsx-a", &["--cache-push"]);
+    assert_eq!(pushed["source"], "built");
+    let key = fhsx(&t.path().join("fhsx-a"))
+        .args(["key", "show"])
+        .output()
+        .unwrap();
+    let key = String::from_utf8_lossy(&key.stdout).trim().to_owned();
+    let hit = fhsx_build("fhsx-b", &["--trust", &key]);
+    assert_eq!(hit["source"], "remote", "{hit}");
+    assert_eq!(hit["record"], pushed["record"]);
+
     ok(
         &run(bazel_cmd(&ws, &root, &e, &tc, &["clean"]), "bazel"),
         "bazel clean",
@@ -1492,6 +1527,10 @@ fn bazel_builds_remotely_on_fhsx_and_rebuilds_from_the_remote_cache() {
     );
     assert_eq!(w.leases(), 3, "the rebuild ran something: {}", w.log());
     assert!(w.mounts().is_empty(), "{:?}", w.mounts());
+    // And fhsx's entry is still fhsx's.
+    let again = fhsx_build("fhsx-c", &["--trust", &key]);
+    assert_eq!(again["source"], "remote", "{again}");
+    assert_eq!(again["outputs"], pushed["outputs"]);
 }
 
 /// What a hostile build does, as a shell script: read the host's shadow

@@ -224,7 +224,7 @@ impl ReapiCache {
     fn live(&self) -> Result<(), RemoteError> {
         if self.down.load(Ordering::SeqCst) {
             return Err(RemoteError::Unavailable(
-                "unreachable earlier in this run; not asked again".into(),
+                "it failed earlier in this run (said above); not asked again".into(),
             ));
         }
         Ok(())
