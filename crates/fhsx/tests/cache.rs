@@ -471,7 +471,8 @@ fn a_graph_pushed_by_one_store_is_a_hit_in_a_fresh_one_fetching_only_what_is_nee
 }
 
 /// The same on BuildGrid whose CAS and action cache live in S3 (moto):
-/// A pushes a small graph, B gets both actions from the cache.
+/// A pushes a small graph, B gets both actions from the cache, and C,
+/// which never saw a record, materializes the output by its digest.
 #[test]
 fn a_cache_on_s3_storage_serves_a_fresh_store() {
     let t = tempfile::tempdir().unwrap();
@@ -489,6 +490,17 @@ fn a_cache_on_s3_storage_serves_a_fresh_store() {
     assert_eq!(ran(&events), 0, "{events:?}");
     let got = cat(&b, &v["outputs"]["out"], "root", &["--cache", &url]);
     assert_eq!(got, b"on-s3\non-s3\n");
+    // A store that never saw the record materializes the output by digest.
+    let dest = t.path().join("materialized");
+    let o = fhsx(&t.path().join("c"))
+        .arg("materialize")
+        .arg(v["outputs"]["out"].as_str().unwrap())
+        .arg(&dest)
+        .args(["--cache", &url])
+        .output()
+        .unwrap();
+    ok(&o, "materialize --cache");
+    assert_eq!(fs::read(dest.join("root")).unwrap(), b"on-s3\non-s3\n");
 }
 
 /// What the server says is never trusted: a record whose signature does

@@ -55,6 +55,10 @@ pub struct MaterializeArgs {
     /// Where: a directory (fast, oci) or a *.tar / *.tar.zst file.
     #[arg(required_unless_present = "check")]
     pub dest: Option<PathBuf>,
+    /// With --cache, a view the store lacks (an output a remote cache
+    /// holds) is fetched first.
+    #[command(flatten)]
+    pub cache: super::cache::CacheArgs,
 }
 
 /// A tier error as the CLI reports it: store errors keep castore's class.
@@ -112,6 +116,7 @@ pub fn run(g: &Globals, a: MaterializeArgs) -> anyhow::Result<i32> {
         )
         .into());
     };
+    super::cache::fetch_if_absent(&a.cache, &store, &view)?;
     match (a.tier, a.format) {
         (Tier::Fast, Format::Oci) => {
             return Err(
