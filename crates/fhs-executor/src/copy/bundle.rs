@@ -65,11 +65,10 @@ impl Writer {
             _ => Path::new("."),
         };
         if path.is_dir() {
-            return Err(CopyError::Usage(format!(
+            return Err(Error::Usage(format!(
                 "{} is a directory; a bundle is one file (to copy into a store there, drop the file: prefix)",
                 shown_path(path)
-            ))
-            .into());
+            )));
         }
         let tmp = tempfile::Builder::new()
             .prefix(".fhsx-bundle-")
@@ -218,18 +217,17 @@ pub fn read(path: &Path, rx: &mut Receiver<'_>) -> Result<(), Error> {
     };
     let f = File::open(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            CopyError::Usage(format!("there is no bundle at {}", shown_path(path))).into()
+            Error::Usage(format!("there is no bundle at {}", shown_path(path)))
         } else {
             Error::io("open", path, e)
         }
     })?;
     let meta = f.metadata().map_err(|e| Error::io("stat", path, e))?;
     if !meta.is_file() {
-        return Err(CopyError::Usage(format!(
+        return Err(Error::Usage(format!(
             "{} is not a file; a bundle is one file (to copy from a store directory, drop the file: prefix)",
             shown_path(path)
-        ))
-        .into());
+        )));
     }
     let total = meta.len();
     let mut r = BufReader::with_capacity(1 << 20, f);

@@ -129,14 +129,10 @@ pub enum CopyError {
     },
     #[error("record {record} is not in {from}")]
     NotInSource { record: Digest, from: String },
-    #[error("{0}")]
-    NotARecord(String),
     #[error("{from} is cut short: it ends {at}; copy the whole file again")]
     Truncated { from: String, at: String },
     #[error("{from} is not a bundle this fhsx reads: {why}")]
     Malformed { from: String, why: String },
-    #[error("{0}")]
-    Usage(String),
 }
 
 impl CopyError {
@@ -147,13 +143,11 @@ impl CopyError {
             | CopyError::Altered { .. }
             | CopyError::Unnamed { .. }
             | CopyError::WrongSize { .. }
-            | CopyError::Incomplete { .. }
-            | CopyError::NotARecord(_) => ExitClass::Integrity,
+            | CopyError::Incomplete { .. } => ExitClass::Integrity,
             CopyError::SourceIncomplete { .. }
             | CopyError::NotInSource { .. }
             | CopyError::Truncated { .. }
-            | CopyError::Malformed { .. }
-            | CopyError::Usage(_) => ExitClass::Usage,
+            | CopyError::Malformed { .. } => ExitClass::Usage,
         }
     }
 }
@@ -185,12 +179,11 @@ pub(crate) fn shown_path(p: &Path) -> String {
 pub fn open_receiving_store(dir: &Path) -> Result<LocalStore, Error> {
     match fs::metadata(dir) {
         Ok(m) if !m.is_dir() => {
-            return Err(CopyError::Usage(format!(
+            return Err(Error::Usage(format!(
                 "{} is a file, not a store directory; to write a bundle there, give file:{}",
                 shown_path(dir),
                 shown_path(dir)
-            ))
-            .into())
+            )))
         }
         Ok(_) if !is_store(dir) => {
             let empty = fs::read_dir(dir)
@@ -198,11 +191,10 @@ pub fn open_receiving_store(dir: &Path) -> Result<LocalStore, Error> {
                 .next()
                 .is_none();
             if !empty {
-                return Err(CopyError::Usage(format!(
+                return Err(Error::Usage(format!(
                     "{} is neither an fhsx store nor empty; give a store's directory, a new one, or file:PATH for a bundle",
                     shown_path(dir)
-                ))
-                .into());
+                )));
             }
         }
         _ => {}
@@ -213,19 +205,17 @@ pub fn open_receiving_store(dir: &Path) -> Result<LocalStore, Error> {
 /// Open the existing store at `dir` to copy from.
 pub fn open_source_store(dir: &Path) -> Result<LocalStore, Error> {
     if dir.is_file() {
-        return Err(CopyError::Usage(format!(
+        return Err(Error::Usage(format!(
             "{} is a file, not a store directory; to read a bundle, give file:{}",
             shown_path(dir),
             shown_path(dir)
-        ))
-        .into());
+        )));
     }
     if !is_store(dir) {
-        return Err(CopyError::Usage(format!(
+        return Err(Error::Usage(format!(
             "{} is not an fhsx store (it has no blobs/ and dirs/); give a store's directory, or file:PATH for a bundle",
             shown_path(dir)
-        ))
-        .into());
+        )));
     }
     Ok(LocalStore::open(dir)?)
 }
@@ -269,14 +259,13 @@ pub fn from_bundle(
 }
 
 /// Parse a record blob's bytes (already checked to hash to `digest`): a
-/// current-format record, or why not.
-pub(crate) fn parse_record(digest: &Digest, bytes: &[u8]) -> Result<SignedRecord, String> {
-    match sign::parse_any(digest, bytes) {
-        Ok(StoredRecord::Current(r)) => Ok(*r),
-        Ok(StoredRecord::Older { format, .. }) => Err(format!(
+/// current-format record, or [`Error::BadRecord`] saying why not.
+pub(crate) fn parse_record(digest: &Digest, bytes: &[u8]) -> Result<SignedRecord, Error> {
+    match sign::parse_any(digest, bytes)? {
+        StoredRecord::Current(r) => Ok(*r),
+        StoredRecord::Older { format, .. } => Err(Error::BadRecord(format!(
             "{digest} is a format-{format} record, which is never a cache hit: only current records are copied (rebuild the action for one)"
-        )),
-        Err(e) => Err(castore::Chain(&e).to_string()),
+        ))),
     }
 }
 
@@ -314,23 +303,22 @@ pub fn send(source: &LocalStore, records: &[Digest], sink: &mut dyn Sink) -> Res
             from: from.clone(),
         };
         if source.has(ObjectKind::Directory, record) {
-            return Err(CopyError::Usage(format!(
+            return Err(Error::Usage(format!(
                 "{record} is a tree, not a record; copy the record that made it (`fhsx --json build` prints it as \"record\")"
-            ))
-            .into());
+            )));
         }
         let len = source
             .object_len(ObjectKind::Blob, record)
             .ok_or_else(missing)?;
         if len > MAX_RECORD_BYTES {
-            return Err(CopyError::Usage(format!(
+            return Err(Error::Usage(format!(
                 "{record} is a blob of {len} bytes, not a record"
-            ))
-            .into());
+            )));
         }
         let bytes = source.read_blob(record)?;
+        // A blob of the user's own store named as a record: their mistake.
         let rec = parse_record(record, &bytes)
-            .map_err(CopyError::Usage)?
+            .map_err(|e| Error::Usage(castore::Chain(&e).to_string()))?
             .record;
         let sides = side_blobs(&rec);
         let outputs: Vec<Digest> = rec.outputs.values().copied().collect();

@@ -167,12 +167,11 @@ impl<'s> Receiver<'s> {
     /// key, stage it, and expect what it names.
     fn take_record(&mut self, d: &Digest, bytes: &[u8]) -> Result<(), Error> {
         if bytes.len() as u64 > MAX_RECORD_BYTES {
-            return Err(CopyError::NotARecord(format!(
+            return Err(Error::BadRecord(format!(
                 "{d} from {} is {} bytes, more than a record's {MAX_RECORD_BYTES}",
                 self.from,
                 bytes.len()
-            ))
-            .into());
+            )));
         }
         let blob = CheckedBlob::expecting(d, bytes).map_err(|a| self.altered("record", *d, a))?;
         if self.records.iter().any(|(r, _)| r == d) {
@@ -185,7 +184,11 @@ impl<'s> Receiver<'s> {
             }
             .into());
         }
-        let rec = parse_record(d, bytes).map_err(|why| CopyError::NotARecord(shown(&why, 300)))?;
+        let rec = parse_record(d, bytes).map_err(|e| match e {
+            // The parser's complaint may quote the sender's field names.
+            Error::BadRecord(why) => Error::BadRecord(shown(&why, 300)),
+            other => other,
+        })?;
         let claimed = keys::public_key_bytes(&rec.public_key);
         let Some(key) = self
             .trust
@@ -315,12 +318,11 @@ impl<'s> Receiver<'s> {
         for w in want {
             if !self.records.iter().any(|(r, _)| r == w) {
                 let held: Vec<String> = self.records().map(|d| d.to_string()).collect();
-                return Err(CopyError::Usage(format!(
+                return Err(Error::Usage(format!(
                     "{} does not hold record {w}; it holds {}",
                     self.from,
                     held.join(", ")
-                ))
-                .into());
+                )));
             }
         }
         let mut missing: Vec<(&(ObjectKind, Digest), &Want)> = self
