@@ -413,42 +413,47 @@ fn indexed_in(store: &LocalStore, index: &str) -> Vec<(PathBuf, Digest)> {
     out
 }
 
+/// A successful record of `action`, unsigned, with no outputs, each other
+/// digest it must name `blob`: for tests.
+#[cfg(test)]
+pub(crate) fn test_record(action: Digest, blob: Digest) -> executor_core::BuildRecord {
+    use executor_core::record::{ExitStatus, ResourceUse};
+    executor_core::BuildRecord {
+        format: RECORD_FORMAT,
+        action_digest: action,
+        closure_digest: blob,
+        toolchain_digest: blob,
+        view_digest: blob,
+        fetch_lock_digest: None,
+        outputs: std::collections::BTreeMap::new(),
+        interface_manifest_digest: None,
+        observed_read_set_digest: blob,
+        read_set_size: 0,
+        read_set_complete: true,
+        log_digest: blob,
+        stderr_digest: None,
+        exit: ExitStatus::Exited { code: 0 },
+        violations: Vec::new(),
+        failure: None,
+        check_of: None,
+        reused: None,
+        pruned_from: None,
+        variations: std::collections::BTreeMap::new(),
+        diffoscope: None,
+        resources: ResourceUse::default(),
+        executor: "test".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
     use ed25519_dalek::SigningKey;
-    use executor_core::record::{BuildRecord, ExitStatus, ResourceUse};
+    use executor_core::BuildRecord;
 
     use super::*;
 
     fn record(action: Digest) -> BuildRecord {
-        let d = Digest::of(b"anything");
-        BuildRecord {
-            format: RECORD_FORMAT,
-            action_digest: action,
-            closure_digest: d,
-            toolchain_digest: d,
-            view_digest: d,
-            fetch_lock_digest: None,
-            outputs: BTreeMap::new(),
-            interface_manifest_digest: None,
-            observed_read_set_digest: d,
-            read_set_size: 0,
-            read_set_complete: true,
-            log_digest: d,
-            stderr_digest: None,
-            exit: ExitStatus::Exited { code: 0 },
-            violations: Vec::new(),
-            failure: None,
-            check_of: None,
-            reused: None,
-            pruned_from: None,
-            variations: BTreeMap::new(),
-            diffoscope: None,
-            resources: ResourceUse::default(),
-            executor: "test".into(),
-        }
+        test_record(action, Digest::of(b"anything"))
     }
 
     /// The trust list is consulted before any signature, so a record must

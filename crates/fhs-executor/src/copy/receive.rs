@@ -448,10 +448,18 @@ mod tests {
     use castore::store::DirectoryStore;
     use castore::Name;
     use ed25519_dalek::SigningKey;
-    use executor_core::record::{BuildRecord, ExitStatus, ResourceUse, RECORD_FORMAT};
+    use executor_core::BuildRecord;
 
     use super::*;
     use crate::copy::{self, CopyError};
+
+    /// A source store and a receiving store, in `t`.
+    fn stores(t: &tempfile::TempDir) -> (LocalStore, LocalStore) {
+        (
+            LocalStore::open(t.path().join("a")).unwrap(),
+            LocalStore::open(t.path().join("b")).unwrap(),
+        )
+    }
 
     /// A successful record of `output`, signed by `key`, stored in `store`.
     fn record(store: &LocalStore, key: &SigningKey, output: Digest) -> Digest {
@@ -459,31 +467,10 @@ mod tests {
             let d = t.put_blob(b"a log")?;
             t.commit().map(|_| d)
         });
-        let log = log.unwrap();
         let r = BuildRecord {
-            format: RECORD_FORMAT,
-            action_digest: Digest::of(b"an action not stored"),
-            closure_digest: log,
-            toolchain_digest: log,
             view_digest: Digest::of(b"a view never copied"),
-            fetch_lock_digest: None,
             outputs: BTreeMap::from([("out".parse().unwrap(), output)]),
-            interface_manifest_digest: None,
-            observed_read_set_digest: log,
-            read_set_size: 0,
-            read_set_complete: true,
-            log_digest: log,
-            stderr_digest: None,
-            exit: ExitStatus::Exited { code: 0 },
-            violations: Vec::new(),
-            failure: None,
-            check_of: None,
-            reused: None,
-            pruned_from: None,
-            variations: BTreeMap::new(),
-            diffoscope: None,
-            resources: ResourceUse::default(),
-            executor: "test".into(),
+            ..cache::test_record(Digest::of(b"an action not stored"), log.unwrap())
         };
         sign::store_record(store, &sign::sign(r, key)).unwrap()
     }
@@ -523,11 +510,7 @@ mod tests {
     #[test]
     fn a_shallow_output_is_received_and_indexed() {
         let t = tempfile::tempdir().unwrap();
-        let (src, dst) = (t.path().join("a"), t.path().join("b"));
-        let (src, dst) = (
-            LocalStore::open(src).unwrap(),
-            LocalStore::open(dst).unwrap(),
-        );
+        let (src, dst) = stores(&t);
         let key = SigningKey::from_bytes(&[3; 32]);
         let top = chain(&src, 40);
         let rec = record(&src, &key, top);
@@ -546,11 +529,7 @@ mod tests {
     #[test]
     fn an_output_deeper_than_the_store_takes_is_refused_and_nothing_lands() {
         let t = tempfile::tempdir().unwrap();
-        let (src, dst) = (t.path().join("a"), t.path().join("b"));
-        let (src, dst) = (
-            LocalStore::open(src).unwrap(),
-            LocalStore::open(dst).unwrap(),
-        );
+        let (src, dst) = stores(&t);
         let key = SigningKey::from_bytes(&[3; 32]);
         let top = chain(&src, castore::fs_tree::MAX_DEPTH + 1);
         let rec = record(&src, &key, top);
@@ -566,11 +545,7 @@ mod tests {
     #[test]
     fn a_source_missing_an_output_object_is_refused_naming_it() {
         let t = tempfile::tempdir().unwrap();
-        let (src, dst) = (t.path().join("a"), t.path().join("b"));
-        let (src, dst) = (
-            LocalStore::open(src).unwrap(),
-            LocalStore::open(dst).unwrap(),
-        );
+        let (src, dst) = stores(&t);
         let key = SigningKey::from_bytes(&[3; 32]);
         let gone = Digest::of(b"a directory never stored");
         let rec = record(&src, &key, gone);
