@@ -72,6 +72,19 @@ fn shown_key(k: &str) -> String {
     shown(k, 100)
 }
 
+/// How many records a message lists.
+const SHOWN_RECORDS: usize = 5;
+
+/// `items`, comma-separated: the first `max`, then how many more.
+fn listed<T: std::fmt::Display>(items: impl ExactSizeIterator<Item = T>, max: usize) -> String {
+    let n = items.len();
+    let mut s: Vec<String> = items.take(max).map(|i| i.to_string()).collect();
+    if n > max {
+        s.push(format!("and {} more", n - max));
+    }
+    s.join(", ")
+}
+
 impl<'s> Receiver<'s> {
     /// Receive into `store`, trusting its own key (if it has one yet) and
     /// `trust` (`ed25519:<hex>` each); `from` names the source in messages.
@@ -317,11 +330,10 @@ impl<'s> Receiver<'s> {
         }
         for w in want {
             if !self.records.iter().any(|(r, _)| r == w) {
-                let held: Vec<String> = self.records().map(|d| d.to_string()).collect();
                 return Err(Error::Usage(format!(
                     "{} does not hold record {w}; it holds {}",
                     self.from,
-                    held.join(", ")
+                    listed(self.records.iter().map(|(d, _)| d), SHOWN_RECORDS)
                 )));
             }
         }
@@ -524,6 +536,21 @@ mod tests {
         // Again: nothing moves.
         let again = copy::to_store(&src, &dst, &[rec], &trust(&key)).unwrap();
         assert_eq!((again.objects, again.bytes), (0, 0));
+    }
+
+    #[test]
+    fn a_message_lists_a_few_records_and_counts_the_rest() {
+        let d = |i: u8| Digest::of(&[i]);
+        let few: Vec<Digest> = (0..3).map(d).collect();
+        assert_eq!(
+            listed(few.iter(), 5),
+            format!("{}, {}, {}", d(0), d(1), d(2))
+        );
+        let many: Vec<Digest> = (0..40).map(d).collect();
+        let shown = listed(many.iter(), 5);
+        assert!(shown.starts_with(&d(0).to_string()), "{shown}");
+        assert!(shown.ends_with(", and 35 more"), "{shown}");
+        assert!(!shown.contains(&d(5).to_string()), "{shown}");
     }
 
     #[test]
