@@ -31,7 +31,7 @@
 //!
 //! and at the end, that every object below every output was received or is
 //! already in the store, and that no output nests deeper than the store
-//! takes. Everything is staged in one transaction, committed only then, so
+//! takes, counting what it names that the store already has. Everything is staged in one transaction, committed only then, so
 //! a refused or interrupted copy leaves nothing visible. Each record is
 //! then indexed as a build indexes its own ([`crate::cache::index`], and
 //! [`crate::cache::index_command`] for a successful build that is neither a

@@ -2,10 +2,10 @@
 //! in one transaction, committed and indexed only when the whole copy
 //! holds (see the parent module for what is checked).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::{BufRead, Read};
 
-use castore::store::{LocalStore, ObjectKind, Txn};
+use castore::store::{DirectoryStore, LocalStore, ObjectKind, Txn};
 use castore::{CheckedBlob, Digest, Directory, Node};
 use ed25519_dalek::VerifyingKey;
 use executor_core::SignedRecord;
@@ -354,9 +354,7 @@ impl<'s> Receiver<'s> {
             }
             .into());
         }
-        for (_, _, root) in &self.outputs {
-            self.check_depth(root)?;
-        }
+        self.check_depth(castore::fs_tree::MAX_DEPTH)?;
         // No gc between the commit and the index entries.
         let _hold = self.store.hold_gc()?;
         self.txn.commit()?;
@@ -366,38 +364,22 @@ impl<'s> Receiver<'s> {
         Ok(self.moved)
     }
 
-    /// Refuse an output whose received directories nest deeper than the
-    /// store takes (a directory already in the store passed that check on
-    /// its way in). Each directory once, with its own stack.
-    fn check_depth(&self, root: &Digest) -> Result<(), Error> {
-        let limit = castore::fs_tree::MAX_DEPTH;
-        let mut height: HashMap<Digest, usize> = HashMap::new();
-        let mut on_path: HashSet<Digest> = HashSet::new();
-        let mut stack: Vec<(Digest, bool)> = vec![(*root, false)];
-        while let Some((d, done)) = stack.pop() {
-            let children = self.subdirs.get(&d).map(Vec::as_slice).unwrap_or(&[]);
-            if done {
-                on_path.remove(&d);
-                let h = children
-                    .iter()
-                    .filter_map(|c| height.get(c).map(|h| h + 1))
-                    .max()
-                    .unwrap_or(0);
-                if h > limit {
-                    return Err(castore::Error::TreeTooDeep { root: *root, limit }.into());
-                }
-                height.insert(d, h);
-                continue;
-            }
-            // A directory cannot name itself below itself (its digest
-            // would be its own hash's input), so `on_path` never meets one
-            // again; kept as a guard all the same.
-            if height.contains_key(&d) || !on_path.insert(d) {
-                continue;
-            }
-            stack.push((d, true));
-            stack.extend(children.iter().map(|c| (*c, false)));
-        }
+    /// Refuse an output that nests deeper than `limit` counting what it
+    /// names below it in the store: each directory received, over
+    /// whatever the store already has (measured there, so stacking
+    /// received directories on a deep tree there is refused too). An
+    /// output not received is the store's own, which passed this check on
+    /// its way in. One walk for every output: each directory once.
+    fn check_depth(&self, limit: usize) -> Result<(), Error> {
+        let received = self
+            .outputs
+            .iter()
+            .map(|(_, _, root)| *root)
+            .filter(|root| self.subdirs.contains_key(root));
+        castore::walk::check_depth_with(received, limit, |d| match self.subdirs.get(d) {
+            Some(children) => Ok(children.clone()),
+            None => Ok(castore::walk::subdirectories(&self.store.get_directory(d)?)),
+        })?;
         Ok(())
     }
 }
@@ -475,6 +457,11 @@ mod tests {
 
     /// A successful record of `output`, signed by `key`, stored in `store`.
     fn record(store: &LocalStore, key: &SigningKey, output: Digest) -> Digest {
+        record_of(store, key, Digest::of(b"an action not stored"), output)
+    }
+
+    /// [`record`] of the action `action`.
+    fn record_of(store: &LocalStore, key: &SigningKey, action: Digest, output: Digest) -> Digest {
         let log = store.txn().and_then(|t| {
             let d = t.put_blob(b"a log")?;
             t.commit().map(|_| d)
@@ -482,7 +469,7 @@ mod tests {
         let r = BuildRecord {
             view_digest: Digest::of(b"a view never copied"),
             outputs: BTreeMap::from([("out".parse().unwrap(), output)]),
-            ..cache::test_record(Digest::of(b"an action not stored"), log.unwrap())
+            ..cache::test_record(action, log.unwrap())
         };
         sign::store_record(store, &sign::sign(r, key)).unwrap()
     }
@@ -567,6 +554,56 @@ mod tests {
         assert!(!dst.has(ObjectKind::Blob, &rec));
         assert!(!dst.has(ObjectKind::Directory, &top));
         assert!(!dst.root().join("actions").exists());
+    }
+
+    /// The directories a copy brings count what they name below them in
+    /// the receiving store: one over a tree there as deep as the store
+    /// takes is one too many.
+    #[test]
+    fn an_output_stacked_on_a_deep_tree_the_store_has_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let (src, dst) = stores(&t);
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let deep = chain(&src, castore::fs_tree::MAX_DEPTH);
+        let a = record(&src, &key, deep);
+        copy::to_store(&src, &dst, &[a], &trust(&key)).unwrap();
+        assert!(dst.get_directory(&deep).is_ok());
+        // B's output: one directory over A's.
+        let mut up = Directory::new();
+        up.insert(
+            Name::new(b"d").unwrap(),
+            Node::Directory {
+                digest: deep,
+                size: 1,
+            },
+        )
+        .unwrap();
+        let over = src.put_directory(&up).unwrap();
+        let action = Digest::of(b"another action");
+        let b = record_of(&src, &key, action, over);
+        for (what, copied) in [
+            (
+                "store to store",
+                copy::to_store(&src, &dst, &[b], &trust(&key)),
+            ),
+            ("by bundle", {
+                let p = t.path().join("b.bundle");
+                copy::to_bundle(&src, &[b], &p).unwrap();
+                copy::from_bundle(&p, &dst, &[b], &trust(&key))
+            }),
+        ] {
+            match copied {
+                Err(Error::Store(castore::Error::TreeTooDeep { root, .. })) => {
+                    assert_eq!(root, over, "{what}")
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+            assert!(!dst.has(ObjectKind::Blob, &b), "{what}");
+            assert!(!dst.has(ObjectKind::Directory, &over), "{what}");
+            let cache = cache::ActionCache::new(&dst, key.verifying_key(), &[]).unwrap();
+            let found = cache.lookup(&action).unwrap();
+            assert!(found.hit.is_none() && found.rejected.is_empty(), "{what}");
+        }
     }
 
     #[test]
