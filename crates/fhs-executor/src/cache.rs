@@ -352,8 +352,10 @@ fn first_missing(store: &LocalStore, root: &Digest) -> Option<Digest> {
 
 /// Garbage collection that keeps the records of kept outputs: what
 /// [`castore::gc::gc`] keeps, plus — for every indexed record whose every
-/// output is kept — the record, its log, read set, interface manifest and
-/// fetch lock (not its view: that would keep whole toolchains alive).
+/// output is kept — the record and its
+/// [`kept_blobs`](executor_core::BuildRecord::kept_blobs): log, stderr,
+/// read set, interface manifest, fetch lock and action (not its view: that
+/// would keep whole toolchains alive).
 /// Index entries whose record is gone afterwards are removed, so records of
 /// collected outputs go with them.
 pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<castore::gc::GcReport, Error> {
@@ -368,13 +370,8 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<castore::gc::GcReport, 
                 continue;
             }
             more.push(record);
-            more.push(r.log_digest);
-            more.extend(r.stderr_digest);
-            more.push(r.observed_read_set_digest);
-            more.extend(r.interface_manifest_digest);
-            more.extend(r.fetch_lock_digest);
-            // The action itself, stored under its digest (for --prune).
-            more.push(r.action_digest);
+            // With the action itself, stored under its digest (for --prune).
+            more.extend(r.kept_blobs());
         }
         more
     })?;
@@ -454,6 +451,38 @@ mod tests {
 
     fn record(action: Digest) -> BuildRecord {
         test_record(action, Digest::of(b"anything"))
+    }
+
+    /// What gc keeps and a remote cache is sent with a record, what a copy
+    /// carries and what verification checks: each from one list.
+    #[test]
+    fn a_record_keeps_its_own_blobs_and_carries_the_records_it_names() {
+        let d = |s: &str| Digest::of(s.as_bytes());
+        let r = BuildRecord {
+            view_digest: d("view"),
+            observed_read_set_digest: d("read set"),
+            log_digest: d("log"),
+            stderr_digest: Some(d("stderr")),
+            interface_manifest_digest: Some(d("manifest")),
+            fetch_lock_digest: Some(d("lock")),
+            check_of: Some(d("checked")),
+            diffoscope: Some(d("diffoscope")),
+            outputs: [("out".parse().unwrap(), d("out"))].into(),
+            ..test_record(d("action"), d("lists"))
+        };
+        let sorted = |mut v: Vec<Digest>| {
+            v.sort();
+            v
+        };
+        let kept = ["read set", "log", "lock", "stderr", "manifest", "action"].map(d);
+        assert_eq!(sorted(r.kept_blobs()), sorted(kept.to_vec()));
+        let mut named = kept.to_vec();
+        named.extend(["checked", "diffoscope"].map(d));
+        assert_eq!(sorted(r.named_blobs()), sorted(named));
+        let verified: Vec<Digest> = r.digests().into_iter().map(|(_, x)| x).collect();
+        let mut all = kept[..5].to_vec();
+        all.extend(["view", "checked", "diffoscope", "out"].map(d));
+        assert_eq!(sorted(verified), sorted(all));
     }
 
     /// The trust list is consulted before any signature, so a record must

@@ -269,26 +269,6 @@ pub(crate) fn parse_record(digest: &Digest, bytes: &[u8]) -> Result<SignedRecord
     }
 }
 
-/// The blobs a record names besides its outputs, each copied where the
-/// source has it.
-pub(crate) fn side_blobs(r: &executor_core::BuildRecord) -> Vec<Digest> {
-    [
-        Some(r.log_digest),
-        r.stderr_digest,
-        Some(r.observed_read_set_digest),
-        r.interface_manifest_digest,
-        r.fetch_lock_digest,
-        Some(r.action_digest),
-        r.diffoscope,
-        r.check_of,
-        r.reused,
-        r.pruned_from,
-    ]
-    .into_iter()
-    .flatten()
-    .collect()
-}
-
 /// Send `records` and their closures from `source` to `sink`: each record
 /// first, then its outputs' trees (a directory before what it names), then
 /// its other blobs. An object is sent once however often it is named.
@@ -320,7 +300,7 @@ pub fn send(source: &LocalStore, records: &[Digest], sink: &mut dyn Sink) -> Res
         let rec = parse_record(record, &bytes)
             .map_err(|e| Error::Usage(castore::Chain(&e).to_string()))?
             .record;
-        let sides = side_blobs(&rec);
+        let sides = rec.named_blobs();
         let outputs: Vec<Digest> = rec.outputs.values().copied().collect();
         roots.add(&outputs)?;
         roots.add(&sides)?;

@@ -10,7 +10,7 @@ use castore::{CheckedBlob, Digest, Directory, Node};
 use ed25519_dalek::VerifyingKey;
 use executor_core::SignedRecord;
 
-use super::{parse_record, side_blobs, CopyError, Moved, Sink};
+use super::{parse_record, CopyError, Moved, Sink};
 use super::{MAX_DIRECTORY_BYTES, MAX_RECORD_BYTES};
 use crate::{cache, keys, prune, sign, Error};
 
@@ -235,7 +235,7 @@ impl<'s> Receiver<'s> {
             let i = self.outputs.len() - 1;
             self.expect(ObjectKind::Directory, *root, None, Some(i))?;
         }
-        for b in side_blobs(&rec.record) {
+        for b in rec.record.named_blobs() {
             self.expect(ObjectKind::Blob, b, None, None)?;
         }
         self.moved.records.push(*d);
