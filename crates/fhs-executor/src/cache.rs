@@ -309,12 +309,7 @@ pub fn unindex(store: &LocalStore, action: &Digest, record: &Digest) -> Result<(
     let mut entries = vec![index_dir_of(store, Index::Actions, action).join(record.hex())];
     // Nor may it answer another action of the same command.
     if let Ok(rec) = sign::load_record(store, record) {
-        if let Ok(a) = crate::prune::recorded_action(store, &rec.record) {
-            let lock = rec
-                .record
-                .fetch_lock_digest
-                .filter(|_| a.network.lock.is_some());
-            let command = a.command_digest(lock.as_ref());
+        if let Ok(command) = crate::prune::recorded_command(store, &rec.record) {
             entries.push(index_dir_of(store, Index::Commands, &command).join(record.hex()));
         }
     }
@@ -444,6 +439,7 @@ pub(crate) fn test_record(action: Digest, blob: Digest) -> executor_core::BuildR
 
 #[cfg(test)]
 mod tests {
+    use castore::store::BlobStore;
     use ed25519_dalek::SigningKey;
     use executor_core::BuildRecord;
 
@@ -483,6 +479,46 @@ mod tests {
         let mut all = kept[..5].to_vec();
         all.extend(["view", "checked", "diffoscope", "out"].map(d));
         assert_eq!(sorted(verified), sorted(all));
+    }
+
+    /// A replay action's command digest covers its lock: unindexing its
+    /// record takes the entry the build made under that digest too.
+    #[test]
+    fn unindexing_a_replay_record_removes_its_command_entry() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let key = SigningKey::from_bytes(&[1; 32]);
+        let closure = store.put_blob(b"a closure").unwrap();
+        let action = executor_core::Action::parse(
+            &format!(
+                "[inputs]\nclosure = [\"{closure}\"]\n[run]\ncommand = [\"x\"]\n[network]\nmode = \"replay\"\nlock = \"fetch.lock\"\n"
+            ),
+            std::path::Path::new("a.toml"),
+        )
+        .unwrap();
+        let lock = store.put_blob(b"a fetch lock").unwrap();
+        // Stored, signed and indexed as a build does it (`build.rs`).
+        let stored = store.put_blob(&action.canonical(Some(&lock))).unwrap();
+        assert_eq!(stored, action.digest(Some(&lock)));
+        let command = action.command_digest(Some(&lock));
+        let r = BuildRecord {
+            fetch_lock_digest: Some(lock),
+            ..test_record(stored, closure)
+        };
+        let rec = sign::store_record(&store, &sign::sign(r.clone(), &key)).unwrap();
+        assert_eq!(crate::prune::recorded_command(&store, &r).unwrap(), command);
+        let cache = ActionCache::new(&store, key.verifying_key(), &[]).unwrap();
+        cache.insert(&stored, &rec).unwrap();
+        cache.insert_command(&command, &rec).unwrap();
+        let entries = [
+            index_dir_of(&store, Index::Actions, &stored).join(rec.hex()),
+            index_dir_of(&store, Index::Commands, &command).join(rec.hex()),
+        ];
+        assert!(entries.iter().all(|e| e.exists()));
+        unindex(&store, &stored, &rec).unwrap();
+        for e in &entries {
+            assert!(!e.exists(), "{} is left", e.display());
+        }
     }
 
     /// The trust list is consulted before any signature, so a record must

@@ -394,23 +394,11 @@ fn index(store: &LocalStore, digest: &Digest, rec: &SignedRecord) -> Result<(), 
     if !(r.succeeded() && r.check_of.is_none() && r.reused.is_none()) {
         return Ok(());
     }
-    if !store.has(ObjectKind::Blob, &r.action_digest) {
-        return Ok(());
-    }
-    let Ok(action) = prune::recorded_action(store, r) else {
+    // Without its action (or one that does not parse): no command entry.
+    let Ok(command) = prune::recorded_command(store, r) else {
         return Ok(());
     };
-    // The lock the action digest names, as stored with the action.
-    let lock = store
-        .read_blob(&r.action_digest)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| {
-            v["network"]["lock_digest"]
-                .as_str()
-                .and_then(|s| s.parse::<Digest>().ok())
-        });
-    cache::index_command(store, &action.command_digest(lock.as_ref()), digest)
+    cache::index_command(store, &command, digest)
 }
 
 impl Sink for Receiver<'_> {
