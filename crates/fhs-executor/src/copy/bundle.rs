@@ -20,11 +20,12 @@
 //!
 //! A bundle is read as hostile input: one frame at a time, a blob streamed
 //! into the store's transaction (hashed as it is written, never whole in
-//! memory), a record at most [`MAX_RECORD_BYTES`] and a directory at most
-//! [`MAX_DIRECTORY_BYTES`] in memory, no length beyond what the file has
-//! left, no recursion on the trees it carries, and nothing of its bytes
-//! shown raw. A bundle is written to a temporary file beside its path,
-//! synced, and renamed over it only when whole.
+//! memory), a record at most [`MAX_RECORD_BYTES`] (1 MiB, where a record
+//! is a few KiB: it is parsed before its signature can be checked) and a
+//! directory at most [`MAX_DIRECTORY_BYTES`] in memory, no length beyond
+//! what the file has left, no recursion on the trees it carries, and
+//! nothing of its bytes shown raw. A bundle is written to a temporary file
+//! beside its path, synced, and renamed over it only when whole.
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};

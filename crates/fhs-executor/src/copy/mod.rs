@@ -55,8 +55,10 @@ pub use receive::Receiver;
 use crate::sign::{self, StoredRecord};
 use crate::Error;
 
-/// The largest record blob a copy takes (a record is a few KiB of JSON).
-pub const MAX_RECORD_BYTES: u64 = 16 << 20;
+/// The largest record blob a copy takes: a record is a few KiB of JSON,
+/// and one from elsewhere is parsed before its signature can be checked
+/// (the key it names is inside it).
+pub const MAX_RECORD_BYTES: u64 = 1 << 20;
 
 /// The largest directory object a copy takes: the worker's message bound,
 /// some 200,000 entries.
@@ -292,7 +294,7 @@ pub fn send(source: &LocalStore, records: &[Digest], sink: &mut dyn Sink) -> Res
             .ok_or_else(missing)?;
         if len > MAX_RECORD_BYTES {
             return Err(Error::Usage(format!(
-                "{record} is a blob of {len} bytes, not a record"
+                "{record} is a blob of {len} bytes, more than the {MAX_RECORD_BYTES} a record copied may have"
             )));
         }
         let bytes = source.read_blob(record)?;

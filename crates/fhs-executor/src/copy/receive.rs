@@ -594,6 +594,21 @@ mod tests {
         }
     }
 
+    /// A record is a few KiB: one past a mebibyte is refused before it is
+    /// parsed.
+    #[test]
+    fn a_record_past_a_mebibyte_is_refused_unparsed() {
+        assert_eq!(MAX_RECORD_BYTES, 1 << 20);
+        let t = tempfile::tempdir().unwrap();
+        let (_, dst) = stores(&t);
+        let mut rx = Receiver::new(&dst, &[], "a test".into()).unwrap();
+        let bytes = vec![b' '; MAX_RECORD_BYTES as usize + 1];
+        match rx.record(&Digest::of(&bytes), &bytes) {
+            Err(Error::BadRecord(why)) => assert!(why.contains("more than a record's"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn a_source_missing_an_output_object_is_refused_naming_it() {
         let t = tempfile::tempdir().unwrap();
