@@ -9,50 +9,8 @@ mod support;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::sync::OnceLock;
 
-use support::{fhsx, import, text};
-
-/// busybox-static's .deb, fetched once per target directory (or the copy
-/// another suite already fetched).
-fn busybox_deb() -> PathBuf {
-    static DEB: OnceLock<PathBuf> = OnceLock::new();
-    DEB.get_or_init(|| {
-        if let Some(p) = std::env::var_os("FHSX_HOSTILE_BUSYBOX") {
-            return PathBuf::from(p);
-        }
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let find = |dir: &Path| {
-            fs::read_dir(dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-                .find(|p| p.to_string_lossy().contains("busybox-static"))
-        };
-        if let Some(p) = find(&tmp.join("hello-inputs/fetch-debs")) {
-            return p;
-        }
-        let dir = tmp.join("store-copy-inputs");
-        if let Some(p) = find(&dir.join("debs")) {
-            return p;
-        }
-        let o = fhsx(&dir.join("store"))
-            .args(["toolchain", "apt", "busybox-static", "--deb-cache"])
-            .arg(dir.join("debs"))
-            .arg("-o")
-            .arg(dir.join("busybox.toolchain"))
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "fetching busybox-static failed (needs apt-get and `apt-get update`): {}",
-            text(&o)
-        );
-        find(&dir.join("debs")).expect("busybox-static .deb")
-    })
-    .clone()
-}
+use support::{fhsx, text};
 
 /// A store that built one action: where it is, the action file, the
 /// record, the output and the store's public key.
@@ -68,7 +26,7 @@ struct Built {
 /// file, an executable, a nested directory and a symlink.
 fn built(dir: &Path) -> Built {
     let store = dir.join("A");
-    let bb = import(&store, &busybox_deb());
+    let bb = support::busybox(&store);
     let script = "busybox mkdir -p $out/sub/deeper && echo hello > $out/greeting \
                   && : > $out/empty && echo deep > $out/sub/deeper/f \
                   && printf '#!/bin/sh\\n' > $out/run && busybox chmod +x $out/run \
