@@ -8,13 +8,16 @@
 //! what a record's closure is, and the checks on the way in, live together
 //! here, with the bundle format next to them ([`bundle`]).
 //!
-//! A record's closure: the record blob; every object of every output tree;
-//! its log, stderr, read set, interface manifest and fetch lock; the action
-//! it was built from (stored under the action digest; the command index
-//! needs it) and the blobs its optional fields name (`diffoscope`,
-//! `check_of`, `reused`, `pruned_from`) — each of the latter only where the
-//! source holds it. Not the view: it would carry whole toolchains, and a
-//! cache hit never reads it.
+//! A record's closure: the record blob; every object of every output tree,
+//! all required (a source lacking one is refused); and every other blob it
+//! names ([`BuildRecord::named_blobs`](executor_core::BuildRecord::named_blobs):
+//! log, stderr, read set, interface manifest, fetch lock, the action it was
+//! built from — stored under the action digest, the command index needs it
+//! — and `check_of`, `reused`, `pruned_from`, `diffoscope`), each sent only
+//! where the source holds it and skipped silently where it does not: a
+//! record whose log or action is gone still copies, without them (and,
+//! without its action, is not indexed by command). Not the view: it would
+//! carry whole toolchains, and a cache hit never reads it.
 //!
 //! Sending ([`send`]) walks each closure with its own stack, every
 //! directory before the children it names, and hands each object to a
@@ -22,18 +25,20 @@
 //! which is sent nothing that store already has. The receiver checks, as
 //! each object arrives:
 //!
-//! - a record: its bytes hash to its name, it is of the current format, it
-//!   is signed by the receiving store's own key or a `--trust`ed one, and
-//!   the signature is that key's — before anything it names is read;
+//! - a record: at most [`MAX_RECORD_BYTES`], its bytes hash to its name, it
+//!   is of the current format, it is signed by the receiving store's own
+//!   key or a `--trust`ed one, and the signature is that key's — before
+//!   anything it names is read;
 //! - any other object: a record or a directory received before it names it,
 //!   its bytes hash to its digest, and a file's blob has the size its
 //!   directory gives;
 //!
 //! and at the end, that every object below every output was received or is
 //! already in the store, and that no output nests deeper than the store
-//! takes, counting what it names that the store already has. Everything is staged in one transaction, committed only then, so
-//! a refused or interrupted copy leaves nothing visible. Each record is
-//! then indexed as a build indexes its own ([`crate::cache::index`], and
+//! takes, counting what it names that the store already has. Everything is
+//! staged in one transaction, committed only then, so a refused or
+//! interrupted copy leaves nothing visible. Each record is then indexed as
+//! a build indexes its own ([`crate::cache::index`], and
 //! [`crate::cache::index_command`] for a successful build that is neither a
 //! check nor a reuse), so a build of its action there is a cache hit (with
 //! `--trust` of its signer, as for any record not signed by that store).
