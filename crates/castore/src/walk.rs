@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 
 use crate::store::DirectoryStore;
-use crate::{Digest, Error, Node, Result};
+use crate::{Digest, Directory, Error, Node, Result};
 
 /// Refuse the stored tree `root` if directories nest in it more than
 /// `limit` deep. Trees a remote client uploads are shaped by the client,
@@ -13,53 +13,73 @@ use crate::{Digest, Error, Node, Result};
 /// can be walked by the store's recursive walkers (export, compose,
 /// verify, diff) on any thread's stack.
 pub fn check_depth(store: &dyn DirectoryStore, root: &Digest, limit: usize) -> Result<()> {
-    let too_deep = || Error::TreeTooDeep { root: *root, limit };
+    check_depth_with([*root], limit, |d| {
+        Ok(subdirectories(&store.get_directory(d)?))
+    })
+}
+
+/// [`check_depth`] of each of `roots`, a directory's subdirectories
+/// given by `children` (a tree not yet whole in one store: what a copy
+/// received, over what the store has). Each distinct directory is asked
+/// for once across all the roots.
+pub fn check_depth_with(
+    roots: impl IntoIterator<Item = Digest>,
+    limit: usize,
+    mut children: impl FnMut(&Digest) -> Result<Vec<Digest>>,
+) -> Result<()> {
     // Each directory's height once known: how many levels of directories
-    // nest below it.
+    // nest below it. Exact (a directory is done only after all it names),
+    // so it holds for every root.
     let mut height: HashMap<Digest, usize> = HashMap::new();
-    // Directories to visit; with their subdirectories once those are
-    // pushed, when they are on the current path.
-    let mut stack: Vec<(Digest, Option<Vec<Digest>>)> = vec![(*root, None)];
-    let mut on_path = 0usize;
-    while let Some((d, expanded)) = stack.pop() {
-        if let Some(children) = expanded {
-            on_path -= 1;
-            let h = children
+    for root in roots {
+        let too_deep = || Error::TreeTooDeep { root, limit };
+        // Directories to visit; with their subdirectories once those are
+        // pushed, when they are on the current path.
+        let mut stack: Vec<(Digest, Option<Vec<Digest>>)> = vec![(root, None)];
+        let mut on_path = 0usize;
+        while let Some((d, expanded)) = stack.pop() {
+            if let Some(children) = expanded {
+                on_path -= 1;
+                let h = children
+                    .iter()
+                    .filter_map(|c| height.get(c).map(|h| h + 1))
+                    .max()
+                    .unwrap_or(0);
+                if h > limit {
+                    return Err(too_deep());
+                }
+                height.insert(d, h);
+                continue;
+            }
+            if height.contains_key(&d) {
+                continue;
+            }
+            let subdirs = children(&d)?;
+            let todo: Vec<_> = subdirs
                 .iter()
-                .filter_map(|c| height.get(c).map(|h| h + 1))
-                .max()
-                .unwrap_or(0);
-            if h > limit {
+                .filter(|c| !height.contains_key(*c))
+                .map(|c| (*c, None))
+                .collect();
+            stack.push((d, Some(subdirs)));
+            on_path += 1;
+            // A chain deeper than the limit is refused before it is walked out.
+            if on_path > limit + 1 {
                 return Err(too_deep());
             }
-            height.insert(d, h);
-            continue;
+            stack.extend(todo);
         }
-        if height.contains_key(&d) {
-            continue;
-        }
-        let children: Vec<Digest> = store
-            .get_directory(&d)?
-            .entries()
-            .filter_map(|(_, n)| match n {
-                Node::Directory { digest, .. } => Some(*digest),
-                _ => None,
-            })
-            .collect();
-        let todo: Vec<_> = children
-            .iter()
-            .filter(|c| !height.contains_key(*c))
-            .map(|c| (*c, None))
-            .collect();
-        stack.push((d, Some(children)));
-        on_path += 1;
-        // A chain deeper than the limit is refused before it is walked out.
-        if on_path > limit + 1 {
-            return Err(too_deep());
-        }
-        stack.extend(todo);
     }
     Ok(())
+}
+
+/// The digests of the directories `dir` names.
+pub fn subdirectories(dir: &Directory) -> Vec<Digest> {
+    dir.entries()
+        .filter_map(|(_, n)| match n {
+            Node::Directory { digest, .. } => Some(*digest),
+            _ => None,
+        })
+        .collect()
 }
 
 /// The root node of a tree named by a directory digest.
@@ -171,6 +191,44 @@ mod tests {
             top = holding(&s, Some(top), &["d"], None);
         }
         assert!(check_depth(&s, &top, 1024).is_err());
+    }
+
+    /// A directory given by the closure over a chain in the store counts
+    /// the chain's height; each directory is asked for once across roots.
+    #[test]
+    fn depth_with_counts_what_lies_below_in_the_store_once() {
+        let t = tempfile::tempdir().unwrap();
+        let s = LocalStore::open(t.path()).unwrap();
+        let mut top = holding(&s, None, &[], None);
+        for _ in 0..10 {
+            top = holding(&s, Some(top), &["d"], None);
+        }
+        // Two directories not in the store, each naming the chain's top.
+        let (a, b) = (Digest::of(b"received a"), Digest::of(b"received b"));
+        let mut asked: HashMap<Digest, usize> = HashMap::new();
+        let mut children = |d: &Digest| {
+            *asked.entry(*d).or_default() += 1;
+            if *d == a || *d == b {
+                Ok(vec![top])
+            } else {
+                Ok(subdirectories(&s.get_directory(d)?))
+            }
+        };
+        check_depth_with([a, b], 11, &mut children).unwrap();
+        assert!(asked.values().all(|n| *n == 1), "{asked:?}");
+        assert_eq!(asked.len(), 13);
+        let err = check_depth_with([top, b], 10, |d: &Digest| {
+            if *d == b {
+                Ok(vec![top])
+            } else {
+                Ok(subdirectories(&s.get_directory(d)?))
+            }
+        })
+        .unwrap_err();
+        assert!(
+            matches!(err, Error::TreeTooDeep { root, .. } if root == b),
+            "{err}"
+        );
     }
 
     /// A stored name a build chose (an escape sequence) reaches no message

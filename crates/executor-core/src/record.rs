@@ -200,27 +200,84 @@ impl BuildRecord {
 
     /// Every digest the record names, with its field name, for verification.
     pub fn digests(&self) -> Vec<(&'static str, Digest)> {
-        let mut v = vec![
-            ("view_digest", self.view_digest),
-            ("observed_read_set_digest", self.observed_read_set_digest),
-            ("log_digest", self.log_digest),
-        ];
-        for (n, d) in [
-            ("fetch_lock_digest", self.fetch_lock_digest),
-            ("stderr_digest", self.stderr_digest),
-            ("interface_manifest_digest", self.interface_manifest_digest),
-            ("check_of", self.check_of),
-            ("reused", self.reused),
-            ("pruned_from", self.pruned_from),
-            ("diffoscope", self.diffoscope),
-        ] {
-            if let Some(d) = d {
-                v.push((n, d));
-            }
-        }
+        let mut v: Vec<_> = self
+            .named()
+            .into_iter()
+            .filter(|(_, _, what)| *what != Named::Action)
+            .filter_map(|(n, d, _)| d.map(|d| (n, d)))
+            .collect();
         v.extend(self.outputs.values().map(|d| ("outputs", *d)));
         v
     }
+
+    /// The blobs kept and carried with the record: its read set, log,
+    /// fetch lock, stderr and interface manifest where it has them, and the
+    /// action it was built from (stored under the action digest). Not its
+    /// view (whole toolchains), its outputs (trees), nor the records it
+    /// refers to. What gc keeps beside a kept record and a remote cache is
+    /// sent with it.
+    pub fn kept_blobs(&self) -> Vec<Digest> {
+        self.blobs(|what| matches!(what, Named::Kept | Named::Action))
+    }
+
+    /// Every blob the record names but its view and outputs: the
+    /// [`kept_blobs`](Self::kept_blobs), the records it refers to
+    /// (`check_of`, `reused`, `pruned_from`) and a check's diffoscope
+    /// report. What `fhsx store copy` carries, each where the source has
+    /// it.
+    pub fn named_blobs(&self) -> Vec<Digest> {
+        self.blobs(|what| what != Named::View)
+    }
+
+    fn blobs(&self, take: impl Fn(Named) -> bool) -> Vec<Digest> {
+        self.named()
+            .into_iter()
+            .filter(|(_, _, what)| take(*what))
+            .filter_map(|(_, d, _)| d)
+            .collect()
+    }
+
+    /// What the record names besides its outputs, listed once: each
+    /// field's name, its digest where set, and what it is to the record.
+    fn named(&self) -> [(&'static str, Option<Digest>, Named); 11] {
+        use Named::*;
+        [
+            ("view_digest", Some(self.view_digest), View),
+            (
+                "observed_read_set_digest",
+                Some(self.observed_read_set_digest),
+                Kept,
+            ),
+            ("log_digest", Some(self.log_digest), Kept),
+            ("fetch_lock_digest", self.fetch_lock_digest, Kept),
+            ("stderr_digest", self.stderr_digest, Kept),
+            (
+                "interface_manifest_digest",
+                self.interface_manifest_digest,
+                Kept,
+            ),
+            ("check_of", self.check_of, Linked),
+            ("reused", self.reused, Linked),
+            ("pruned_from", self.pruned_from, Linked),
+            ("diffoscope", self.diffoscope, Linked),
+            ("action_digest", Some(self.action_digest), Action),
+        ]
+    }
+}
+
+/// What a digest a record names is to it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Named {
+    /// The view it ran in: verified, never kept or carried with it.
+    View,
+    /// Its own blobs: verified, kept and carried with it.
+    Kept,
+    /// The action, stored under its digest: kept and carried, not
+    /// required by verification (not every store a record was made in
+    /// kept its action).
+    Action,
+    /// Another record, or a check's report: verified and carried.
+    Linked,
 }
 
 /// A record with its signature, as stored.

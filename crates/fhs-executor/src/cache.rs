@@ -322,12 +322,7 @@ pub fn unindex(store: &LocalStore, action: &Digest, record: &Digest) -> Result<(
     let mut entries = vec![index_dir_of(store, Index::Actions, action).join(record.hex())];
     // Nor may it answer another action of the same command.
     if let Ok(rec) = sign::load_record(store, record) {
-        if let Ok(a) = crate::prune::recorded_action(store, &rec.record) {
-            let lock = rec
-                .record
-                .fetch_lock_digest
-                .filter(|_| a.network.lock.is_some());
-            let command = a.command_digest(lock.as_ref());
+        if let Ok(command) = crate::prune::recorded_command(store, &rec.record) {
             entries.push(index_dir_of(store, Index::Commands, &command).join(record.hex()));
         }
     }
@@ -365,8 +360,10 @@ fn first_missing(store: &LocalStore, root: &Digest) -> Option<Digest> {
 
 /// Garbage collection that keeps the records of kept outputs: what
 /// [`castore::gc::gc`] keeps, plus — for every indexed record whose every
-/// output is kept — the record, its log, read set, interface manifest and
-/// fetch lock (not its view: that would keep whole toolchains alive).
+/// output is kept — the record and its
+/// [`kept_blobs`](executor_core::BuildRecord::kept_blobs): log, stderr,
+/// read set, interface manifest, fetch lock and action (not its view: that
+/// would keep whole toolchains alive).
 /// Index entries whose record is gone afterwards are removed, so records of
 /// collected outputs go with them.
 pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<castore::gc::GcReport, Error> {
@@ -381,13 +378,8 @@ pub fn gc(store: &LocalStore, keep: &[Digest]) -> Result<castore::gc::GcReport, 
                 continue;
             }
             more.push(record);
-            more.push(r.log_digest);
-            more.extend(r.stderr_digest);
-            more.push(r.observed_read_set_digest);
-            more.extend(r.interface_manifest_digest);
-            more.extend(r.fetch_lock_digest);
-            // The action itself, stored under its digest (for --prune).
-            more.push(r.action_digest);
+            // With the action itself, stored under its digest (for --prune).
+            more.extend(r.kept_blobs());
         }
         more
     })?;
@@ -426,41 +418,119 @@ fn indexed_in(store: &LocalStore, index: &str) -> Vec<(PathBuf, Digest)> {
     out
 }
 
+/// A successful record of `action`, unsigned, with no outputs, each other
+/// digest it must name `blob`: for tests.
+#[cfg(test)]
+pub(crate) fn test_record(action: Digest, blob: Digest) -> executor_core::BuildRecord {
+    use executor_core::record::{ExitStatus, ResourceUse};
+    executor_core::BuildRecord {
+        format: RECORD_FORMAT,
+        action_digest: action,
+        closure_digest: blob,
+        toolchain_digest: blob,
+        view_digest: blob,
+        fetch_lock_digest: None,
+        outputs: std::collections::BTreeMap::new(),
+        interface_manifest_digest: None,
+        observed_read_set_digest: blob,
+        read_set_size: 0,
+        read_set_complete: true,
+        log_digest: blob,
+        stderr_digest: None,
+        exit: ExitStatus::Exited { code: 0 },
+        violations: Vec::new(),
+        failure: None,
+        check_of: None,
+        reused: None,
+        pruned_from: None,
+        variations: std::collections::BTreeMap::new(),
+        diffoscope: None,
+        resources: ResourceUse::default(),
+        executor: "test".into(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
-    use std::collections::BTreeMap;
-
+    use castore::store::BlobStore;
     use ed25519_dalek::SigningKey;
-    use executor_core::record::{BuildRecord, ExitStatus, ResourceUse};
+    use executor_core::BuildRecord;
 
     use super::*;
 
     fn record(action: Digest) -> BuildRecord {
-        let d = Digest::of(b"anything");
-        BuildRecord {
-            format: RECORD_FORMAT,
-            action_digest: action,
-            closure_digest: d,
-            toolchain_digest: d,
-            view_digest: d,
-            fetch_lock_digest: None,
-            outputs: BTreeMap::new(),
-            interface_manifest_digest: None,
-            observed_read_set_digest: d,
-            read_set_size: 0,
-            read_set_complete: true,
-            log_digest: d,
-            stderr_digest: None,
-            exit: ExitStatus::Exited { code: 0 },
-            violations: Vec::new(),
-            failure: None,
-            check_of: None,
-            reused: None,
-            pruned_from: None,
-            variations: BTreeMap::new(),
-            diffoscope: None,
-            resources: ResourceUse::default(),
-            executor: "test".into(),
+        test_record(action, Digest::of(b"anything"))
+    }
+
+    /// What gc keeps and a remote cache is sent with a record, what a copy
+    /// carries and what verification checks: each from one list.
+    #[test]
+    fn a_record_keeps_its_own_blobs_and_carries_the_records_it_names() {
+        let d = |s: &str| Digest::of(s.as_bytes());
+        let r = BuildRecord {
+            view_digest: d("view"),
+            observed_read_set_digest: d("read set"),
+            log_digest: d("log"),
+            stderr_digest: Some(d("stderr")),
+            interface_manifest_digest: Some(d("manifest")),
+            fetch_lock_digest: Some(d("lock")),
+            check_of: Some(d("checked")),
+            diffoscope: Some(d("diffoscope")),
+            outputs: [("out".parse().unwrap(), d("out"))].into(),
+            ..test_record(d("action"), d("lists"))
+        };
+        let sorted = |mut v: Vec<Digest>| {
+            v.sort();
+            v
+        };
+        let kept = ["read set", "log", "lock", "stderr", "manifest", "action"].map(d);
+        assert_eq!(sorted(r.kept_blobs()), sorted(kept.to_vec()));
+        let mut named = kept.to_vec();
+        named.extend(["checked", "diffoscope"].map(d));
+        assert_eq!(sorted(r.named_blobs()), sorted(named));
+        let verified: Vec<Digest> = r.digests().into_iter().map(|(_, x)| x).collect();
+        let mut all = kept[..5].to_vec();
+        all.extend(["view", "checked", "diffoscope", "out"].map(d));
+        assert_eq!(sorted(verified), sorted(all));
+    }
+
+    /// A replay action's command digest covers its lock: unindexing its
+    /// record takes the entry the build made under that digest too.
+    #[test]
+    fn unindexing_a_replay_record_removes_its_command_entry() {
+        let t = tempfile::tempdir().unwrap();
+        let store = LocalStore::open(t.path().join("s")).unwrap();
+        let key = SigningKey::from_bytes(&[1; 32]);
+        let closure = store.put_blob(b"a closure").unwrap();
+        let action = executor_core::Action::parse(
+            &format!(
+                "[inputs]\nclosure = [\"{closure}\"]\n[run]\ncommand = [\"x\"]\n[network]\nmode = \"replay\"\nlock = \"fetch.lock\"\n"
+            ),
+            std::path::Path::new("a.toml"),
+        )
+        .unwrap();
+        let lock = store.put_blob(b"a fetch lock").unwrap();
+        // Stored, signed and indexed as a build does it (`build.rs`).
+        let stored = store.put_blob(&action.canonical(Some(&lock))).unwrap();
+        assert_eq!(stored, action.digest(Some(&lock)));
+        let command = action.command_digest(Some(&lock));
+        let r = BuildRecord {
+            fetch_lock_digest: Some(lock),
+            ..test_record(stored, closure)
+        };
+        let rec = sign::store_record(&store, &sign::sign(r.clone(), &key)).unwrap();
+        assert_eq!(crate::prune::recorded_command(&store, &r).unwrap(), command);
+        let cache = ActionCache::new(&store, key.verifying_key(), &[]).unwrap();
+        cache.insert(&stored, &rec).unwrap();
+        cache.insert_command(&command, &rec).unwrap();
+        let entries = [
+            index_dir_of(&store, Index::Actions, &stored).join(rec.hex()),
+            index_dir_of(&store, Index::Commands, &command).join(rec.hex()),
+        ];
+        assert!(entries.iter().all(|e| e.exists()));
+        unindex(&store, &stored, &rec).unwrap();
+        for e in &entries {
+            assert!(!e.exists(), "{} is left", e.display());
         }
     }
 

@@ -32,7 +32,7 @@ use castore::compose::load_composition;
 use castore::store::{DirectoryStore, LocalStore};
 use castore::{Digest, Directory, Name, Node};
 use castore_fuse::{Access, EntryKind, ReadSet};
-use executor_core::Action;
+use executor_core::{Action, NetworkMode};
 
 use crate::{sign, Error};
 
@@ -61,6 +61,27 @@ pub fn recorded_action(
     store: &LocalStore,
     record: &executor_core::BuildRecord,
 ) -> Result<Action, Error> {
+    stored_action(store, record).map(|(action, _)| action)
+}
+
+/// The command digest a build indexed `record` under: its stored action's,
+/// with the lock that action replays — the digest stored with it, which is
+/// the one the build resolved (`build.rs`, `resolve`), and which the
+/// action digest covers.
+pub fn recorded_command(
+    store: &LocalStore,
+    record: &executor_core::BuildRecord,
+) -> Result<Digest, Error> {
+    let (action, lock) = stored_action(store, record)?;
+    let lock = lock.filter(|_| action.network.mode == NetworkMode::Replay);
+    Ok(action.command_digest(lock.as_ref()))
+}
+
+/// The stored action and the lock digest stored in it (read once).
+fn stored_action(
+    store: &LocalStore,
+    record: &executor_core::BuildRecord,
+) -> Result<(Action, Option<Digest>), Error> {
     let bytes = store.read_blob(&record.action_digest).map_err(|e| {
         Error::Usage(format!(
             "the record's action {} is not in the store ({}); only records of this fhsx keep their action",
@@ -70,11 +91,19 @@ pub fn recorded_action(
     })?;
     let mut v: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| Error::BadRecord(format!("the stored action is not JSON: {e}")))?;
-    if let Some(net) = v.get_mut("network").and_then(|n| n.as_object_mut()) {
-        net.remove("lock_digest");
-    }
-    serde_json::from_value(v)
-        .map_err(|e| Error::BadRecord(format!("the stored action does not parse: {e}")))
+    let lock = match v
+        .get_mut("network")
+        .and_then(|n| n.as_object_mut())
+        .and_then(|net| net.remove("lock_digest"))
+    {
+        None => None,
+        Some(d) => Some(d.as_str().and_then(|s| s.parse().ok()).ok_or_else(|| {
+            Error::BadRecord("the stored action's network.lock_digest is not a digest".into())
+        })?),
+    };
+    let action = serde_json::from_value(v)
+        .map_err(|e| Error::BadRecord(format!("the stored action does not parse: {e}")))?;
+    Ok((action, lock))
 }
 
 /// Prune the action of record `from` to its read set.

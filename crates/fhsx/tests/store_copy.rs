@@ -1,6 +1,7 @@
 //! `fhsx store copy`: a record built in one store answers the same action
 //! in another, reached through a bundle file or directly; a bundle altered,
-//! cut short or signed by a key the receiver does not trust is refused and
+//! missing an object, miscounted, cut short, carrying a record of another
+//! format or signed by a key the receiver does not trust is refused and
 //! leaves the receiving store as it was. Real stores, real builds (bwrap
 //! and FUSE), the real binary.
 
@@ -9,50 +10,8 @@ mod support;
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Output;
-use std::sync::OnceLock;
 
-use support::{fhsx, import, text};
-
-/// busybox-static's .deb, fetched once per target directory (or the copy
-/// another suite already fetched).
-fn busybox_deb() -> PathBuf {
-    static DEB: OnceLock<PathBuf> = OnceLock::new();
-    DEB.get_or_init(|| {
-        if let Some(p) = std::env::var_os("FHSX_HOSTILE_BUSYBOX") {
-            return PathBuf::from(p);
-        }
-        let tmp = Path::new(env!("CARGO_TARGET_TMPDIR"));
-        let find = |dir: &Path| {
-            fs::read_dir(dir)
-                .into_iter()
-                .flatten()
-                .flatten()
-                .map(|e| e.path())
-                .find(|p| p.to_string_lossy().contains("busybox-static"))
-        };
-        if let Some(p) = find(&tmp.join("hello-inputs/fetch-debs")) {
-            return p;
-        }
-        let dir = tmp.join("store-copy-inputs");
-        if let Some(p) = find(&dir.join("debs")) {
-            return p;
-        }
-        let o = fhsx(&dir.join("store"))
-            .args(["toolchain", "apt", "busybox-static", "--deb-cache"])
-            .arg(dir.join("debs"))
-            .arg("-o")
-            .arg(dir.join("busybox.toolchain"))
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "fetching busybox-static failed (needs apt-get and `apt-get update`): {}",
-            text(&o)
-        );
-        find(&dir.join("debs")).expect("busybox-static .deb")
-    })
-    .clone()
-}
+use support::{fhsx, text};
 
 /// A store that built one action: where it is, the action file, the
 /// record, the output and the store's public key.
@@ -68,7 +27,7 @@ struct Built {
 /// file, an executable, a nested directory and a symlink.
 fn built(dir: &Path) -> Built {
     let store = dir.join("A");
-    let bb = import(&store, &busybox_deb());
+    let bb = support::busybox(&store);
     let script = "busybox mkdir -p $out/sub/deeper && echo hello > $out/greeting \
                   && : > $out/empty && echo deep > $out/sub/deeper/f \
                   && printf '#!/bin/sh\\n' > $out/run && busybox chmod +x $out/run \
@@ -504,6 +463,36 @@ fn a_tampered_bundle_is_refused_and_leaves_nothing_indexed() {
         "not signed by the key it names",
     ));
 
+    // A record of another format, renamed after its new bytes: never a
+    // hit, so never copied.
+    let mut f = fr.clone();
+    let older = rec.replacen("\"format\": 2,", "\"format\": 1,", 1);
+    assert_ne!(older, rec);
+    f[0].1 = *castore::Digest::of(older.as_bytes()).as_bytes();
+    f[0].2 = older.into_bytes();
+    cases.push(("another format", unframes(&f), "is a format-1 record"));
+    // One object of the output left out: the copy is incomplete.
+    let deep = fr
+        .iter()
+        .position(|f| f.0 == b'B' && f.2 == b"deep\n")
+        .unwrap();
+    let mut f = fr.clone();
+    f.remove(deep);
+    cases.push(("an object left out", unframes(&f), "is incomplete"));
+    // A file's blob of another size under its name: refused for its size,
+    // before it is hashed.
+    let hello = fr
+        .iter()
+        .position(|f| f.0 == b'B' && f.2 == b"hello\n")
+        .unwrap();
+    let mut f = fr.clone();
+    f[hello].2 = b"hello, world\n".to_vec();
+    cases.push((
+        "a blob of another size",
+        unframes(&f),
+        "is 13 bytes where its directory says 6",
+    ));
+
     // A record with a field named to move a terminal's cursor: refused,
     // the name shown escaped.
     let mut f = fr.clone();
@@ -573,10 +562,16 @@ fn a_truncated_bundle_is_refused_cleanly() {
     kind[14] = 0x1b;
     let mut absurd = good.clone();
     absurd[14 + 33..14 + 41].copy_from_slice(&u64::MAX.to_be_bytes());
+    // The end frame counting one object more than came before it.
+    let mut miscounted = good.clone();
+    let at = good.len() - 8;
+    let count = u64::from_be_bytes(good[at..].try_into().unwrap());
+    miscounted[at..].copy_from_slice(&(count + 1).to_be_bytes());
     for (what, bytes, says) in [
         ("trailing bytes", longer, "follow its end frame"),
         ("an unknown kind", kind, "\\x1b"),
         ("an absurd length", absurd, "more than the"),
+        ("a miscounted end", miscounted, "its end frame counts"),
         (
             "another file",
             b"\x1b]52;c;aGk=\x07 hello".to_vec(),

@@ -20,11 +20,12 @@
 //!
 //! A bundle is read as hostile input: one frame at a time, a blob streamed
 //! into the store's transaction (hashed as it is written, never whole in
-//! memory), a record at most [`MAX_RECORD_BYTES`] and a directory at most
-//! [`MAX_DIRECTORY_BYTES`] in memory, no length beyond what the file has
-//! left, no recursion on the trees it carries, and nothing of its bytes
-//! shown raw. A bundle is written to a temporary file beside its path,
-//! synced, and renamed over it only when whole.
+//! memory), a record at most [`MAX_RECORD_BYTES`] (1 MiB, where a record
+//! is a few KiB: it is parsed before its signature can be checked) and a
+//! directory at most [`MAX_DIRECTORY_BYTES`] in memory, no length beyond
+//! what the file has left, no recursion on the trees it carries, and
+//! nothing of its bytes shown raw. A bundle is written to a temporary file
+//! beside its path, synced, and renamed over it only when whole.
 
 use std::fs::{self, File};
 use std::io::{BufRead, BufReader, BufWriter, Read, Write};
@@ -65,11 +66,10 @@ impl Writer {
             _ => Path::new("."),
         };
         if path.is_dir() {
-            return Err(CopyError::Usage(format!(
+            return Err(Error::Usage(format!(
                 "{} is a directory; a bundle is one file (to copy into a store there, drop the file: prefix)",
                 shown_path(path)
-            ))
-            .into());
+            )));
         }
         let tmp = tempfile::Builder::new()
             .prefix(".fhsx-bundle-")
@@ -218,18 +218,17 @@ pub fn read(path: &Path, rx: &mut Receiver<'_>) -> Result<(), Error> {
     };
     let f = File::open(path).map_err(|e| {
         if e.kind() == std::io::ErrorKind::NotFound {
-            CopyError::Usage(format!("there is no bundle at {}", shown_path(path))).into()
+            Error::Usage(format!("there is no bundle at {}", shown_path(path)))
         } else {
             Error::io("open", path, e)
         }
     })?;
     let meta = f.metadata().map_err(|e| Error::io("stat", path, e))?;
     if !meta.is_file() {
-        return Err(CopyError::Usage(format!(
+        return Err(Error::Usage(format!(
             "{} is not a file; a bundle is one file (to copy from a store directory, drop the file: prefix)",
             shown_path(path)
-        ))
-        .into());
+        )));
     }
     let total = meta.len();
     let mut r = BufReader::with_capacity(1 << 20, f);

@@ -8,13 +8,16 @@
 //! what a record's closure is, and the checks on the way in, live together
 //! here, with the bundle format next to them ([`bundle`]).
 //!
-//! A record's closure: the record blob; every object of every output tree;
-//! its log, stderr, read set, interface manifest and fetch lock; the action
-//! it was built from (stored under the action digest; the command index
-//! needs it) and the blobs its optional fields name (`diffoscope`,
-//! `check_of`, `reused`, `pruned_from`) — each of the latter only where the
-//! source holds it. Not the view: it would carry whole toolchains, and a
-//! cache hit never reads it.
+//! A record's closure: the record blob; every object of every output tree,
+//! all required (a source lacking one is refused); and every other blob it
+//! names ([`BuildRecord::named_blobs`](executor_core::BuildRecord::named_blobs):
+//! log, stderr, read set, interface manifest, fetch lock, the action it was
+//! built from — stored under the action digest, the command index needs it
+//! — and `check_of`, `reused`, `pruned_from`, `diffoscope`), each sent only
+//! where the source holds it and skipped silently where it does not: a
+//! record whose log or action is gone still copies, without them (and,
+//! without its action, is not indexed by command). Not the view: it would
+//! carry whole toolchains, and a cache hit never reads it.
 //!
 //! Sending ([`send`]) walks each closure with its own stack, every
 //! directory before the children it names, and hands each object to a
@@ -22,18 +25,20 @@
 //! which is sent nothing that store already has. The receiver checks, as
 //! each object arrives:
 //!
-//! - a record: its bytes hash to its name, it is of the current format, it
-//!   is signed by the receiving store's own key or a `--trust`ed one, and
-//!   the signature is that key's — before anything it names is read;
+//! - a record: at most [`MAX_RECORD_BYTES`], its bytes hash to its name, it
+//!   is of the current format, it is signed by the receiving store's own
+//!   key or a `--trust`ed one, and the signature is that key's — before
+//!   anything it names is read;
 //! - any other object: a record or a directory received before it names it,
 //!   its bytes hash to its digest, and a file's blob has the size its
 //!   directory gives;
 //!
 //! and at the end, that every object below every output was received or is
 //! already in the store, and that no output nests deeper than the store
-//! takes. Everything is staged in one transaction, committed only then, so
-//! a refused or interrupted copy leaves nothing visible. Each record is
-//! then indexed as a build indexes its own ([`crate::cache::index`], and
+//! takes, counting what it names that the store already has. Everything is
+//! staged in one transaction, committed only then, so a refused or
+//! interrupted copy leaves nothing visible. Each record is then indexed as
+//! a build indexes its own ([`crate::cache::index`], and
 //! [`crate::cache::index_command`] for a successful build that is neither a
 //! check nor a reuse), so a build of its action there is a cache hit (with
 //! `--trust` of its signer, as for any record not signed by that store).
@@ -55,8 +60,10 @@ pub use receive::Receiver;
 use crate::sign::{self, StoredRecord};
 use crate::Error;
 
-/// The largest record blob a copy takes (a record is a few KiB of JSON).
-pub const MAX_RECORD_BYTES: u64 = 16 << 20;
+/// The largest record blob a copy takes: a record is a few KiB of JSON,
+/// and one from elsewhere is parsed before its signature can be checked
+/// (the key it names is inside it).
+pub const MAX_RECORD_BYTES: u64 = 1 << 20;
 
 /// The largest directory object a copy takes: the worker's message bound,
 /// some 200,000 entries.
@@ -129,14 +136,10 @@ pub enum CopyError {
     },
     #[error("record {record} is not in {from}")]
     NotInSource { record: Digest, from: String },
-    #[error("{0}")]
-    NotARecord(String),
     #[error("{from} is cut short: it ends {at}; copy the whole file again")]
     Truncated { from: String, at: String },
     #[error("{from} is not a bundle this fhsx reads: {why}")]
     Malformed { from: String, why: String },
-    #[error("{0}")]
-    Usage(String),
 }
 
 impl CopyError {
@@ -147,13 +150,11 @@ impl CopyError {
             | CopyError::Altered { .. }
             | CopyError::Unnamed { .. }
             | CopyError::WrongSize { .. }
-            | CopyError::Incomplete { .. }
-            | CopyError::NotARecord(_) => ExitClass::Integrity,
+            | CopyError::Incomplete { .. } => ExitClass::Integrity,
             CopyError::SourceIncomplete { .. }
             | CopyError::NotInSource { .. }
             | CopyError::Truncated { .. }
-            | CopyError::Malformed { .. }
-            | CopyError::Usage(_) => ExitClass::Usage,
+            | CopyError::Malformed { .. } => ExitClass::Usage,
         }
     }
 }
@@ -185,12 +186,11 @@ pub(crate) fn shown_path(p: &Path) -> String {
 pub fn open_receiving_store(dir: &Path) -> Result<LocalStore, Error> {
     match fs::metadata(dir) {
         Ok(m) if !m.is_dir() => {
-            return Err(CopyError::Usage(format!(
+            return Err(Error::Usage(format!(
                 "{} is a file, not a store directory; to write a bundle there, give file:{}",
                 shown_path(dir),
                 shown_path(dir)
-            ))
-            .into())
+            )))
         }
         Ok(_) if !is_store(dir) => {
             let empty = fs::read_dir(dir)
@@ -198,11 +198,10 @@ pub fn open_receiving_store(dir: &Path) -> Result<LocalStore, Error> {
                 .next()
                 .is_none();
             if !empty {
-                return Err(CopyError::Usage(format!(
+                return Err(Error::Usage(format!(
                     "{} is neither an fhsx store nor empty; give a store's directory, a new one, or file:PATH for a bundle",
                     shown_path(dir)
-                ))
-                .into());
+                )));
             }
         }
         _ => {}
@@ -213,19 +212,17 @@ pub fn open_receiving_store(dir: &Path) -> Result<LocalStore, Error> {
 /// Open the existing store at `dir` to copy from.
 pub fn open_source_store(dir: &Path) -> Result<LocalStore, Error> {
     if dir.is_file() {
-        return Err(CopyError::Usage(format!(
+        return Err(Error::Usage(format!(
             "{} is a file, not a store directory; to read a bundle, give file:{}",
             shown_path(dir),
             shown_path(dir)
-        ))
-        .into());
+        )));
     }
     if !is_store(dir) {
-        return Err(CopyError::Usage(format!(
+        return Err(Error::Usage(format!(
             "{} is not an fhsx store (it has no blobs/ and dirs/); give a store's directory, or file:PATH for a bundle",
             shown_path(dir)
-        ))
-        .into());
+        )));
     }
     Ok(LocalStore::open(dir)?)
 }
@@ -269,35 +266,14 @@ pub fn from_bundle(
 }
 
 /// Parse a record blob's bytes (already checked to hash to `digest`): a
-/// current-format record, or why not.
-pub(crate) fn parse_record(digest: &Digest, bytes: &[u8]) -> Result<SignedRecord, String> {
-    match sign::parse_any(digest, bytes) {
-        Ok(StoredRecord::Current(r)) => Ok(*r),
-        Ok(StoredRecord::Older { format, .. }) => Err(format!(
+/// current-format record, or [`Error::BadRecord`] saying why not.
+pub(crate) fn parse_record(digest: &Digest, bytes: &[u8]) -> Result<SignedRecord, Error> {
+    match sign::parse_any(digest, bytes)? {
+        StoredRecord::Current(r) => Ok(*r),
+        StoredRecord::Older { format, .. } => Err(Error::BadRecord(format!(
             "{digest} is a format-{format} record, which is never a cache hit: only current records are copied (rebuild the action for one)"
-        )),
-        Err(e) => Err(castore::Chain(&e).to_string()),
+        ))),
     }
-}
-
-/// The blobs a record names besides its outputs, each copied where the
-/// source has it.
-pub(crate) fn side_blobs(r: &executor_core::BuildRecord) -> Vec<Digest> {
-    [
-        Some(r.log_digest),
-        r.stderr_digest,
-        Some(r.observed_read_set_digest),
-        r.interface_manifest_digest,
-        r.fetch_lock_digest,
-        Some(r.action_digest),
-        r.diffoscope,
-        r.check_of,
-        r.reused,
-        r.pruned_from,
-    ]
-    .into_iter()
-    .flatten()
-    .collect()
 }
 
 /// Send `records` and their closures from `source` to `sink`: each record
@@ -314,25 +290,24 @@ pub fn send(source: &LocalStore, records: &[Digest], sink: &mut dyn Sink) -> Res
             from: from.clone(),
         };
         if source.has(ObjectKind::Directory, record) {
-            return Err(CopyError::Usage(format!(
+            return Err(Error::Usage(format!(
                 "{record} is a tree, not a record; copy the record that made it (`fhsx --json build` prints it as \"record\")"
-            ))
-            .into());
+            )));
         }
         let len = source
             .object_len(ObjectKind::Blob, record)
             .ok_or_else(missing)?;
         if len > MAX_RECORD_BYTES {
-            return Err(CopyError::Usage(format!(
-                "{record} is a blob of {len} bytes, not a record"
-            ))
-            .into());
+            return Err(Error::Usage(format!(
+                "{record} is a blob of {len} bytes, more than the {MAX_RECORD_BYTES} a record copied may have"
+            )));
         }
         let bytes = source.read_blob(record)?;
+        // A blob of the user's own store named as a record: their mistake.
         let rec = parse_record(record, &bytes)
-            .map_err(CopyError::Usage)?
+            .map_err(|e| Error::Usage(castore::Chain(&e).to_string()))?
             .record;
-        let sides = side_blobs(&rec);
+        let sides = rec.named_blobs();
         let outputs: Vec<Digest> = rec.outputs.values().copied().collect();
         roots.add(&outputs)?;
         roots.add(&sides)?;

@@ -2,15 +2,15 @@
 //! in one transaction, committed and indexed only when the whole copy
 //! holds (see the parent module for what is checked).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::io::{BufRead, Read};
 
-use castore::store::{LocalStore, ObjectKind, Txn};
+use castore::store::{DirectoryStore, LocalStore, ObjectKind, Txn};
 use castore::{CheckedBlob, Digest, Directory, Node};
 use ed25519_dalek::VerifyingKey;
 use executor_core::SignedRecord;
 
-use super::{parse_record, side_blobs, CopyError, Moved, Sink};
+use super::{parse_record, CopyError, Moved, Sink};
 use super::{MAX_DIRECTORY_BYTES, MAX_RECORD_BYTES};
 use crate::{cache, keys, prune, sign, Error};
 
@@ -70,6 +70,19 @@ fn shown(text: &str, max: usize) -> String {
 
 fn shown_key(k: &str) -> String {
     shown(k, 100)
+}
+
+/// How many records a message lists.
+const SHOWN_RECORDS: usize = 5;
+
+/// `items`, comma-separated: the first `max`, then how many more.
+fn listed<T: std::fmt::Display>(items: impl ExactSizeIterator<Item = T>, max: usize) -> String {
+    let n = items.len();
+    let mut s: Vec<String> = items.take(max).map(|i| i.to_string()).collect();
+    if n > max {
+        s.push(format!("and {} more", n - max));
+    }
+    s.join(", ")
 }
 
 impl<'s> Receiver<'s> {
@@ -167,12 +180,11 @@ impl<'s> Receiver<'s> {
     /// key, stage it, and expect what it names.
     fn take_record(&mut self, d: &Digest, bytes: &[u8]) -> Result<(), Error> {
         if bytes.len() as u64 > MAX_RECORD_BYTES {
-            return Err(CopyError::NotARecord(format!(
+            return Err(Error::BadRecord(format!(
                 "{d} from {} is {} bytes, more than a record's {MAX_RECORD_BYTES}",
                 self.from,
                 bytes.len()
-            ))
-            .into());
+            )));
         }
         let blob = CheckedBlob::expecting(d, bytes).map_err(|a| self.altered("record", *d, a))?;
         if self.records.iter().any(|(r, _)| r == d) {
@@ -185,7 +197,11 @@ impl<'s> Receiver<'s> {
             }
             .into());
         }
-        let rec = parse_record(d, bytes).map_err(|why| CopyError::NotARecord(shown(&why, 300)))?;
+        let rec = parse_record(d, bytes).map_err(|e| match e {
+            // The parser's complaint may quote the sender's field names.
+            Error::BadRecord(why) => Error::BadRecord(shown(&why, 300)),
+            other => other,
+        })?;
         let claimed = keys::public_key_bytes(&rec.public_key);
         let Some(key) = self
             .trust
@@ -219,7 +235,7 @@ impl<'s> Receiver<'s> {
             let i = self.outputs.len() - 1;
             self.expect(ObjectKind::Directory, *root, None, Some(i))?;
         }
-        for b in side_blobs(&rec.record) {
+        for b in rec.record.named_blobs() {
             self.expect(ObjectKind::Blob, b, None, None)?;
         }
         self.moved.records.push(*d);
@@ -314,13 +330,11 @@ impl<'s> Receiver<'s> {
         }
         for w in want {
             if !self.records.iter().any(|(r, _)| r == w) {
-                let held: Vec<String> = self.records().map(|d| d.to_string()).collect();
-                return Err(CopyError::Usage(format!(
+                return Err(Error::Usage(format!(
                     "{} does not hold record {w}; it holds {}",
                     self.from,
-                    held.join(", ")
-                ))
-                .into());
+                    listed(self.records.iter().map(|(d, _)| d), SHOWN_RECORDS)
+                )));
             }
         }
         let mut missing: Vec<(&(ObjectKind, Digest), &Want)> = self
@@ -340,9 +354,7 @@ impl<'s> Receiver<'s> {
             }
             .into());
         }
-        for (_, _, root) in &self.outputs {
-            self.check_depth(root)?;
-        }
+        self.check_depth(castore::fs_tree::MAX_DEPTH)?;
         // No gc between the commit and the index entries.
         let _hold = self.store.hold_gc()?;
         self.txn.commit()?;
@@ -352,38 +364,22 @@ impl<'s> Receiver<'s> {
         Ok(self.moved)
     }
 
-    /// Refuse an output whose received directories nest deeper than the
-    /// store takes (a directory already in the store passed that check on
-    /// its way in). Each directory once, with its own stack.
-    fn check_depth(&self, root: &Digest) -> Result<(), Error> {
-        let limit = castore::fs_tree::MAX_DEPTH;
-        let mut height: HashMap<Digest, usize> = HashMap::new();
-        let mut on_path: HashSet<Digest> = HashSet::new();
-        let mut stack: Vec<(Digest, bool)> = vec![(*root, false)];
-        while let Some((d, done)) = stack.pop() {
-            let children = self.subdirs.get(&d).map(Vec::as_slice).unwrap_or(&[]);
-            if done {
-                on_path.remove(&d);
-                let h = children
-                    .iter()
-                    .filter_map(|c| height.get(c).map(|h| h + 1))
-                    .max()
-                    .unwrap_or(0);
-                if h > limit {
-                    return Err(castore::Error::TreeTooDeep { root: *root, limit }.into());
-                }
-                height.insert(d, h);
-                continue;
-            }
-            // A directory cannot name itself below itself (its digest
-            // would be its own hash's input), so `on_path` never meets one
-            // again; kept as a guard all the same.
-            if height.contains_key(&d) || !on_path.insert(d) {
-                continue;
-            }
-            stack.push((d, true));
-            stack.extend(children.iter().map(|c| (*c, false)));
-        }
+    /// Refuse an output that nests deeper than `limit` counting what it
+    /// names below it in the store: each directory received, over
+    /// whatever the store already has (measured there, so stacking
+    /// received directories on a deep tree there is refused too). An
+    /// output not received is the store's own, which passed this check on
+    /// its way in. One walk for every output: each directory once.
+    fn check_depth(&self, limit: usize) -> Result<(), Error> {
+        let received = self
+            .outputs
+            .iter()
+            .map(|(_, _, root)| *root)
+            .filter(|root| self.subdirs.contains_key(root));
+        castore::walk::check_depth_with(received, limit, |d| match self.subdirs.get(d) {
+            Some(children) => Ok(children.clone()),
+            None => Ok(castore::walk::subdirectories(&self.store.get_directory(d)?)),
+        })?;
         Ok(())
     }
 }
@@ -398,23 +394,11 @@ fn index(store: &LocalStore, digest: &Digest, rec: &SignedRecord) -> Result<(), 
     if !(r.succeeded() && r.check_of.is_none() && r.reused.is_none()) {
         return Ok(());
     }
-    if !store.has(ObjectKind::Blob, &r.action_digest) {
-        return Ok(());
-    }
-    let Ok(action) = prune::recorded_action(store, r) else {
+    // Without its action (or one that does not parse): no command entry.
+    let Ok(command) = prune::recorded_command(store, r) else {
         return Ok(());
     };
-    // The lock the action digest names, as stored with the action.
-    let lock = store
-        .read_blob(&r.action_digest)
-        .ok()
-        .and_then(|b| serde_json::from_slice::<serde_json::Value>(&b).ok())
-        .and_then(|v| {
-            v["network"]["lock_digest"]
-                .as_str()
-                .and_then(|s| s.parse::<Digest>().ok())
-        });
-    cache::index_command(store, &action.command_digest(lock.as_ref()), digest)
+    cache::index_command(store, &command, digest)
 }
 
 impl Sink for Receiver<'_> {
@@ -446,42 +430,34 @@ mod tests {
     use castore::store::DirectoryStore;
     use castore::Name;
     use ed25519_dalek::SigningKey;
-    use executor_core::record::{BuildRecord, ExitStatus, ResourceUse, RECORD_FORMAT};
+    use executor_core::BuildRecord;
 
     use super::*;
     use crate::copy::{self, CopyError};
 
+    /// A source store and a receiving store, in `t`.
+    fn stores(t: &tempfile::TempDir) -> (LocalStore, LocalStore) {
+        (
+            LocalStore::open(t.path().join("a")).unwrap(),
+            LocalStore::open(t.path().join("b")).unwrap(),
+        )
+    }
+
     /// A successful record of `output`, signed by `key`, stored in `store`.
     fn record(store: &LocalStore, key: &SigningKey, output: Digest) -> Digest {
+        record_of(store, key, Digest::of(b"an action not stored"), output)
+    }
+
+    /// [`record`] of the action `action`.
+    fn record_of(store: &LocalStore, key: &SigningKey, action: Digest, output: Digest) -> Digest {
         let log = store.txn().and_then(|t| {
             let d = t.put_blob(b"a log")?;
             t.commit().map(|_| d)
         });
-        let log = log.unwrap();
         let r = BuildRecord {
-            format: RECORD_FORMAT,
-            action_digest: Digest::of(b"an action not stored"),
-            closure_digest: log,
-            toolchain_digest: log,
             view_digest: Digest::of(b"a view never copied"),
-            fetch_lock_digest: None,
             outputs: BTreeMap::from([("out".parse().unwrap(), output)]),
-            interface_manifest_digest: None,
-            observed_read_set_digest: log,
-            read_set_size: 0,
-            read_set_complete: true,
-            log_digest: log,
-            stderr_digest: None,
-            exit: ExitStatus::Exited { code: 0 },
-            violations: Vec::new(),
-            failure: None,
-            check_of: None,
-            reused: None,
-            pruned_from: None,
-            variations: BTreeMap::new(),
-            diffoscope: None,
-            resources: ResourceUse::default(),
-            executor: "test".into(),
+            ..cache::test_record(action, log.unwrap())
         };
         sign::store_record(store, &sign::sign(r, key)).unwrap()
     }
@@ -521,11 +497,7 @@ mod tests {
     #[test]
     fn a_shallow_output_is_received_and_indexed() {
         let t = tempfile::tempdir().unwrap();
-        let (src, dst) = (t.path().join("a"), t.path().join("b"));
-        let (src, dst) = (
-            LocalStore::open(src).unwrap(),
-            LocalStore::open(dst).unwrap(),
-        );
+        let (src, dst) = stores(&t);
         let key = SigningKey::from_bytes(&[3; 32]);
         let top = chain(&src, 40);
         let rec = record(&src, &key, top);
@@ -542,13 +514,24 @@ mod tests {
     }
 
     #[test]
+    fn a_message_lists_a_few_records_and_counts_the_rest() {
+        let d = |i: u8| Digest::of(&[i]);
+        let few: Vec<Digest> = (0..3).map(d).collect();
+        assert_eq!(
+            listed(few.iter(), 5),
+            format!("{}, {}, {}", d(0), d(1), d(2))
+        );
+        let many: Vec<Digest> = (0..40).map(d).collect();
+        let shown = listed(many.iter(), 5);
+        assert!(shown.starts_with(&d(0).to_string()), "{shown}");
+        assert!(shown.ends_with(", and 35 more"), "{shown}");
+        assert!(!shown.contains(&d(5).to_string()), "{shown}");
+    }
+
+    #[test]
     fn an_output_deeper_than_the_store_takes_is_refused_and_nothing_lands() {
         let t = tempfile::tempdir().unwrap();
-        let (src, dst) = (t.path().join("a"), t.path().join("b"));
-        let (src, dst) = (
-            LocalStore::open(src).unwrap(),
-            LocalStore::open(dst).unwrap(),
-        );
+        let (src, dst) = stores(&t);
         let key = SigningKey::from_bytes(&[3; 32]);
         let top = chain(&src, castore::fs_tree::MAX_DEPTH + 1);
         let rec = record(&src, &key, top);
@@ -561,14 +544,75 @@ mod tests {
         assert!(!dst.root().join("actions").exists());
     }
 
+    /// The directories a copy brings count what they name below them in
+    /// the receiving store: one over a tree there as deep as the store
+    /// takes is one too many.
+    #[test]
+    fn an_output_stacked_on_a_deep_tree_the_store_has_is_refused() {
+        let t = tempfile::tempdir().unwrap();
+        let (src, dst) = stores(&t);
+        let key = SigningKey::from_bytes(&[3; 32]);
+        let deep = chain(&src, castore::fs_tree::MAX_DEPTH);
+        let a = record(&src, &key, deep);
+        copy::to_store(&src, &dst, &[a], &trust(&key)).unwrap();
+        assert!(dst.get_directory(&deep).is_ok());
+        // B's output: one directory over A's.
+        let mut up = Directory::new();
+        up.insert(
+            Name::new(b"d").unwrap(),
+            Node::Directory {
+                digest: deep,
+                size: 1,
+            },
+        )
+        .unwrap();
+        let over = src.put_directory(&up).unwrap();
+        let action = Digest::of(b"another action");
+        let b = record_of(&src, &key, action, over);
+        for (what, copied) in [
+            (
+                "store to store",
+                copy::to_store(&src, &dst, &[b], &trust(&key)),
+            ),
+            ("by bundle", {
+                let p = t.path().join("b.bundle");
+                copy::to_bundle(&src, &[b], &p).unwrap();
+                copy::from_bundle(&p, &dst, &[b], &trust(&key))
+            }),
+        ] {
+            match copied {
+                Err(Error::Store(castore::Error::TreeTooDeep { root, .. })) => {
+                    assert_eq!(root, over, "{what}")
+                }
+                other => panic!("{what}: {other:?}"),
+            }
+            assert!(!dst.has(ObjectKind::Blob, &b), "{what}");
+            assert!(!dst.has(ObjectKind::Directory, &over), "{what}");
+            let cache = cache::ActionCache::new(&dst, key.verifying_key(), &[]).unwrap();
+            let found = cache.lookup(&action).unwrap();
+            assert!(found.hit.is_none() && found.rejected.is_empty(), "{what}");
+        }
+    }
+
+    /// A record is a few KiB: one past a mebibyte is refused before it is
+    /// parsed.
+    #[test]
+    fn a_record_past_a_mebibyte_is_refused_unparsed() {
+        assert_eq!(MAX_RECORD_BYTES, 1 << 20);
+        let t = tempfile::tempdir().unwrap();
+        let (_, dst) = stores(&t);
+        let mut rx = Receiver::new(&dst, &[], "a test".into()).unwrap();
+        let bytes = vec![b' '; MAX_RECORD_BYTES as usize + 1];
+        match rx.record(&Digest::of(&bytes), &bytes) {
+            Err(Error::BadRecord(why)) => assert!(why.contains("more than a record's"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+
     #[test]
     fn a_source_missing_an_output_object_is_refused_naming_it() {
         let t = tempfile::tempdir().unwrap();
-        let (src, dst) = (t.path().join("a"), t.path().join("b"));
-        let (src, dst) = (
-            LocalStore::open(src).unwrap(),
-            LocalStore::open(dst).unwrap(),
-        );
+        let (src, dst) = stores(&t);
         let key = SigningKey::from_bytes(&[3; 32]);
         let gone = Digest::of(b"a directory never stored");
         let rec = record(&src, &key, gone);

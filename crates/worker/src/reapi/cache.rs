@@ -525,11 +525,7 @@ impl ReapiCache {
             uploads.push(Upload::Bytes(sha.clone(), bytes));
             sha
         });
-        let mut named: Vec<Digest> =
-            vec![r.log_digest, r.observed_read_set_digest, r.action_digest];
-        named.extend(r.stderr_digest);
-        named.extend(r.interface_manifest_digest);
-        named.extend(r.fetch_lock_digest);
+        let mut named: Vec<Digest> = r.kept_blobs();
         named.retain(|d| self.store.has(ObjectKind::Blob, d));
         uploads.extend(named.iter().map(|d| Upload::Stored(*d)));
         // Each output's directories and files.
