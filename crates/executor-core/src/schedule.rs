@@ -48,12 +48,10 @@ pub struct Priority {
 /// one pass from the root down (nodes are in dependency order), so
 /// O(actions + references).
 pub fn priorities(graph: &ActionGraph, expected_ms: &[u64]) -> Vec<Priority> {
-    let dependents = graph.dependents();
     let n = graph.nodes().len();
     let mut out = vec![Priority::default(); n];
     for i in (0..n).rev() {
-        let below = dependents[i]
-            .iter()
+        let below = (graph.dependents(i).iter())
             .map(|&d| out[d].remaining_ms)
             .max()
             .unwrap_or(0);
@@ -63,7 +61,7 @@ pub fn priorities(graph: &ActionGraph, expected_ms: &[u64]) -> Vec<Priority> {
                 .copied()
                 .unwrap_or(0)
                 .saturating_add(below),
-            dependents: u32::try_from(dependents[i].len()).unwrap_or(u32::MAX),
+            dependents: u32::try_from(graph.dependents(i).len()).unwrap_or(u32::MAX),
         };
     }
     out
@@ -142,7 +140,6 @@ struct State<T, E> {
 /// One graph being run.
 struct Run<'a, T, E, W> {
     graph: &'a ActionGraph,
-    dependents: Vec<Vec<usize>>,
     priority: &'a [Priority],
     options: &'a Options,
     watch: &'a W,
@@ -172,7 +169,6 @@ where
     let waiting_for: Vec<usize> = (0..n).map(|i| graph.dependencies(i).len()).collect();
     let run = Run {
         graph,
-        dependents: graph.dependents(),
         priority,
         options,
         watch,
@@ -276,8 +272,8 @@ where
                 let inputs: Vec<(usize, BTreeMap<OutputName, Digest>)> = self
                     .graph
                     .dependencies(i)
-                    .into_iter()
-                    .filter_map(|j| s.outputs[j].clone().map(|o| (j, o)))
+                    .iter()
+                    .filter_map(|&j| s.outputs[j].clone().map(|o| (j, o)))
                     .collect();
                 (i, inputs)
             };
@@ -315,7 +311,7 @@ where
         s.outputs[i] = outputs;
         s.ends[i] = Some(end);
         if made {
-            for &d in &self.dependents[i] {
+            for &d in self.graph.dependents(i) {
                 s.waiting_for[d] -= 1;
                 if s.waiting_for[d] == 0 && s.ends[d].is_none() {
                     self.make_ready(s, d);
@@ -327,7 +323,7 @@ where
             s.stopped = true;
         }
         // Everything above it can never be built: say so now, each once.
-        let mut stack = self.dependents[i].clone();
+        let mut stack = self.graph.dependents(i).to_vec();
         while let Some(d) = stack.pop() {
             if s.ends[d].is_some() {
                 continue;
@@ -335,7 +331,7 @@ where
             let end = End::Unbuilt { because: i };
             self.watch.ended(d, None, &end);
             s.ends[d] = Some(end);
-            stack.extend(self.dependents[d].iter().copied());
+            stack.extend_from_slice(self.graph.dependents(d));
         }
     }
 }

@@ -134,7 +134,7 @@ impl GraphWatch {
         let n = graph.nodes().len();
         GraphWatch {
             names,
-            deps: (0..n).map(|i| graph.dependencies(i)).collect(),
+            deps: (0..n).map(|i| graph.dependencies(i).to_vec()).collect(),
             expected_ms,
             priority,
             known,

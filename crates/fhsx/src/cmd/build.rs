@@ -423,7 +423,7 @@ fn rewind(
         let m = made
             .lock()
             .map_err(|_| anyhow::anyhow!("a build thread panicked"))?;
-        graph.dependencies(i).into_iter().find_map(|j| {
+        graph.dependencies(i).iter().find_map(|&j| {
             let d = m[j].as_ref()?;
             d.outputs
                 .values()
