@@ -533,9 +533,21 @@ fn root_of(
     mut ends: Vec<End<Built, anyhow::Error>>,
     cancelled: bool,
 ) -> anyhow::Result<Built> {
+    // A bug of fhsx, not of the build.
+    let panicked = |node: &GraphNode, message: &str| -> anyhow::Error {
+        Classified(
+            ExitClass::BuildFailed,
+            format!(
+                "fhsx panicked building {} (a bug in fhsx; please report it): {message}",
+                node.file.display()
+            ),
+        )
+        .into()
+    };
     let because = match ends.pop() {
         Some(End::Made(b)) | Some(End::Failed(b)) => return Ok(b),
         Some(End::Error(e)) => return Err(e),
+        Some(End::Panicked(m)) => return Err(panicked(graph.root(), &m)),
         Some(End::Unbuilt { because }) => because,
         Some(End::NotStarted) | None => {
             return Err(Classified(
@@ -551,6 +563,7 @@ fn root_of(
     };
     match std::mem::replace(&mut ends[because], End::NotStarted) {
         End::Error(e) => Err(e),
+        End::Panicked(m) => Err(panicked(&graph.nodes()[because], &m)),
         End::Failed(b) => {
             let rec = &b.outcome.record.record;
             Err(Classified(
