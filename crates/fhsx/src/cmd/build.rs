@@ -346,7 +346,6 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
             // A hint for the next schedule: losing it costs a guess.
             let entry = Entry {
                 file: node.file_digest,
-                record: outcome.record_digest,
                 wall_ms: rec.resources.wall_ms,
             };
             let _ = history.put(&keys[i], &entry);
@@ -491,6 +490,10 @@ fn expected_ms(
     history: &History,
     keys: &[castore::Digest],
 ) -> (Vec<u64>, bool) {
+    if keys.len() < 2 {
+        // One action: no order to choose.
+        return (vec![HIT_MS; keys.len()], false);
+    }
     let last: Vec<Option<Entry>> = keys.iter().map(|k| history.get(k)).collect();
     let (sum, count) = last.iter().flatten().fold((0u64, 0u64), |(s, c), e| {
         (s.saturating_add(e.wall_ms), c + 1)
