@@ -53,21 +53,7 @@ fn as_root_every_guarantee_holds_and_as_a_user_what_is_missing_is_named_with_its
     support::no_leftovers(t.path());
 
     // The same binary as an unprivileged user.
-    let add = Command::new("useradd")
-        .args([
-            "--system",
-            "--no-create-home",
-            "--shell",
-            "/usr/sbin/nologin",
-            DOCTOR_USER,
-        ])
-        .output()
-        .expect("useradd is needed to create the unprivileged test user: `apt-get install passwd`");
-    assert!(
-        add.status.success() || add.status.code() == Some(9),
-        "{}",
-        text(&add)
-    );
+    support::system_user(DOCTOR_USER);
     let exe = t.path().join("fhsx");
     fs::copy(support::fhsx_exe(), &exe).unwrap();
     fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();

@@ -567,19 +567,10 @@ fn root_of(
     match std::mem::replace(&mut ends[because], End::NotStarted) {
         End::Error(e) => Err(e),
         End::Panicked(m) => Err(panicked(&graph.nodes()[because], &m)),
-        End::Failed(b) => {
-            let rec = &b.outcome.record.record;
-            Err(Classified(
-                ExitClass::BuildFailed,
-                format!(
-                    "{} failed ({}), so what refers to it cannot be built; its log is blob {}",
-                    graph.nodes()[because].file.display(),
-                    how_it_failed(rec),
-                    rec.log_digest
-                ),
-            )
-            .into())
-        }
+        End::Failed(b) => Err(failed_dependency(
+            &graph.nodes()[because],
+            &b.outcome.record.record,
+        )),
         _ => Err(Classified(
             ExitClass::BuildFailed,
             "an action the root refers to was not built".into(),
@@ -812,7 +803,12 @@ fn dependency_ok(node: &GraphNode, is_root: bool, rec: &BuildRecord) -> anyhow::
     if is_root || rec.succeeded() {
         return Ok(());
     }
-    Err(Classified(
+    Err(failed_dependency(node, rec))
+}
+
+/// Why what refers to `node`, whose build ran and failed, cannot be built.
+fn failed_dependency(node: &GraphNode, rec: &BuildRecord) -> anyhow::Error {
+    Classified(
         ExitClass::BuildFailed,
         format!(
             "{} failed ({}), so what refers to it cannot be built; its log is blob {}",
@@ -821,7 +817,7 @@ fn dependency_ok(node: &GraphNode, is_root: bool, rec: &BuildRecord) -> anyhow::
             rec.log_digest
         ),
     )
-    .into())
+    .into()
 }
 
 /// Print a finished build's result; the exit code follows its status.
