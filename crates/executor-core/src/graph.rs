@@ -80,6 +80,8 @@ pub struct GraphNode {
     /// Each file it refers to, as written, and that file's node: found
     /// once at load, so resolving a reference touches no file.
     refers: HashMap<PathBuf, usize>,
+    /// The nodes it refers to, each once, ascending.
+    dependencies: Vec<usize>,
 }
 
 impl GraphNode {
@@ -96,6 +98,8 @@ pub struct ActionGraph {
     /// Topological order: each node after every node it refers to; the
     /// root last.
     nodes: Vec<GraphNode>,
+    /// Per node, the nodes that refer to it, each once, ascending.
+    dependents: Vec<Vec<usize>>,
 }
 
 impl ActionGraph {
@@ -114,9 +118,14 @@ impl ActionGraph {
             })
         })?;
         loader.visit(root, canonical, &chain)?;
-        Ok(ActionGraph {
-            nodes: loader.order,
-        })
+        let nodes = loader.order;
+        let mut dependents = vec![Vec::new(); nodes.len()];
+        for (i, node) in nodes.iter().enumerate() {
+            for &j in &node.dependencies {
+                dependents[j].push(i);
+            }
+        }
+        Ok(ActionGraph { nodes, dependents })
     }
 
     /// Dependencies first, the root last.
@@ -124,23 +133,16 @@ impl ActionGraph {
         &self.nodes
     }
 
-    /// The nodes node `i` refers to (each once; every one before `i`).
-    pub fn dependencies(&self, i: usize) -> Vec<usize> {
-        let mut d: Vec<usize> = self.nodes[i].refers.values().copied().collect();
-        d.sort_unstable();
-        d.dedup();
-        d
+    /// The nodes node `i` refers to (each once, ascending; every one
+    /// before `i`).
+    pub fn dependencies(&self, i: usize) -> &[usize] {
+        &self.nodes[i].dependencies
     }
 
-    /// For each node, the nodes that refer to it (each once).
-    pub fn dependents(&self) -> Vec<Vec<usize>> {
-        let mut out = vec![Vec::new(); self.nodes.len()];
-        for i in 0..self.nodes.len() {
-            for j in self.dependencies(i) {
-                out[j].push(i);
-            }
-        }
-        out
+    /// The nodes that refer to node `i` (each once, ascending; every one
+    /// after `i`).
+    pub fn dependents(&self, i: usize) -> &[usize] {
+        &self.dependents[i]
     }
 
     pub fn root(&self) -> &GraphNode {
@@ -239,25 +241,24 @@ impl Loader {
                 chain: chain.to_vec(),
             });
         }
-        let text = std::fs::read_to_string(&canonical).map_err(|source| ActionError::Read {
-            file: canonical.clone(),
-            source,
-        });
-        let file_digest = text
-            .as_ref()
-            .map_or(Digest::of(b""), |t| Digest::of(t.as_bytes()));
-        let action = text
-            .and_then(|t| ActionFile::from_text(&t, &canonical))
-            .map_err(|source| {
-                if chain.len() < 2 {
-                    GraphError::Root(source)
-                } else {
-                    GraphError::Action {
-                        chain: chain.to_vec(),
-                        source,
-                    }
+        let unusable = |source| {
+            if chain.len() < 2 {
+                GraphError::Root(source)
+            } else {
+                GraphError::Action {
+                    chain: chain.to_vec(),
+                    source,
                 }
-            })?;
+            }
+        };
+        let text = std::fs::read_to_string(&canonical).map_err(|source| {
+            unusable(ActionError::Read {
+                file: canonical.clone(),
+                source,
+            })
+        })?;
+        let file_digest = Digest::of(text.as_bytes());
+        let action = ActionFile::from_text(&text, &canonical).map_err(unusable)?;
         self.path.insert(canonical.clone());
         let dir = canonical.parent().unwrap_or(Path::new("/")).to_path_buf();
         let shown_dir = shown.parent().unwrap_or(Path::new("")).to_path_buf();
@@ -296,6 +297,9 @@ impl Loader {
         self.path.remove(&canonical);
         let names = action.outputs.names.clone();
         let index = self.order.len();
+        let mut dependencies: Vec<usize> = refers.values().copied().collect();
+        dependencies.sort_unstable();
+        dependencies.dedup();
         self.done.insert(canonical.clone(), (names.clone(), index));
         self.order.push(GraphNode {
             file: shown.to_path_buf(),
@@ -303,6 +307,7 @@ impl Loader {
             action,
             file_digest,
             refers,
+            dependencies,
         });
         Ok((names, index))
     }
@@ -350,6 +355,10 @@ mod tests {
             .map(|n| n.file.file_name().unwrap().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, ["fetch.toml", "lib.toml", "app.toml"]);
+        // lib is referred to twice, by two spellings: one edge.
+        assert_eq!(g.dependencies(2), [0, 1]);
+        assert_eq!(g.dependents(0), [1, 2]);
+        assert_eq!(g.dependents(1), [2]);
         let mut seen = Vec::new();
         let root = g
             .build_all(

@@ -10,9 +10,10 @@
 //! build resolves it, so the same graph makes the same digests at any
 //! `jobs`.
 //!
-//! A failure — a build that ran and failed, or one that could not be
-//! built — leaves every action that depends on it, directly or not,
-//! unbuilt. With `keep_going` everything else is still built (make's
+//! A failure — a build that ran and failed, one that could not be built,
+//! or one whose closure panicked (a bug, caught: the other slots end as
+//! they would after a failure, instead of waiting for it) — leaves every
+//! action that depends on it, directly or not, unbuilt. With `keep_going` everything else is still built (make's
 //! `-k`); without it nothing new starts, and the actions already running
 //! finish, as cargo's do: their results are kept, since each was asked
 //! for. A cancel flag (Ctrl-C) stops the starting too; stopping what runs
@@ -24,6 +25,7 @@
 
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap};
+use std::panic::AssertUnwindSafe;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -48,12 +50,10 @@ pub struct Priority {
 /// one pass from the root down (nodes are in dependency order), so
 /// O(actions + references).
 pub fn priorities(graph: &ActionGraph, expected_ms: &[u64]) -> Vec<Priority> {
-    let dependents = graph.dependents();
     let n = graph.nodes().len();
     let mut out = vec![Priority::default(); n];
     for i in (0..n).rev() {
-        let below = dependents[i]
-            .iter()
+        let below = (graph.dependents(i).iter())
             .map(|&d| out[d].remaining_ms)
             .max()
             .unwrap_or(0);
@@ -63,7 +63,7 @@ pub fn priorities(graph: &ActionGraph, expected_ms: &[u64]) -> Vec<Priority> {
                 .copied()
                 .unwrap_or(0)
                 .saturating_add(below),
-            dependents: u32::try_from(dependents[i].len()).unwrap_or(u32::MAX),
+            dependents: u32::try_from(graph.dependents(i).len()).unwrap_or(u32::MAX),
         };
     }
     out
@@ -99,6 +99,8 @@ pub enum End<T, E> {
     Failed(T),
     /// It could not be built (its inputs, the store, the sandbox).
     Error(E),
+    /// Building it panicked (a bug): the panic's message.
+    Panicked(String),
     /// An action it depends on did not succeed: the first one found.
     Unbuilt { because: usize },
     /// Never started: the graph stopped (an earlier failure without
@@ -134,15 +136,21 @@ struct State<T, E> {
     waiting_for: Vec<usize>,
     outputs: Vec<Option<BTreeMap<OutputName, Digest>>>,
     ends: Vec<Option<End<T, E>>>,
-    running: usize,
+    /// Per slot, the node it runs.
+    busy: Vec<Option<usize>>,
     /// A failure without `keep_going`: start nothing more.
     stopped: bool,
+}
+
+impl<T, E> State<T, E> {
+    fn running(&self) -> bool {
+        self.busy.iter().any(Option::is_some)
+    }
 }
 
 /// One graph being run.
 struct Run<'a, T, E, W> {
     graph: &'a ActionGraph,
-    dependents: Vec<Vec<usize>>,
     priority: &'a [Priority],
     options: &'a Options,
     watch: &'a W,
@@ -170,9 +178,9 @@ where
 {
     let n = graph.nodes().len();
     let waiting_for: Vec<usize> = (0..n).map(|i| graph.dependencies(i).len()).collect();
+    let slots = options.jobs.clamp(1, n.max(1));
     let run = Run {
         graph,
-        dependents: graph.dependents(),
         priority,
         options,
         watch,
@@ -181,7 +189,7 @@ where
             waiting_for,
             outputs: (0..n).map(|_| None).collect(),
             ends: (0..n).map(|_| None).collect(),
-            running: 0,
+            busy: vec![None; slots],
             stopped: false,
         }),
         changed: Condvar::new(),
@@ -194,17 +202,17 @@ where
             }
         }
     }
-    let slots = options.jobs.clamp(1, n.max(1));
     std::thread::scope(|scope| {
-        for slot in 0..slots {
+        for slot in 1..slots {
             let (run, import, build) = (&run, &import, &build);
             std::thread::Builder::new()
                 .name(format!("fhsx-slot-{slot}"))
                 .spawn_scoped(scope, move || run.slot(slot, import, build))
                 // Without a thread of its own a slot is one fewer; the
-                // first always runs on this one's scope.
+                // first always runs, on this thread.
                 .ok();
         }
+        run.slot(0, &import, &build);
     });
     let state = run
         .state
@@ -242,8 +250,34 @@ where
     }
 
     /// One slot: take the best ready action, build it, let what it
-    /// unblocks become ready; until nothing is ready or running.
+    /// unblocks become ready; until nothing is ready or running. A panic
+    /// ends the action it was running as [`End::Panicked`], and the slot
+    /// goes on.
     fn slot(
+        &self,
+        slot: usize,
+        import: &(impl Fn(&Path) -> Result<Vec<Digest>, E> + Sync),
+        build: &(impl Fn(usize, &GraphNode, Action, usize) -> Result<Step<T>, E> + Sync),
+    ) {
+        while let Err(panic) =
+            std::panic::catch_unwind(AssertUnwindSafe(|| self.run_slot(slot, import, build)))
+        {
+            let message = (panic.downcast_ref::<&str>().copied())
+                .or(panic.downcast_ref::<String>().map(String::as_str))
+                .unwrap_or("(no message)")
+                .to_owned();
+            let mut s = self.lock();
+            // Freed before the watch is told, so that the other slots never
+            // wait for this one, whatever telling it does.
+            let running = s.busy[slot].take();
+            self.changed.notify_all();
+            if let Some(i) = running {
+                self.finish(&mut s, i, slot, (None, End::Panicked(message)));
+            }
+        }
+    }
+
+    fn run_slot(
         &self,
         slot: usize,
         import: &(impl Fn(&Path) -> Result<Vec<Digest>, E> + Sync),
@@ -260,7 +294,7 @@ where
                     if let Some((_, Reverse(i))) = s.ready.pop() {
                         break i;
                     }
-                    if s.running == 0 {
+                    if !s.running() {
                         // Nothing ready, nothing that could make anything
                         // ready: the graph is done.
                         self.changed.notify_all();
@@ -271,13 +305,13 @@ where
                         .wait(s)
                         .unwrap_or_else(|poisoned| poisoned.into_inner());
                 };
-                s.running += 1;
+                s.busy[slot] = Some(i);
                 self.watch.started(i, slot);
                 let inputs: Vec<(usize, BTreeMap<OutputName, Digest>)> = self
                     .graph
                     .dependencies(i)
-                    .into_iter()
-                    .filter_map(|j| s.outputs[j].clone().map(|o| (j, o)))
+                    .iter()
+                    .filter_map(|&j| s.outputs[j].clone().map(|o| (j, o)))
                     .collect();
                 (i, inputs)
             };
@@ -297,7 +331,7 @@ where
                 Err(e) => (None, End::Error(e)),
             };
             let mut s = self.lock();
-            s.running -= 1;
+            s.busy[slot] = None;
             self.finish(&mut s, i, slot, end);
             self.changed.notify_all();
         }
@@ -315,7 +349,7 @@ where
         s.outputs[i] = outputs;
         s.ends[i] = Some(end);
         if made {
-            for &d in &self.dependents[i] {
+            for &d in self.graph.dependents(i) {
                 s.waiting_for[d] -= 1;
                 if s.waiting_for[d] == 0 && s.ends[d].is_none() {
                     self.make_ready(s, d);
@@ -327,7 +361,7 @@ where
             s.stopped = true;
         }
         // Everything above it can never be built: say so now, each once.
-        let mut stack = self.dependents[i].clone();
+        let mut stack = self.graph.dependents(i).to_vec();
         while let Some(d) = stack.pop() {
             if s.ends[d].is_some() {
                 continue;
@@ -335,7 +369,7 @@ where
             let end = End::Unbuilt { because: i };
             self.watch.ended(d, None, &end);
             s.ends[d] = Some(end);
-            stack.extend(self.dependents[d].iter().copied());
+            stack.extend_from_slice(self.graph.dependents(d));
         }
     }
 }
@@ -397,6 +431,7 @@ mod tests {
                 End::Made(_) => "made",
                 End::Failed(_) => "failed",
                 End::Error(_) => "error",
+                End::Panicked(_) => "panicked",
                 End::Unbuilt { .. } => "unbuilt",
                 End::NotStarted => "not started",
             };
@@ -569,6 +604,60 @@ mod tests {
         assert_eq!(started, 1, "{events:?}");
         let not_started = ends.iter().filter(|e| matches!(e, End::NotStarted)).count();
         assert_eq!(not_started, 2, "ok1 and ok2: {ends:?}");
+    }
+
+    #[test]
+    fn a_build_that_panics_ends_as_panicked_and_the_graph_ends() {
+        let t = tempfile::tempdir().unwrap();
+        let g = graph(t.path(), &["root: top ok", "top: boom", "boom:", "ok:"]);
+        let by = |n: &str| (0..g.nodes().len()).find(|&i| name(&g, i) == n).unwrap();
+        for keep_going in [false, true] {
+            // On a thread of its own, so that a graph that hangs fails the
+            // test instead of hanging it.
+            let (tx, rx) = std::sync::mpsc::channel();
+            let g2 = g.clone();
+            std::thread::spawn(move || {
+                let log = Log::default();
+                let ends = run_graph(
+                    &g2,
+                    &priorities(&g2, &vec![1; g2.nodes().len()]),
+                    &options(2, keep_going),
+                    &log,
+                    |_| Ok::<_, GraphError>(vec![]),
+                    |i, _, a, _| {
+                        if name(&g2, i) == "boom" {
+                            panic!("boom went off");
+                        }
+                        std::thread::sleep(Duration::from_millis(20));
+                        Ok(Step {
+                            outputs: Some(out(&g2, i, &a)),
+                            value: String::new(),
+                        })
+                    },
+                );
+                let _ = tx.send((ends, log.0.into_inner().unwrap()));
+            });
+            let (ends, events) = rx
+                .recv_timeout(Duration::from_secs(60))
+                .expect("the graph ended after a build panicked");
+            assert!(
+                matches!(&ends[by("boom")], End::Panicked(m) if m == "boom went off"),
+                "{ends:?}"
+            );
+            assert!(
+                events.contains(&format!("panicked {}", by("boom"))),
+                "{events:?}"
+            );
+            for above in ["top", "root"] {
+                assert!(
+                    matches!(ends[by(above)], End::Unbuilt { because } if because == by("boom")),
+                    "{above}: {ends:?}"
+                );
+            }
+            if keep_going {
+                assert!(ends[by("ok")].made(), "{ends:?}");
+            }
+        }
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! the longest remaining path first.
 //!
 //! ```text
-//! STORE/history/ab/ab12…(key)   {"file":"b3:…","record":"b3:…","wall_ms":1234}
+//! STORE/memo/history-<key>   {"file":"b3:…","wall_ms":1234}
 //! ```
 //!
 //! A scheduler must know an action's duration before the action can be
@@ -10,20 +10,18 @@
 //! the key cannot be the action digest: it is the caller's name for the
 //! action (`fhsx build` hashes the action file's canonical path), stable
 //! across edits, as BuildXL keys its historic timings by a pip's stable
-//! name. Each entry names the record that ran last, with its wall time as
-//! that record states it (its own time, not a wait for a token), and the
-//! digest of the action file as it was then, so a scheduler can tell an
-//! action that will likely run again (its file changed, or something it
-//! depends on will run) from one the cache will likely answer. Only a
-//! build that ran and succeeded writes one; a hit changes nothing.
+//! name. Each entry holds the wall time of the last run as its record
+//! states it (its own time, not a wait for a token), and the digest of
+//! the action file as it was then, so a scheduler can tell an action that
+//! will likely run again (its file changed, or something it depends on
+//! will run) from one the cache will likely answer. Only a build that ran
+//! and succeeded writes one; a hit changes nothing.
 //!
-//! An entry is a hint like every index here: written whole (a temporary
-//! file renamed over it), read in at most [`MAX_ENTRY_BYTES`], and one
-//! that is missing or unreadable only makes the scheduler guess.
-
-use std::fs;
-use std::io::{Read, Write};
-use std::path::PathBuf;
+//! An entry is a memo of the store ([`LocalStore::remember`]), a hint like
+//! every memo: written whole, and one that is missing or unreadable only
+//! makes the scheduler guess. Every gc forgets the memos, these with them,
+//! so the first schedule after a gc is a guess (every action expected to
+//! take as long as any other), as on a fresh store.
 
 use castore::store::LocalStore;
 use castore::Digest;
@@ -31,27 +29,25 @@ use serde::{Deserialize, Serialize};
 
 use crate::Error;
 
-/// No entry is read past this.
-pub const MAX_ENTRY_BYTES: u64 = 512;
+/// The memos' kind ([`LocalStore::remember`]).
+const MEMO: &str = "history";
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
     /// The action file's bytes' digest when it ran.
     pub file: Digest,
-    /// The record of the run timed.
-    pub record: Digest,
     pub wall_ms: u64,
 }
 
 /// The history of one store.
 pub struct History {
-    dir: PathBuf,
+    store: LocalStore,
 }
 
 impl History {
     pub fn open(store: &LocalStore) -> History {
         History {
-            dir: store.root().join("history"),
+            store: store.clone(),
         }
     }
 
@@ -63,34 +59,15 @@ impl History {
         Digest::from(h.finalize())
     }
 
-    fn path(&self, key: &Digest) -> PathBuf {
-        let hex = key.hex();
-        self.dir.join(&hex[..2]).join(hex)
-    }
-
     /// The last timed run of `key`, if one is known.
     pub fn get(&self, key: &Digest) -> Option<Entry> {
-        let mut text = Vec::new();
-        fs::File::open(self.path(key))
-            .ok()?
-            .take(MAX_ENTRY_BYTES)
-            .read_to_end(&mut text)
-            .ok()?;
-        serde_json::from_slice(&text).ok()
+        serde_json::from_slice(&self.store.recall(MEMO, key)?).ok()
     }
 
     /// Remember that `key` last ran as `entry`.
     pub fn put(&self, key: &Digest, entry: &Entry) -> Result<(), Error> {
-        let path = self.path(key);
-        let dir = path.parent().unwrap_or(&self.dir);
-        fs::create_dir_all(dir).map_err(|e| Error::io("create", dir, e))?;
-        let mut tmp = tempfile::NamedTempFile::new_in(dir)
-            .map_err(|e| Error::io("create a file in", dir, e))?;
         let bytes = serde_json::to_vec(entry).map_err(|e| Error::Other(e.to_string()))?;
-        tmp.write_all(&bytes)
-            .map_err(|e| Error::io("write", tmp.path(), e))?;
-        tmp.persist(&path)
-            .map_err(|e| Error::io("rename into", &path, e.error))?;
+        self.store.remember(MEMO, key, &bytes)?;
         Ok(())
     }
 }
@@ -100,7 +77,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn an_entry_is_the_last_put_and_garbage_is_none() {
+    fn an_entry_is_the_last_put_garbage_is_none_and_gc_forgets_it() {
         let t = tempfile::tempdir().unwrap();
         let store = LocalStore::open(t.path()).unwrap();
         let h = History::open(&store);
@@ -108,14 +85,16 @@ mod tests {
         assert_eq!(h.get(&k), None);
         let e = |ms| Entry {
             file: Digest::of(b"f"),
-            record: Digest::of(b"r"),
             wall_ms: ms,
         };
         h.put(&k, &e(10)).unwrap();
         h.put(&k, &e(20)).unwrap();
         assert_eq!(h.get(&k), Some(e(20)));
         assert_ne!(k, History::key(b"/src/zlib/other.toml"));
-        fs::write(h.path(&k), vec![b'{'; 10_000]).unwrap();
+        store.remember(MEMO, &k, &[b'{'; 10_000]).unwrap();
+        assert_eq!(h.get(&k), None);
+        h.put(&k, &e(30)).unwrap();
+        castore::gc::gc(&store, &[]).unwrap();
         assert_eq!(h.get(&k), None);
     }
 }

@@ -61,6 +61,9 @@ pub const TICK: Duration = Duration::from_millis(10);
 /// How long a spare must sit unread before it is taken back for another
 /// running build.
 pub const IDLE: Duration = Duration::from_millis(50);
+/// How long a build waiting to start sleeps before it looks at its cancel
+/// flag again (a token granted to it wakes it at once).
+const RECHECK: Duration = Duration::from_millis(50);
 
 /// The token the pool writes (make writes back what it read; any byte
 /// counts).
@@ -93,6 +96,8 @@ struct Shared {
     wake: OwnedFd,
     /// The waiters': a token was granted.
     granted: Condvar,
+    /// How long a waiter sleeps without being woken ([`RECHECK`]).
+    recheck: Duration,
 }
 
 #[derive(Default)]
@@ -150,25 +155,7 @@ enum Claimant {
 impl TokenPool {
     /// A pool of `size` tokens (at least 1), with its broker thread.
     pub fn new(size: usize) -> Result<Arc<TokenPool>, Error> {
-        let size = size.max(1);
-        // SAFETY: eventfd takes integer arguments and returns a new fd.
-        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
-        if fd < 0 {
-            return Err(Error::Other(format!(
-                "making the token pool's wake-up descriptor: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        let shared = Arc::new(Shared {
-            size,
-            state: Mutex::new(State {
-                free: size,
-                ..State::default()
-            }),
-            // SAFETY: a descriptor eventfd just returned, owned here only.
-            wake: unsafe { OwnedFd::from_raw_fd(fd) },
-            granted: Condvar::new(),
-        });
+        let shared = Shared::new(size, RECHECK)?;
         let s = shared.clone();
         let broker = std::thread::Builder::new()
             .name("fhsx-tokens".into())
@@ -194,7 +181,7 @@ impl TokenPool {
         s.next += 1;
         s.waiting.insert((Reverse(priority), seq));
         loop {
-            s.tick(Instant::now());
+            shared.tick(&mut s);
             if s.granted.remove(&seq) {
                 s.leases.insert(
                     seq,
@@ -223,7 +210,7 @@ impl TokenPool {
             shared.wake_broker();
             s = shared
                 .granted
-                .wait_timeout(s, Duration::from_millis(50))
+                .wait_timeout(s, shared.recheck)
                 .map(|(g, _)| g)
                 .unwrap_or_else(|p| p.into_inner().0);
         }
@@ -304,7 +291,7 @@ impl Lease {
             h.pipes = Some(Pipes { spares, returns });
             h.last_take = Instant::now();
         }
-        s.tick(Instant::now());
+        self.shared.tick(&mut s);
         self.shared.wake_broker();
         Ok(js)
     }
@@ -316,9 +303,8 @@ impl Drop for Lease {
         if let Some(h) = s.leases.remove(&self.id) {
             s.free += 1 + h.out;
         }
-        s.tick(Instant::now());
+        self.shared.tick(&mut s);
         drop(s);
-        self.shared.granted.notify_all();
         self.shared.wake_broker();
         for f in &self.fifos {
             let _ = std::fs::remove_file(f);
@@ -369,8 +355,42 @@ fn drain(pipe: &mut File, n: usize) -> usize {
 }
 
 impl Shared {
+    fn new(size: usize, recheck: Duration) -> Result<Arc<Shared>, Error> {
+        let size = size.max(1);
+        // SAFETY: eventfd takes integer arguments and returns a new fd.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_NONBLOCK) };
+        if fd < 0 {
+            return Err(Error::Other(format!(
+                "making the token pool's wake-up descriptor: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        Ok(Arc::new(Shared {
+            size,
+            state: Mutex::new(State {
+                free: size,
+                ..State::default()
+            }),
+            // SAFETY: a descriptor eventfd just returned, owned here only.
+            wake: unsafe { OwnedFd::from_raw_fd(fd) },
+            granted: Condvar::new(),
+            recheck,
+        }))
+    }
+
     fn lock(&self) -> MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// [`State::tick`], waking the waiters if it granted any a token:
+    /// whoever ticks (the broker, a build starting, opening its jobserver
+    /// or ending) may grant another build's.
+    fn tick(&self, s: &mut State) {
+        let granted_before = s.granted.len();
+        s.tick(Instant::now());
+        if s.granted.len() != granted_before {
+            self.granted.notify_all();
+        }
     }
 
     fn wake_broker(&self) {
@@ -390,11 +410,7 @@ impl Shared {
                 if s.shutdown {
                     return;
                 }
-                let granted_before = s.granted.len();
-                s.tick(Instant::now());
-                if s.granted.len() != granted_before {
-                    self.granted.notify_all();
-                }
+                self.tick(&mut s);
                 let mut fds: Vec<RawFd> = vec![self.wake.as_raw_fd()];
                 fds.extend(
                     s.leases
@@ -695,6 +711,38 @@ mod tests {
         assert!(waiting_bytes(&m.take).unwrap() <= 1);
         drop(lease);
         assert_eq!(pool.usage().in_use, 0);
+    }
+
+    #[test]
+    fn a_token_granted_by_another_builds_tick_wakes_its_waiter() {
+        let t = tempfile::tempdir().unwrap();
+        // No broker, and a waiter that would sleep a minute unless woken:
+        // only the ticks of acquire, open_jobserver and a lease's drop
+        // grant anything here.
+        let pool = Arc::new(TokenPool {
+            shared: Shared::new(2, Duration::from_secs(60)).unwrap(),
+            broker: None,
+        });
+        let (_a, mut ma) = jobserver(&pool, t.path(), 0);
+        assert_eq!(ma.take_all(), 1);
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn({
+            let pool = pool.clone();
+            move || {
+                let _ = tx.send(pool.acquire(5, None).map(|_| ()));
+            }
+        });
+        while pool.usage().waiting == 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        // a's job gives its token back; a build that then gives up waiting
+        // ticks, which reads the return and grants it to the first waiter.
+        ma.give_back(1);
+        let cancel = AtomicBool::new(true);
+        assert!(pool.acquire(0, Some(&cancel)).is_err());
+        rx.recv_timeout(Duration::from_secs(10))
+            .expect("the waiter was woken when its token was granted")
+            .unwrap();
     }
 
     #[test]

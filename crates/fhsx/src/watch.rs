@@ -134,7 +134,7 @@ impl GraphWatch {
         let n = graph.nodes().len();
         GraphWatch {
             names,
-            deps: (0..n).map(|i| graph.dependencies(i)).collect(),
+            deps: (0..n).map(|i| graph.dependencies(i).to_vec()).collect(),
             expected_ms,
             priority,
             known,
@@ -378,6 +378,7 @@ impl GraphWatch {
                 )
             }
             End::Error(e) => (format!("{:#}", e), None),
+            End::Panicked(m) => (format!("fhsx panicked building it: {m}"), None),
             _ => (String::new(), None),
         }
     }
@@ -447,7 +448,7 @@ impl Watch<Built, anyhow::Error> for GraphWatch {
                 let how = if reused { "validated" } else { "built   " };
                 (v, format!("{how} {name} in {}", clock(ran)))
             }
-            End::Failed(_) | End::Error(_) => {
+            End::Failed(_) | End::Error(_) | End::Panicked(_) => {
                 t.failed.push(node);
                 let (how, log) = self.failure_text(end);
                 let record = match end {

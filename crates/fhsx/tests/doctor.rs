@@ -29,6 +29,33 @@ fn findings(v: &Value) -> Vec<(String, bool, Option<String>)> {
         .collect()
 }
 
+/// What the sandbox's probe tried, as the contract findings say: it
+/// wrote, and it connected, and every try failed.
+fn assert_tried(v: &Value) {
+    let how = |name: &str| {
+        v["findings"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|f| f["guarantee"] == name)
+            .and_then(|f| f["how"].as_str())
+            .unwrap_or_else(|| panic!("{name}: {v}"))
+            .to_owned()
+    };
+    let writes = how("no write outside the scratch");
+    assert!(
+        writes.starts_with("tried: writing to /, /usr/, /etc/ failed")
+            && writes.contains("only the scratch took a file"),
+        "{writes}"
+    );
+    let network = how("no network");
+    assert!(
+        network.starts_with("tried: a TCP connect to this host at 127.0.0.1:")
+            && network.contains(", where fhsx listened, failed"),
+        "{network}"
+    );
+}
+
 #[test]
 fn as_root_every_guarantee_holds_and_as_a_user_what_is_missing_is_named_with_its_fix() {
     // SAFETY: geteuid has no preconditions.
@@ -49,25 +76,12 @@ fn as_root_every_guarantee_holds_and_as_a_user_what_is_missing_is_named_with_its
     for (what, holds, _) in findings(&v) {
         assert!(holds, "{what} does not hold as root: {v}");
     }
+    assert_tried(&v);
     // Nothing of the probes is left behind.
     support::no_leftovers(t.path());
 
     // The same binary as an unprivileged user.
-    let add = Command::new("useradd")
-        .args([
-            "--system",
-            "--no-create-home",
-            "--shell",
-            "/usr/sbin/nologin",
-            DOCTOR_USER,
-        ])
-        .output()
-        .expect("useradd is needed to create the unprivileged test user: `apt-get install passwd`");
-    assert!(
-        add.status.success() || add.status.code() == Some(9),
-        "{}",
-        text(&add)
-    );
+    support::system_user(DOCTOR_USER);
     let exe = t.path().join("fhsx");
     fs::copy(support::fhsx_exe(), &exe).unwrap();
     fs::set_permissions(&exe, fs::Permissions::from_mode(0o755)).unwrap();
@@ -108,6 +122,7 @@ fn as_root_every_guarantee_holds_and_as_a_user_what_is_missing_is_named_with_its
     ] {
         assert!(get(contract).1, "{contract}: {v}");
     }
+    assert_tried(&v);
     // No root: no size-capped scratch and no uid of its own, each with its
     // fix; never a guarantee said to hold that does not.
     for missing in ["disk", "a uid of its own"] {

@@ -1011,22 +1011,7 @@ fn zz_every_hostile_action_also_fails_as_an_unprivileged_user() {
         // Already unprivileged: the other tests in this run are the proof.
         return;
     }
-    let add = Command::new("useradd")
-        .args([
-            "--system",
-            "--no-create-home",
-            "--shell",
-            "/usr/sbin/nologin",
-            HOSTILE_USER,
-        ])
-        .output()
-        .expect("useradd is needed to create the unprivileged test user: `apt-get install passwd`");
-    // 9: the user already exists.
-    assert!(
-        add.status.success() || add.status.code() == Some(9),
-        "useradd failed: {}",
-        String::from_utf8_lossy(&add.stderr)
-    );
+    support::system_user(HOSTILE_USER);
     assert!(
         Path::new("/usr/bin/fusermount3").exists(),
         "an unprivileged user mounts the view through fusermount3: `apt-get install fuse3`"

@@ -636,3 +636,51 @@ fn a_build_flooding_its_jobserver_neither_grows_the_pool_nor_stalls_the_others()
     );
     no_leftovers(t.path());
 }
+
+/// What a build inherits is its standard descriptors and its jobserver's
+/// two (7 and 8, FIFOs) and nothing else: the supervisor closes every
+/// other descriptor but those it is told to keep (`--keep-fd`).
+#[test]
+fn a_build_holds_only_its_standard_descriptors_and_its_jobservers_two() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let action = sh_action(
+        t.path(),
+        &bb,
+        "fds",
+        &[],
+        "ls -l /proc/self/fd; for f in 7 8; do [ -p /proc/self/fd/$f ] && echo fifo $f; done; mkdir $out",
+    );
+    let o = fhsx(&store)
+        .args(["build", "-j2"])
+        .arg(&action)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let log = String::from_utf8_lossy(&o.stderr);
+    // `ls -l`'s lines: `lr-x------ 1 build users 64 Jan 1 00:00 N -> TARGET`.
+    // One is ls's own, on the directory it lists: closed (its link
+    // unreadable) or a `/proc/…/fd` by the time it is read.
+    let (mut fds, mut listing) = (Vec::new(), 0);
+    for line in log.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 9 || f[0].len() != 10 || !f[0].starts_with('l') {
+            continue;
+        }
+        let fd: u32 = f[8].parse().unwrap_or_else(|_| panic!("{line}"));
+        match f.get(10) {
+            None => listing += 1,
+            Some(t) if t.starts_with("/proc/") && t.ends_with("/fd") => listing += 1,
+            Some(_) => fds.push(fd),
+        }
+    }
+    assert!(listing <= 1, "{log}");
+    fds.sort_unstable();
+    assert_eq!(fds, [0, 1, 2, 7, 8], "{log}");
+    assert!(
+        log.lines().any(|l| l == "fifo 7") && log.lines().any(|l| l == "fifo 8"),
+        "7 and 8 are the jobserver's FIFOs: {log}"
+    );
+    no_leftovers(t.path());
+}

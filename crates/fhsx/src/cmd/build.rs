@@ -346,7 +346,6 @@ fn build_local(g: &Globals, a: &BuildArgs, graph: &ActionGraph) -> anyhow::Resul
             // A hint for the next schedule: losing it costs a guess.
             let entry = Entry {
                 file: node.file_digest,
-                record: outcome.record_digest,
                 wall_ms: rec.resources.wall_ms,
             };
             let _ = history.put(&keys[i], &entry);
@@ -423,7 +422,7 @@ fn rewind(
         let m = made
             .lock()
             .map_err(|_| anyhow::anyhow!("a build thread panicked"))?;
-        graph.dependencies(i).into_iter().find_map(|j| {
+        graph.dependencies(i).iter().find_map(|&j| {
             let d = m[j].as_ref()?;
             d.outputs
                 .values()
@@ -491,6 +490,10 @@ fn expected_ms(
     history: &History,
     keys: &[castore::Digest],
 ) -> (Vec<u64>, bool) {
+    if keys.len() < 2 {
+        // One action: no order to choose.
+        return (vec![HIT_MS; keys.len()], false);
+    }
     let last: Vec<Option<Entry>> = keys.iter().map(|k| history.get(k)).collect();
     let (sum, count) = last.iter().flatten().fold((0u64, 0u64), |(s, c), e| {
         (s.saturating_add(e.wall_ms), c + 1)
@@ -533,9 +536,21 @@ fn root_of(
     mut ends: Vec<End<Built, anyhow::Error>>,
     cancelled: bool,
 ) -> anyhow::Result<Built> {
+    // A bug of fhsx, not of the build.
+    let panicked = |node: &GraphNode, message: &str| -> anyhow::Error {
+        Classified(
+            ExitClass::BuildFailed,
+            format!(
+                "fhsx panicked building {} (a bug in fhsx; please report it): {message}",
+                node.file.display()
+            ),
+        )
+        .into()
+    };
     let because = match ends.pop() {
         Some(End::Made(b)) | Some(End::Failed(b)) => return Ok(b),
         Some(End::Error(e)) => return Err(e),
+        Some(End::Panicked(m)) => return Err(panicked(graph.root(), &m)),
         Some(End::Unbuilt { because }) => because,
         Some(End::NotStarted) | None => {
             return Err(Classified(
@@ -551,19 +566,11 @@ fn root_of(
     };
     match std::mem::replace(&mut ends[because], End::NotStarted) {
         End::Error(e) => Err(e),
-        End::Failed(b) => {
-            let rec = &b.outcome.record.record;
-            Err(Classified(
-                ExitClass::BuildFailed,
-                format!(
-                    "{} failed ({}), so what refers to it cannot be built; its log is blob {}",
-                    graph.nodes()[because].file.display(),
-                    how_it_failed(rec),
-                    rec.log_digest
-                ),
-            )
-            .into())
-        }
+        End::Panicked(m) => Err(panicked(&graph.nodes()[because], &m)),
+        End::Failed(b) => Err(failed_dependency(
+            &graph.nodes()[because],
+            &b.outcome.record.record,
+        )),
         _ => Err(Classified(
             ExitClass::BuildFailed,
             "an action the root refers to was not built".into(),
@@ -796,7 +803,12 @@ fn dependency_ok(node: &GraphNode, is_root: bool, rec: &BuildRecord) -> anyhow::
     if is_root || rec.succeeded() {
         return Ok(());
     }
-    Err(Classified(
+    Err(failed_dependency(node, rec))
+}
+
+/// Why what refers to `node`, whose build ran and failed, cannot be built.
+fn failed_dependency(node: &GraphNode, rec: &BuildRecord) -> anyhow::Error {
+    Classified(
         ExitClass::BuildFailed,
         format!(
             "{} failed ({}), so what refers to it cannot be built; its log is blob {}",
@@ -805,7 +817,7 @@ fn dependency_ok(node: &GraphNode, is_root: bool, rec: &BuildRecord) -> anyhow::
             rec.log_digest
         ),
     )
-    .into())
+    .into()
 }
 
 /// Print a finished build's result; the exit code follows its status.

@@ -167,7 +167,11 @@ fn prune(
     if !a.prove {
         return Ok(0);
     }
-    let exec = fhs_executor::FhsExecutor::open(store.clone())?;
+    let mut exec = fhs_executor::FhsExecutor::open(store.clone())?;
+    // The proof runs as `fhsx build` runs the build it proves: with the
+    // jobserver (`MAKEFLAGS`, its FIFO and descriptors), one token a CPU.
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    exec.jobserver = Some(fhs_executor::jobserver::TokenPool::new(cpus)?);
     let mut req = BuildRequest::new(pruned.action.clone(), lock_path);
     req.cache = CachePolicy::Rebuild;
     req.pruned_from = Some(from);

@@ -2,11 +2,12 @@
 //! this user, and the fix for each that does not.
 //!
 //! Each mechanism is tried for real, through the same pieces a build uses,
-//! never guessed from versions: a sandbox runs `/bin/true` under a memory
-//! and pids limit (user and network namespaces, the mount layout, seccomp,
-//! Landlock, the run's cgroups); the FUSE view mounts an empty tree; a
-//! scratch of 64 MiB is made; a build user is taken. What each reports
-//! (`RunReport`, `DiskLimit`, …) is what a build would get. The AppArmor
+//! never guessed from versions: a sandbox runs a shell under a memory and
+//! pids limit (user and network namespaces, the mount layout, seccomp,
+//! Landlock, the run's cgroups) that tries to write outside its scratch
+//! and to connect to a port fhsx listens on; the FUSE view mounts an
+//! empty tree; a scratch of 64 MiB is made; a build user is taken. What
+//! each reports (`RunReport`, `DiskLimit`, …) is what a build would get. The AppArmor
 //! restriction on user namespaces (Ubuntu 24.04 and later) is read from
 //! its sysctl, to name the fix when the sandbox cannot start.
 //!
@@ -15,7 +16,9 @@
 //! that does not hold is reported with its fix and does not change it.
 
 use std::fmt::Write as _;
+use std::net::{IpAddr, TcpListener, UdpSocket};
 use std::path::Path;
+use std::time::Duration;
 
 use clap::Args;
 use executor_sandbox::{
@@ -123,10 +126,55 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// A real sandbox: `/bin/true` over an empty workspace, with a memory and
-/// a pids limit; what its report says holds.
+/// Where the probe tries to write: none may take a file.
+const FORBIDDEN: [&str; 3] = ["/", "/usr/", "/etc/"];
+
+/// The probe: a shell that says what it managed, a line each. `name` is
+/// the file it writes, `port` the one fhsx listens on at `addrs`. Without
+/// bash (its `/dev/tcp` is the connect), it looks for fhsx's listener
+/// among the sockets it can see instead.
+fn probe_script(name: &str, port: u16, addrs: &[IpAddr]) -> String {
+    let addrs: Vec<String> = addrs.iter().map(IpAddr::to_string).collect();
+    let addrs = addrs.join(" ");
+    let dirs = FORBIDDEN.join(" ");
+    [
+        "echo ran".to_owned(),
+        format!(": > /workspace/{name} && echo scratch"),
+        format!(": > /tmp/{name} 2>/dev/null"),
+        format!(r#"for d in {dirs}; do ( : > "${{d}}{name}" ) 2>/dev/null && echo "wrote ${{d}}{name}"; done"#),
+        "if [ -x /bin/bash ]; then".to_owned(),
+        format!(r#"  for a in {addrs}; do /bin/bash -c "exec 3<>/dev/tcp/$a/{port}" 2>/dev/null && echo "reached $a"; done"#),
+        "else".to_owned(),
+        "  echo listing".to_owned(),
+        format!(r#"  grep -qi ':{port:04X} ' /proc/net/tcp /proc/net/tcp6 2>/dev/null && echo "reached {addrs}""#),
+        "fi".to_owned(),
+        "exit 0".to_owned(),
+    ]
+    .join("\n")
+}
+
+/// This host's address on its way out, if it has one (a route lookup: a
+/// UDP socket sends nothing on connect).
+fn outbound_address() -> Option<IpAddr> {
+    let s = UdpSocket::bind("0.0.0.0:0").ok()?;
+    s.connect("192.0.2.1:9").ok()?;
+    let ip = s.local_addr().ok()?.ip();
+    (!ip.is_loopback() && !ip.is_unspecified()).then_some(ip)
+}
+
+/// A real sandbox over an empty workspace, with a memory and a pids limit,
+/// running [`probe_script`]: each contract finding holds only if every
+/// try it makes failed, and the host saw none of them (nothing written in
+/// its `/`, `/usr`, `/etc` or `/tmp`, no connection on its listener); and
+/// the probe did write its scratch, so the tries were made.
 fn sandbox(root: bool) -> Vec<Finding> {
-    let tried = (|| -> anyhow::Result<executor_sandbox::RunReport> {
+    let name = format!("fhsx-doctor-probe-{}", std::process::id());
+    let tried = (|| -> anyhow::Result<_> {
+        let listener = TcpListener::bind("0.0.0.0:0")?;
+        listener.set_nonblocking(true)?;
+        let port = listener.local_addr()?.port();
+        let mut addrs: Vec<IpAddr> = vec![[127, 0, 0, 1].into()];
+        addrs.extend(outbound_address());
         let ws = tempfile::Builder::new().prefix("fhsx-doctor-").tempdir()?;
         let rt = Runtime::new()?;
         let mut spec = rt.host_spec(ws.path())?;
@@ -138,23 +186,104 @@ fn sandbox(root: bool) -> Vec<Finding> {
         });
         let opts = RunOptions {
             capture_output: true,
+            timeout: Some(Duration::from_secs(60)),
             ..RunOptions::default()
         };
-        Ok(rt.run(&spec, &current_host_env(), &["/bin/true".into()], opts)?)
+        let argv: [std::ffi::OsString; 3] = [
+            "/bin/sh".into(),
+            "-c".into(),
+            probe_script(&name, port, &addrs).into(),
+        ];
+        let report = rt.run(&spec, &current_host_env(), &argv, opts)?;
+        let scratch = ws.path().join(&name).exists();
+        let accepted = listener.accept().is_ok();
+        Ok((report, scratch, accepted, port, addrs))
     })();
-    let report = match tried {
-        Ok(r) if matches!(r.outcome, executor_sandbox::Outcome::Exited(0)) => r,
-        Ok(r) => {
+    let (report, scratch, accepted, port, addrs) = match tried {
+        Ok((r, ..)) if !matches!(r.outcome, executor_sandbox::Outcome::Exited(0)) => {
             return sandbox_failed(
                 root,
-                format!("the sandbox ran but `/bin/true` ended {:?}", r.outcome),
+                format!(
+                    "the sandbox ran but its probe (`/bin/sh`) ended {:?}: {}",
+                    r.outcome,
+                    String::from_utf8_lossy(&r.stderr).trim()
+                ),
             )
         }
+        Ok(t) => t,
         Err(e) => return sandbox_failed(root, format!("{e:#}")),
     };
+    let said = String::from_utf8_lossy(&report.stdout).into_owned();
+    let lines: Vec<&str> = said.lines().collect();
+    if !lines.contains(&"ran") || !lines.contains(&"scratch") || !scratch {
+        return sandbox_failed(
+            root,
+            format!("the probe could not write its own scratch, so it tried nothing: {said:?}"),
+        );
+    }
+    // What the sandbox wrote where the host sees it: gone again.
+    let mut wrote: Vec<String> = (lines.iter())
+        .filter_map(|l| l.strip_prefix("wrote "))
+        .map(str::to_owned)
+        .collect();
+    for dir in FORBIDDEN.iter().chain(["/tmp/"].iter()) {
+        let host = format!("{dir}{name}");
+        if std::fs::remove_file(&host).is_ok() {
+            wrote.push(format!("{host} (on the host)"));
+        }
+    }
+    let writes = if wrote.is_empty() {
+        finding(
+            Kind::Contract,
+            "no write outside the scratch",
+            true,
+            format!("tried: writing to {} failed and its /tmp was its own; only the scratch took a file (a mount namespace: a read-only root, only the scratch, /tmp and /dev/shm writable)", FORBIDDEN.join(", ")),
+            None,
+        )
+    } else {
+        finding(
+            Kind::Contract,
+            "no write outside the scratch",
+            false,
+            format!("tried: the sandbox wrote {}", wrote.join(", ")),
+            Some(BREACH.into()),
+        )
+    };
+    let targets: Vec<String> = addrs.iter().map(|a| format!("{a}:{port}")).collect();
+    let mut reached: Vec<&str> = (lines.iter())
+        .filter_map(|l| l.strip_prefix("reached "))
+        .collect();
+    if accepted {
+        reached.push("fhsx's listener (it accepted a connection)");
+    }
+    let how = if lines.contains(&"listing") {
+        format!("tried (no bash to connect with): fhsx's listener on {} is not among the sockets the sandbox sees", targets.join(" and "))
+    } else {
+        format!(
+            "tried: a TCP connect to this host at {}, where fhsx listened, failed",
+            targets.join(" and ")
+        )
+    };
+    let network = if reached.is_empty() {
+        finding(
+            Kind::Contract,
+            "no network",
+            true,
+            format!("{how} (a network namespace with only loopback, brought up)"),
+            None,
+        )
+    } else {
+        finding(
+            Kind::Contract,
+            "no network",
+            false,
+            format!("tried: the sandbox reached {}", reached.join(", ")),
+            Some(BREACH.into()),
+        )
+    };
     let mut out = vec![
-        finding(Kind::Contract, "no write outside the scratch", true, "a mount namespace: a read-only root, only the scratch, /tmp and /dev/shm writable", None),
-        finding(Kind::Contract, "no network", true, "a network namespace with only loopback, brought up", None),
+        writes,
+        network,
         finding(Kind::Wall, "seccomp", executor_sandbox::seccomp::filter_bytes().is_some(), "the filter installed by bwrap", Some("this architecture has no filter in fhsx: builds still run, without that wall".into())),
         finding(
             Kind::Wall,
@@ -198,6 +327,9 @@ fn sandbox(root: bool) -> Vec<Finding> {
     });
     out
 }
+
+/// The fix for a sandbox that started yet let its probe through.
+const BREACH: &str = "the sandbox does not contain its build here (a bwrap that ignores its flags, or a kernel without the namespaces): run no build here, and report it with `bwrap --version` and `uname -a`";
 
 /// The sandbox did not start: every contract finding fails, with the fix
 /// for the likely cause.

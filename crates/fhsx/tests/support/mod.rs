@@ -425,3 +425,23 @@ impl Drop for S3 {
 fn ok(o: &Output, what: &str) {
     assert!(o.status.success(), "{what}: {}", text(o));
 }
+
+/// The system user `name` (no home, no login shell), to run something
+/// as an unprivileged user: made, or there already (useradd's exit 9).
+pub fn system_user(name: &str) {
+    let add = Command::new("useradd")
+        .args([
+            "--system",
+            "--no-create-home",
+            "--shell",
+            "/usr/sbin/nologin",
+            name,
+        ])
+        .output()
+        .expect("useradd is needed to create the unprivileged test user: `apt-get install passwd`");
+    assert!(
+        add.status.success() || add.status.code() == Some(9),
+        "useradd {name} failed: {}",
+        text(&add)
+    );
+}
