@@ -140,7 +140,9 @@ pub fn prune(store: &LocalStore, from: &Digest, mode: PruneMode) -> Result<Prune
         )));
     }
     let lock = match rec.fetch_lock_digest {
-        Some(d) if action.network.lock.is_some() => Some(store.read_blob(&d)?),
+        // A stored action names no lock file, only its digest: its mode
+        // says whether it replays one.
+        Some(d) if action.network.mode == NetworkMode::Replay => Some(store.read_blob(&d)?),
         _ => None,
     };
     Ok(Pruned {

@@ -7,7 +7,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Output;
 
-use support::{build_json as build, busybox, fhsx, import, inputs, text};
+use support::{build_json as build, busybox, fhsx, import, inputs, mirror, text};
 
 fn atom(store: &Path, dir: &Path, files: &[(&str, &str)]) -> String {
     for (p, content) in files {
@@ -247,4 +247,51 @@ fn hello_prunes_to_its_read_set_with_proof() {
         );
         assert!(fs::read_to_string(&out).unwrap().contains("Pruned"));
     }
+}
+
+/// A replay action pruned keeps its fetch lock: `--prune -o FILE` writes
+/// the lock beside the pruned action, which names it, and `--prove`
+/// replays it to the same output.
+#[test]
+fn a_pruned_replay_action_keeps_its_lock_and_proves() {
+    let t = tempfile::tempdir().unwrap();
+    let store = t.path().join("store");
+    let bb = busybox(&store);
+    let unused = atom(
+        &store,
+        &t.path().join("u"),
+        &[("usr/share/debug-tool/tool", "#!/bin/sh\n")],
+    );
+    let (port, stop) = mirror(b"fetched bytes\n");
+    let action = t.path().join("fetch.toml");
+    fs::write(
+        &action,
+        format!("[inputs]\nclosure = [\"{bb}\", \"{unused}\"]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir $out && busybox wget -O $out/got http://127.0.0.1:{port}/file\"]\n[network]\nmode = \"replay\"\nlock = \"fetch.lock\"\n"),
+    )
+    .unwrap();
+    let (o, _) = build(&store, &action, &["--record"]);
+    assert!(o.status.success(), "{}", text(&o));
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    let (o, replayed) = build(&store, &action, &[]);
+    assert!(o.status.success(), "{}", text(&o));
+    let pruned = t.path().join("pruned.toml");
+    let o = fhsx(&store)
+        .args([
+            "closure-bloat",
+            replayed["record"].as_str().unwrap(),
+            "--prune=atoms",
+            "--prove",
+            "-o",
+        ])
+        .arg(&pruned)
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", text(&o));
+    let body = fs::read_to_string(&pruned).unwrap();
+    assert!(!body.contains(&unused), "{body}");
+    assert!(body.contains("lock = \"pruned.lock\""), "{body}");
+    assert_eq!(
+        fs::read(t.path().join("pruned.lock")).unwrap(),
+        fs::read(t.path().join("fetch.lock")).unwrap()
+    );
 }

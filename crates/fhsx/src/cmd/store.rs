@@ -63,8 +63,9 @@ pub enum StoreCmd {
     /// Persistent gc roots: what `fhsx store gc` keeps.
     #[command(subcommand)]
     Root(RootCmd),
-    /// Copy records with everything they name (output trees, log, read set,
-    /// manifest, fetch lock, action) to another store or a bundle file, or
+    /// Copy records with everything they name (output trees whole; log,
+    /// stderr, read set, manifest, fetch lock, action and linked records
+    /// where the source has them) to another store or a bundle file, or
     /// receive them into this store.
     #[command(after_long_help = COPY_HELP)]
     Copy(CopyArgs),
