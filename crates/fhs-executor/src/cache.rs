@@ -216,12 +216,7 @@ impl<'s> ActionCache<'s> {
                 r.format
             ));
         }
-        let claimed = keys::public_key_bytes(&rec.public_key);
-        let Some(key) = self
-            .trust
-            .iter()
-            .find(|k| claimed.as_ref() == Some(k.as_bytes()))
-        else {
+        let Some(key) = keys::trusted(&self.trust, &rec.public_key) else {
             return Err(format!(
                 "it is signed by {}, which is not trusted (pass --trust to trust it)",
                 claimed_text(&rec.public_key)

@@ -37,6 +37,13 @@ pub fn public_key_bytes(s: &str) -> Option<[u8; 32]> {
     Some(b)
 }
 
+/// The key of `trust` that `claimed` (a record's `public_key`) names, by
+/// its bytes: the one the record's signature must then be checked with.
+pub fn trusted<'k>(trust: &'k [VerifyingKey], claimed: &str) -> Option<&'k VerifyingKey> {
+    let claimed = public_key_bytes(claimed)?;
+    trust.iter().find(|k| k.as_bytes() == &claimed)
+}
+
 /// Create a new key at `path`; refuses to overwrite one.
 pub fn generate(path: &Path) -> Result<SigningKey, Error> {
     let mut seed = [0u8; 32];

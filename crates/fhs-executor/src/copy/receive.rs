@@ -202,12 +202,7 @@ impl<'s> Receiver<'s> {
             Error::BadRecord(why) => Error::BadRecord(shown(&why, 300)),
             other => other,
         })?;
-        let claimed = keys::public_key_bytes(&rec.public_key);
-        let Some(key) = self
-            .trust
-            .iter()
-            .find(|k| claimed.as_ref() == Some(k.as_bytes()))
-        else {
+        let Some(key) = keys::trusted(&self.trust, &rec.public_key) else {
             return Err(CopyError::Untrusted {
                 record: *d,
                 signer: shown_key(&rec.public_key),
