@@ -775,3 +775,140 @@ fn a_cache_behind_tls_and_a_token_is_reached_with_them_and_only_with_them() {
     assert_eq!(v["source"], "built");
     assert!(text(&o).contains("certificate"), "{}", text(&o));
 }
+
+/// A loopback TCP forwarder to `to` that cuts its first connection once
+/// `cut_after` bytes went from the server to the client; later ones pass
+/// whole. Counts connections and the server's bytes forwarded.
+struct Flaky {
+    port: u16,
+    connections: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+    forwarded: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Flaky {
+    fn start(to: u16, cut_after: usize) -> Flaky {
+        use std::io::{Read, Write};
+        use std::sync::atomic::{AtomicUsize, Ordering};
+        use std::sync::Arc;
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let forwarded = Arc::new(AtomicUsize::new(0));
+        let (conns, fwd) = (connections.clone(), forwarded.clone());
+        std::thread::spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let first = conns.fetch_add(1, Ordering::SeqCst) == 0;
+                let Ok(server) = std::net::TcpStream::connect(("127.0.0.1", to)) else {
+                    return;
+                };
+                let (mut c_in, mut s_out) =
+                    (client.try_clone().unwrap(), server.try_clone().unwrap());
+                std::thread::spawn(move || {
+                    let _ = std::io::copy(&mut c_in, &mut s_out);
+                    let _ = s_out.shutdown(std::net::Shutdown::Both);
+                });
+                let (mut s_in, mut c_out, fwd) = (server, client, fwd.clone());
+                std::thread::spawn(move || {
+                    let mut buf = vec![0u8; 64 << 10];
+                    let mut sent = 0;
+                    loop {
+                        let n = match s_in.read(&mut buf) {
+                            Ok(0) | Err(_) => break,
+                            Ok(n) => n,
+                        };
+                        if c_out.write_all(&buf[..n]).is_err() {
+                            break;
+                        }
+                        sent += n;
+                        fwd.fetch_add(n, Ordering::SeqCst);
+                        if first && sent >= cut_after {
+                            break;
+                        }
+                    }
+                    let _ = c_out.shutdown(std::net::Shutdown::Both);
+                    let _ = s_in.shutdown(std::net::Shutdown::Both);
+                });
+            }
+        });
+        Flaky {
+            port,
+            connections,
+            forwarded,
+        }
+    }
+}
+
+/// A large output whose download breaks part-way resumes from where it
+/// stopped (ByteStream's read offset) on a new connection: the output
+/// comes whole and right, and the server sends little more than it once.
+#[test]
+fn a_download_cut_part_way_resumes_where_it_stopped() {
+    use std::sync::atomic::Ordering;
+    let t = tempfile::tempdir().unwrap();
+    let cache = Cache::start(t.path(), None);
+    let bb = busybox_deb().display().to_string();
+    let g = t.path().join("g");
+    fs::create_dir_all(&g).unwrap();
+    const MIB: usize = 1 << 20;
+    write(
+        &g,
+        "big.toml",
+        &format!(
+            "[inputs]\nclosure = [{bb:?}]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir -p $out && busybox dd if=/dev/urandom of=$out/big bs=1048576 count=16\"]\ntimeout = \"60s\"\n"
+        ),
+    );
+    let root = write(
+        &g,
+        "sum.toml",
+        &format!(
+            "[inputs]\nclosure = [\"big.toml#out\", {bb:?}]\n[run]\ncommand = [\"/bin/busybox\", \"sh\", \"-c\", \"busybox mkdir -p $out && busybox sha256sum /big > $out/sum\"]\ntimeout = \"60s\"\n"
+        ),
+    );
+    let a = t.path().join("a");
+    let (o, _, events) = build(
+        &a,
+        &g.join("big.toml"),
+        &["--cache", &cache.url(), "--cache-push"],
+    );
+    ok(&o, "A pushes a 16 MiB output");
+    let big = events
+        .iter()
+        .find(|e| e["event"] == "finished")
+        .map(|e| e["outputs"]["out"].clone());
+    let big = big.unwrap_or_else(|| {
+        let (_, v, _) = build(&a, &g.join("big.toml"), &[]);
+        v["outputs"]["out"].clone()
+    });
+    let flaky = Flaky::start(cache.port, 6 * MIB);
+    let url = format!("grpc://127.0.0.1:{}", flaky.port);
+    let b = t.path().join("b");
+    let (o, v, ev) = build(&b, &root, &["--cache", &url, "--trust", &key_of(&a)]);
+    ok(&o, "B through a connection cut part-way");
+    assert_eq!(ran(&ev), 1, "only the root ran: {}", text(&o));
+    assert!(
+        flaky.connections.load(Ordering::SeqCst) >= 2,
+        "the cut did not happen"
+    );
+    let sent = flaky.forwarded.load(Ordering::SeqCst);
+    assert!(
+        sent < 16 * MIB + 2 * MIB,
+        "the download started over: {sent} bytes"
+    );
+    let want = cat(&a, &big, "big", &[]);
+    let sum = cat(&b, &v["outputs"]["out"], "sum", &[]);
+    let o = Command::new("sha256sum")
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut o = o;
+    use std::io::Write;
+    o.stdin.take().unwrap().write_all(&want).unwrap();
+    let expected = o.wait_with_output().unwrap().stdout;
+    assert_eq!(
+        String::from_utf8_lossy(&sum).split_whitespace().next(),
+        String::from_utf8_lossy(&expected).split_whitespace().next()
+    );
+}

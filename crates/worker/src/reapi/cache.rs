@@ -34,9 +34,11 @@
 //! before it is committed; the directories are stored last.
 //!
 //! **Failure.** Every call has a deadline ([`ReapiCache::connect`]'s
-//! `timeout`); a remote that cannot be reached, or misses a deadline, is
-//! marked down for the rest of the process, so a dead cache costs one
-//! timeout, not one per action.
+//! `timeout`), and a streamed read that goes as long without data, or
+//! whose connection breaks, resumes where it stopped (`cas::BlobRead`);
+//! a remote that cannot be reached, or misses a deadline, is marked down
+//! for the rest of the process, so a dead cache costs one timeout, not
+//! one per action.
 //!
 //! Outputs seen held by a cache (the digests of their `Tree` and map) are
 //! a memo of the store's (`remote-held`, per cache address and instance),
@@ -164,7 +166,8 @@ impl ReapiCache {
         let ac = ActionCacheClient::with_interceptor(channel.clone(), bearer.clone())
             .max_decoding_message_size(limit)
             .max_encoding_message_size(limit);
-        let cas = Cas::with_bearer(channel, bearer, config.instance.clone(), store.clone(), 0);
+        let cas = Cas::with_bearer(channel, bearer, config.instance.clone(), store.clone(), 0)
+            .with_stall(config.timeout);
         Ok(ReapiCache {
             name: config.url.clone(),
             instance: config.instance.clone(),

@@ -18,7 +18,8 @@
 //! the map already knows; then the missing files — those that fit the
 //! engine's batch limit in `BatchReadBlobs`, each batch committed to the
 //! store as it arrives, larger ones streamed through ByteStream `Read` into
-//! the store with the SHA-256 checked on the way, never whole in memory.
+//! the store with the SHA-256 checked on the way, never whole in memory,
+//! and resumed from the offset reached when the connection breaks.
 //! Uploads: `FindMissingBlobs` first, then small blobs in
 //! `BatchUpdateBlobs` and large ones streamed from the store through
 //! ByteStream `Write`. A few batches or streams are in flight at once.
@@ -27,6 +28,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::{BufRead, Read};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use castore::store::{BlobStore, DirectoryStore, LocalStore, ObjectKind};
 use castore::{Digest, Directory, Name, Node};
@@ -334,6 +336,9 @@ pub struct Cas {
     index: Index,
     /// The engine's `max_batch_total_size_bytes`.
     max_batch: i64,
+    /// How long a streamed read may go without data before it is taken
+    /// as broken (and resumed); `None`: as long as it takes.
+    stall: Option<Duration>,
 }
 
 /// What went over the wire, for the log and the bench.
@@ -381,7 +386,15 @@ impl Cas {
             } else {
                 (max_batch - (64 << 10)).max(64 << 10)
             },
+            stall: None,
         }
+    }
+
+    /// The same CAS, a streamed read that goes `stall` without data taken
+    /// as broken (and resumed where it stopped).
+    pub fn with_stall(mut self, stall: Duration) -> Cas {
+        self.stall = Some(stall);
+        self
     }
 
     pub fn store(&self) -> &LocalStore {
@@ -425,9 +438,9 @@ impl Cas {
                 )));
             }
             let mut bytes = Vec::with_capacity(d.size_bytes as usize);
-            let mut stream = self.read_stream(&d).await?;
-            while let Some(m) = stream.message().await? {
-                bytes.extend_from_slice(&m.data);
+            let mut read = BlobRead::new(self, &d);
+            while let Some(data) = read.next().await? {
+                bytes.extend_from_slice(&data);
             }
             check(&d, &bytes)?;
             out.insert(d, bytes);
@@ -540,13 +553,14 @@ impl Cas {
     async fn read_stream(
         &self,
         d: &re::Digest,
+        offset: i64,
     ) -> Result<tonic::Streaming<bs::ReadResponse>, CasError> {
         Ok(self
             .bytestream
             .clone()
             .read(bs::ReadRequest {
                 resource_name: self.resource(format!("blobs/{}/{}", d.hash, d.size_bytes)),
-                read_offset: 0,
+                read_offset: offset,
                 read_limit: 0,
             })
             .await?
@@ -754,7 +768,7 @@ impl Cas {
         d: &re::Digest,
         expect_b3: Option<Digest>,
     ) -> Result<Digest, CasError> {
-        let mut stream = self.read_stream(d).await?;
+        let mut read = BlobRead::new(self, d);
         let (tx, rx) = mpsc::channel::<Vec<u8>>(8);
         let store = self.store.clone();
         let index = self.index.clone();
@@ -787,9 +801,9 @@ impl Cas {
         });
         let mut failed = None;
         loop {
-            match stream.message().await {
-                Ok(Some(m)) => {
-                    if tx.send(m.data).await.is_err() {
+            match read.next().await {
+                Ok(Some(data)) => {
+                    if tx.send(data).await.is_err() {
                         break;
                     }
                 }
@@ -803,7 +817,7 @@ impl Cas {
         drop(tx);
         let r = writer.await.map_err(blocking_err)?;
         if let Some(e) = failed {
-            return Err(e.into());
+            return Err(e);
         }
         r
     }
@@ -1022,6 +1036,94 @@ impl Cas {
         }
         Ok(())
     }
+}
+
+/// How many times one streamed read is resumed after its connection broke.
+const RESUMES: u32 = 3;
+
+/// A ByteStream read of one blob that outlives a broken connection: on a
+/// transport error, or `stall` without data, it asks again from the
+/// offset reached (ByteStream's `read_offset`), at most [`RESUMES`] times,
+/// so a large download interrupted near its end costs its tail, not its
+/// whole. What arrives is checked by the caller as one stream (a server
+/// that ignored the offset fails the digest).
+struct BlobRead<'c> {
+    cas: &'c Cas,
+    digest: re::Digest,
+    received: i64,
+    resumes: u32,
+    stream: Option<tonic::Streaming<bs::ReadResponse>>,
+}
+
+impl<'c> BlobRead<'c> {
+    fn new(cas: &'c Cas, digest: &re::Digest) -> Self {
+        BlobRead {
+            cas,
+            digest: digest.clone(),
+            received: 0,
+            resumes: 0,
+            stream: None,
+        }
+    }
+
+    async fn next(&mut self) -> Result<Option<Vec<u8>>, CasError> {
+        loop {
+            if self.stream.is_none() {
+                match self.cas.read_stream(&self.digest, self.received).await {
+                    Ok(s) => self.stream = Some(s),
+                    Err(CasError::Rpc(e)) if self.may_resume(&e) => {
+                        self.resume().await;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                }
+            }
+            let Some(stream) = self.stream.as_mut() else {
+                continue;
+            };
+            let got = match self.cas.stall {
+                Some(t) => tokio::time::timeout(t, stream.message())
+                    .await
+                    .unwrap_or_else(|_| {
+                        Err(tonic::Status::deadline_exceeded(format!(
+                            "no data for {t:?} in the middle of a read"
+                        )))
+                    }),
+                None => stream.message().await,
+            };
+            match got {
+                Ok(Some(m)) => {
+                    self.received += m.data.len() as i64;
+                    return Ok(Some(m.data));
+                }
+                Ok(None) => return Ok(None),
+                Err(e) if self.may_resume(&e) => {
+                    self.stream = None;
+                    self.resume().await;
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+    }
+
+    fn may_resume(&self, e: &tonic::Status) -> bool {
+        broken(e) && self.resumes < RESUMES && self.received < self.digest.size_bytes
+    }
+
+    /// Count a resumption, and give the channel a moment to reconnect.
+    async fn resume(&mut self) {
+        self.resumes += 1;
+        tokio::time::sleep(Duration::from_millis(100 << self.resumes)).await;
+    }
+}
+
+/// A status that says the connection, not the request, failed.
+fn broken(s: &tonic::Status) -> bool {
+    use tonic::Code as C;
+    matches!(
+        s.code(),
+        C::Unavailable | C::Unknown | C::Internal | C::Aborted | C::Cancelled | C::DeadlineExceeded
+    )
 }
 
 /// A blob whose SHA-256 is right but which is not the file a signed tree
