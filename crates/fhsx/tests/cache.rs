@@ -483,9 +483,12 @@ fn a_cache_on_s3_storage_serves_a_fresh_store() {
     let (a, b) = (t.path().join("a"), t.path().join("b"));
     let (o, pushed, _) = build(&a, &root, &["--cache", &url, "--cache-push"]);
     ok(&o, "A builds and pushes");
-    assert!(s3.objects() > 0, "nothing reached S3");
+    let stored = s3.objects();
+    assert!(stored > 0, "nothing reached S3");
     let (o, v, events) = build(&b, &root, &["--cache", &url, "--trust", &key_of(&a)]);
     ok(&o, "B from the cache");
+    // B's configuration reads only: it uploaded nothing.
+    assert_eq!(s3.objects(), stored, "a read-only cache configuration uploaded");
     assert_eq!(v["record"], pushed["record"]);
     assert_eq!(ran(&events), 0, "{events:?}");
     let got = cat(&b, &v["outputs"]["out"], "root", &["--cache", &url]);
