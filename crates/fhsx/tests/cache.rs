@@ -488,7 +488,11 @@ fn a_cache_on_s3_storage_serves_a_fresh_store() {
     let (o, v, events) = build(&b, &root, &["--cache", &url, "--trust", &key_of(&a)]);
     ok(&o, "B from the cache");
     // B's configuration reads only: it uploaded nothing.
-    assert_eq!(s3.objects(), stored, "a read-only cache configuration uploaded");
+    assert_eq!(
+        s3.objects(),
+        stored,
+        "a read-only cache configuration uploaded"
+    );
     assert_eq!(v["record"], pushed["record"]);
     assert_eq!(ran(&events), 0, "{events:?}");
     let got = cat(&b, &v["outputs"]["out"], "root", &["--cache", &url]);
